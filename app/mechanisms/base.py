@@ -115,13 +115,53 @@ class Mechanism:
             **method_params,
         )
 
+    @property
+    def uses_delta(self) -> bool:
+        """True when a release must name a delta: the function takes one or the cost needs one."""
+        return self.requires_delta or self.notion is not PrivacyNotion.PURE_DP
+
+    def run(
+        self,
+        data: ArrayLike,
+        quantiles: ArrayLike,
+        *,
+        epsilon: float,
+        delta: float | None,
+        lower: float,
+        upper: float,
+        neighbors: str = "swap",
+        rng: np.random.Generator | None = None,
+    ) -> FloatArray:
+        """Call the mechanism with ``delta`` passed exactly when the method takes one.
+
+        A delta given to a method that has no use for it is refused rather than ignored, so a
+        caller never believes it bought something it did not.
+        """
+        if delta is not None and not self.uses_delta:
+            raise MechanismInputError("delta", f"is not used by method {self.name!r}")
+        if self.uses_delta:
+            check_delta(delta)
+        extra: dict[str, Any] = {"delta": delta} if "delta" in self.method_params else {}
+        return self(
+            data,
+            quantiles,
+            epsilon=epsilon,
+            lower=lower,
+            upper=upper,
+            neighbors=neighbors,
+            rng=rng,
+            **extra,
+        )
+
     def dp_cost(self, *, epsilon: float, delta: float | None = None) -> tuple[float, float]:
         """The (epsilon, delta)-DP guarantee of one release with these parameters."""
         check_epsilon(epsilon)
-        if self.requires_delta or self.notion is not PrivacyNotion.PURE_DP:
+        if self.uses_delta:
             if delta is None:
                 raise MechanismInputError("delta", f"is required for method {self.name!r}")
             check_delta(delta)
+        elif delta is not None:
+            raise MechanismInputError("delta", f"is not used by method {self.name!r}")
         if self.cost_fn is not None:
             return self.cost_fn(epsilon, delta)
         if self.notion is PrivacyNotion.PURE_DP:
