@@ -18,8 +18,9 @@ from app.mechanisms.base import (
     PrivacyNotion,
 )
 from app.mechanisms.indexp import INDEXP
+from app.mechanisms.jointexp import JOINTEXP
 
-MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (INDEXP,)}
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (JOINTEXP, INDEXP)}
 
 
 def get_mechanism(name: str) -> Mechanism:

@@ -1,0 +1,231 @@
+"""Numba kernels for JointExp's forward rows and backward draws.
+
+Index ``i`` runs over the ``n + 1`` intervals between sorted clamped points; ``T`` is the
+previous row summed over repeat counts; ``c = epsilon / (2 * sensitivity)``; the transition
+weight from ``i'`` to ``i > i'`` for quantile gap ``nj`` is ``r ** |i - i' - nj|`` with
+``r = exp(-c)``. Writing ``L = floor(nj)`` and ``f = nj - L``:
+
+* ``d = i - i'`` in ``[1, L]``: weight ``r**f * r**(L - d)`` (rising part, a window of length L);
+* ``d >= L + 1``:             weight ``r**(1 - f) * r**(d - L - 1)`` (a causal geometric filter).
+
+The window sums ``W(t) = sum_{e<L} T(t + e) r**e`` are formed van Herk / Gil-Werman style from a
+suffix sum inside t's block of length L plus a prefix sum inside the next block, so every sum
+adds non-negative terms only: there is no subtraction and hence no cancellation. The same
+recursions run in linear space (rows max-normalised) and in log space (``_log`` variants,
+exact for any dynamic range).
+
+``pw[e] = exp(-c e)`` (and ``lpw[e] = -c e``) is a table of exact powers; entries past its end
+are zero (they underflow a double).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+NEG_INF = -np.inf
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pw(pw: np.ndarray, e: int) -> float:
+    if e < pw.size:
+        return float(pw[e])
+    return 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lae(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow or underflow."""
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+# --------------------------------------------------------------------------- linear space
+
+
+@numba.njit(cache=True, nogil=True)
+def transition_linear(
+    T: np.ndarray,
+    scale: float,
+    w: np.ndarray,
+    nj: float,
+    c: float,
+    pw: np.ndarray,
+    S: np.ndarray,
+) -> float:
+    """S[i] = w[i] * scale * sum_{i' < i} T[i'] r**|i - i' - nj| (non-negative terms); max(S)."""
+    n1 = T.size
+    L = int(math.floor(nj))
+    f = nj - L
+    r = math.exp(-c)
+    r_f = math.exp(-c * f)
+    r_1mf = math.exp(-c * (1.0 - f))
+    # Suffix sums inside blocks of length L: P[t] = sum_{u=t}^{block end} T[u] r**(u - t).
+    P = np.empty(n1)
+    if L >= 1:
+        for t in range(n1 - 1, -1, -1):
+            if (t + 1) % L == 0 or t == n1 - 1:
+                P[t] = T[t]
+            else:
+                P[t] = T[t] + r * P[t + 1]
+    top = 0.0
+    C = 0.0  # C(t) = sum_{u <= t} T[u] r**(t - u), t = i - L - 1
+    Q = 0.0  # Q(u) = sum_{u' = block start}^{u} T[u'] r**(u' - block start), u = i - 1
+    S[0] = 0.0
+    for i in range(1, n1):
+        acc = 0.0
+        if L >= 1:
+            u = i - 1
+            if u % L == 0:
+                Q = T[u]
+            else:
+                Q += T[u] * _pw(pw, u % L)
+            t = i - L  # window [t, i - 1]
+            if t >= 0:
+                if t % L == 0:
+                    W = P[t]
+                else:
+                    nxt = (t // L + 1) * L
+                    W = P[t] + _pw(pw, nxt - t) * Q
+            else:
+                W = _pw(pw, -t) * Q
+            acc = r_f * W
+        tb = i - L - 1
+        if tb >= 0:
+            C = T[tb] + r * C
+            acc += r_1mf * C
+        v = w[i] * (scale * acc)
+        S[i] = v
+        if v > top:
+            top = v
+    return top
+
+
+@numba.njit(cache=True, nogil=True)
+def first_row_log(logw: np.ndarray, n1: float, c: float, out: np.ndarray) -> None:
+    """out[i] = log(w_i) - c |i - n1|  (log of alpha(1, i, 1) up to a constant)."""
+    for i in range(logw.size):
+        out[i] = logw[i] - c * abs(i - n1)
+
+
+@numba.njit(cache=True, nogil=True)
+def exp_normalise(lx: np.ndarray, out: np.ndarray) -> float:
+    """out = exp(lx - max(lx)); returns max(lx)."""
+    top = NEG_INF
+    for i in range(lx.size):
+        if lx[i] > top:
+            top = lx[i]
+    for i in range(lx.size):
+        v = lx[i]
+        out[i] = math.exp(v - top) if v > NEG_INF else 0.0
+    return top
+
+
+# --------------------------------------------------------------------------- log space
+
+
+@numba.njit(cache=True, nogil=True)
+def transition_log(lT: np.ndarray, nj: float, c: float, lS: np.ndarray) -> None:
+    """Log-space twin of :func:`transition_linear` (exact for any dynamic range)."""
+    n1 = lT.size
+    L = int(math.floor(nj))
+    f = nj - L
+    lr = -c
+    lP = np.empty(n1)
+    if L >= 1:
+        for t in range(n1 - 1, -1, -1):
+            if (t + 1) % L == 0 or t == n1 - 1:
+                lP[t] = lT[t]
+            else:
+                lP[t] = _lae(lT[t], lr + lP[t + 1])
+    lC = NEG_INF
+    lQ = NEG_INF
+    lS[0] = NEG_INF
+    for i in range(1, n1):
+        acc = NEG_INF
+        if L >= 1:
+            u = i - 1
+            lQ = lT[u] if u % L == 0 else _lae(lQ, lT[u] + lr * (u % L))
+            t = i - L
+            if t >= 0:
+                if t % L == 0:
+                    lW = lP[t]
+                else:
+                    nxt = (t // L + 1) * L
+                    lW = _lae(lP[t], lr * (nxt - t) + lQ)
+            else:
+                lW = lr * (-t) + lQ
+            acc = lr * f + lW
+        tb = i - L - 1
+        if tb >= 0:
+            lC = _lae(lT[tb], lr + lC)
+            acc = _lae(acc, lr * (1.0 - f) + lC)
+        lS[i] = acc
+
+
+# --------------------------------------------------------------------------- backward draws
+
+
+@numba.njit(cache=True, nogil=True)
+def step_weights_linear(
+    levels: np.ndarray,
+    nlev: int,
+    i_end: int,
+    d_ref: int,
+    nj: float,
+    c: float,
+    pw: np.ndarray,
+    out: np.ndarray,
+) -> float:
+    """out[k * i_end + i] = levels[k, i] * r**|d_ref - i - nj| for i < i_end; returns max."""
+    L = int(math.floor(nj))
+    f = nj - L
+    r_f = math.exp(-c * f)
+    r_1mf = math.exp(-c * (1.0 - f))
+    top = 0.0
+    for i in range(i_end):
+        d = d_ref - i
+        kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pw, d - L - 1)
+        for k in range(nlev):
+            v = levels[k, i] * kern
+            out[k * i_end + i] = v
+            if v > top:
+                top = v
+    return top
+
+
+@numba.njit(cache=True, nogil=True)
+def step_weights_log(
+    llevels: np.ndarray,
+    nlev: int,
+    i_end: int,
+    d_ref: int,
+    nj: float,
+    c: float,
+    out: np.ndarray,
+) -> None:
+    """Max-normalised weights exp(llevels[k, i] - c|d_ref - i - nj| - max) for i < i_end."""
+    top = NEG_INF
+    for i in range(i_end):
+        lk = -c * abs(d_ref - i - nj)
+        for k in range(nlev):
+            v = llevels[k, i] + lk
+            out[k * i_end + i] = v
+            if v > top:
+                top = v
+    for j in range(nlev * i_end):
+        v = out[j]
+        out[j] = math.exp(v - top) if v > NEG_INF else 0.0
+
+
+@numba.njit(cache=True, nogil=True)
+def log_of(x: np.ndarray, out: np.ndarray) -> None:
+    for i in range(x.size):
+        out[i] = math.log(x[i]) if x[i] > 0.0 else NEG_INF

@@ -1,0 +1,333 @@
+"""JointExp: one exponential mechanism for m quantiles (Gillenwater, Joseph, Kulesza, ICML 2021).
+
+The mechanism (paper Sec. 3) samples a nondecreasing sequence of intervals
+``s = (i_1 <= ... <= i_m)`` between sorted clamped data points with probability
+
+    P[s] ∝ exp(eps * u(s) / (2 Δ)) * prod_j w(i_j) / γ(s),
+    u(s) = -sum_{j=1}^{m+1} |(i_j - i_{j-1}) - n_j|,   i_0 = 0, i_{m+1} = n,
+
+(``n_j = (q_j - q_{j-1}) n``, ``w`` the interval widths, ``γ(s) = prod count(i)!``), then one
+uniform point inside each chosen interval, sorted. It is eps-DP with Δ = 2 (swap) or
+Δ = 2 (1 - min gap) with the gaps including q_1 and 1 - q_m (add/remove, paper Lemma 10).
+
+Sampling is exact, by the paper's forward/backward dynamic program over
+``alpha(j, i, k)`` (mass of length-j prefixes ending in exactly k copies of i), computed here
+without the O(m^2 n) table:
+
+* The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|i - i' - n_j|``
+  is a two-sided geometric kernel, evaluated for all i in O(n) by recursive filters
+  (:mod:`app.mechanisms._jointexp_kernels`) that only ever add non-negative terms.
+* Repeats ``alpha(j, i, k) = w_i r^{n_j} alpha(j-1, i, k-1) / k`` are kept as extra rows only
+  where they are not dominated: an entry below 2^-60 of ``alpha(j, i, 1)`` at the same interval
+  is dropped. Every completion of such a prefix is also a completion of the single-copy prefix
+  at the same interval with at least the same weight, so the error this introduces in any
+  later weight is below 2^-60 of that weight's row (times m).
+* Rows are max-normalised in linear space (fast path). If a row's maximum drops below 2^-100
+  of the previous row's, contributions may have underflowed; the whole forward pass is then
+  redone in log space (exact for any dynamic range: long runs of tied or clamped points).
+* The backward pass draws (i, k) for the last block from ``alpha(m, i, k) r^|n - i - n_{m+1}|``,
+  then block by block from ``alpha(j, i, k) r^|i_next - i - n_{j+1}|`` over ``i < i_next``, each
+  by inverse CDF with a single uniform.
+* Rows are stored while they fit a memory budget; beyond it, only every ~sqrt(m)-th row is kept
+  and the others are recomputed block by block during the backward pass.
+
+Complexity: O(n log n) to sort, then O(n) per quantile and row for the forward pass (plus
+O(n) per surviving repeat level) and O(n) per sampled block; memory O(n sqrt(m)) at worst.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from app.mechanisms import _jointexp_kernels as K
+from app.mechanisms.base import (
+    FloatArray,
+    Mechanism,
+    PrivacyNotion,
+    _inverse_cdf_pick,
+    make_rng,
+    prepare,
+    uniform_in_intervals,
+)
+
+PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
+GUARD = 2.0**-100  # linear-space rows whose max falls below this trigger the log-space pass
+MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
+
+
+def jointexp_sensitivity(quantiles: FloatArray, neighbors: str) -> float:
+    """Δu_Q: 2 under swap (Lemma 3); 2(1 - min gap) under add/remove (Lemma 10).
+
+    The add/remove gaps include q_1 - 0 and 1 - q_m.
+    """
+    if neighbors == "swap":
+        return 2.0
+    gaps = np.diff(np.concatenate(([0.0], quantiles, [1.0])))
+    return 2.0 * (1.0 - float(gaps.min()))
+
+
+def quantile_gaps(quantiles: FloatArray, n: int) -> FloatArray:
+    """n_j = (q_j - q_{j-1}) n for j = 1..m+1, with q_0 = 0 and q_{m+1} = 1."""
+    return np.diff(np.concatenate(([0.0], quantiles, [1.0]))) * float(n)
+
+
+class _LinearGuardTripped(Exception):
+    """A linear-space row lost too much range; the log-space pass must be used."""
+
+
+Row = NDArray[np.float64]  # levels x (n + 1): linear values or logs, per row
+
+
+class _Forward:
+    """Forward rows of the dynamic program, linear or log space, with checkpointing."""
+
+    def __init__(
+        self,
+        logw: FloatArray,
+        gaps: FloatArray,
+        c: float,
+        *,
+        log_space: bool,
+        budget: int,
+    ) -> None:
+        self.logw = logw
+        self.gaps = gaps
+        self.c = c
+        self.log_space = log_space
+        self.m = gaps.size - 1
+        self.n1 = logw.size
+        self.w = np.exp(logw)  # normalised widths, max 1; zero-width intervals are 0
+        pw_len = int(min(self.n1 + 2, math.ceil(750.0 / c) + 2))
+        self.pw = np.exp(-c * np.arange(max(pw_len, 2), dtype=np.float64))
+        self.budget = budget
+        self.block = max(1, math.isqrt(self.m - 1) + 1)  # ~sqrt(m) rows per checkpoint block
+        self.rows: dict[int, Row] = {}
+        self.cache: dict[int, Row] = {}
+        self.checkpointing = False
+        self.stored_bytes = 0
+
+    # -- one row ----------------------------------------------------------------------------
+
+    def first(self) -> Row:
+        lrow = np.empty(self.n1)
+        K.first_row_log(self.logw, float(self.gaps[0]), self.c, lrow)
+        if self.log_space:
+            lrow -= lrow.max()
+            return lrow.reshape(1, -1)
+        row = np.empty(self.n1)
+        K.exp_normalise(lrow, row)
+        return row.reshape(1, -1)
+
+    def step(self, prev: Row, j: int) -> Row:
+        """Row j (1-based, j >= 2) from row j - 1."""
+        return self._step_log(prev, j) if self.log_space else self._step_linear(prev, j)
+
+    def _step_linear(self, prev: Row, j: int) -> Row:
+        nj = float(self.gaps[j - 1])
+        total = prev[0] if prev.shape[0] == 1 else prev.sum(axis=0)
+        prev_max = float(total.max())
+        scale = 1.0 / prev_max
+        lev1 = np.empty(self.n1)
+        top = K.transition_linear(total, scale, self.w, nj, self.c, self.pw, lev1)
+        levels = [lev1]
+        stay = math.exp(-self.c * nj) * scale  # r^{n_j}, in units of the previous row's max
+        if stay > 0.0:
+            floor = PRUNE * lev1
+            for k in range(prev.shape[0]):
+                cand = prev[k] * self.w * (stay / (k + 2))
+                cand[cand < floor] = 0.0
+                levels.append(cand)
+            while len(levels) > 1 and not levels[-1].any():
+                levels.pop()  # level k+1 is the row's k-th: only trailing empty levels go
+        if len(levels) > 1:
+            out = np.vstack(levels)
+            top = float(out.sum(axis=0).max())
+        else:
+            out = lev1.reshape(1, -1)
+        if not (top >= GUARD and math.isfinite(top)):
+            raise _LinearGuardTripped
+        return out
+
+    def _step_log(self, prev: Row, j: int) -> Row:
+        nj = float(self.gaps[j - 1])
+        ltotal = prev[0] if prev.shape[0] == 1 else np.logaddexp.reduce(prev, axis=0)
+        ls = np.empty(self.n1)
+        K.transition_log(ltotal, nj, self.c, ls)
+        l1 = ls + self.logw
+        levels = [l1]
+        lstay = -self.c * nj
+        lfloor = l1 + math.log(PRUNE)
+        for k in range(prev.shape[0]):
+            cand = prev[k] + self.logw + (lstay - math.log(k + 2))
+            cand[cand < lfloor] = -np.inf
+            levels.append(cand)
+        while len(levels) > 1 and not np.any(levels[-1] > -np.inf):
+            levels.pop()
+        out = np.vstack(levels) if len(levels) > 1 else l1.reshape(1, -1)
+        top = float(np.max(out))
+        if not math.isfinite(top):
+            raise FloatingPointError("JointExp: a forward row has no mass")
+        out -= top
+        return out
+
+    # -- storage ----------------------------------------------------------------------------
+
+    def _keep(self, j: int) -> bool:
+        return j == 1 or j == self.m or (j - 1) % self.block == 0
+
+    def _store(self, j: int, row: Row) -> None:
+        self.rows[j] = row
+        self.stored_bytes += row.nbytes
+        if not self.checkpointing and self.stored_bytes > self.budget:
+            self.checkpointing = True
+            for jj in [jj for jj in self.rows if not self._keep(jj) and jj != j]:
+                self.stored_bytes -= self.rows.pop(jj).nbytes
+
+    def run(self) -> None:
+        row = self.first()
+        self._store(1, row)
+        for j in range(2, self.m + 1):
+            nxt = self.step(row, j)
+            if self.checkpointing and not self._keep(j - 1) and (j - 1) in self.rows:
+                self.stored_bytes -= self.rows.pop(j - 1).nbytes
+            self._store(j, nxt)
+            row = nxt
+
+    def get(self, j: int) -> Row:
+        """Row j, recomputing its checkpoint block when it was not kept."""
+        if j in self.rows:
+            return self.rows[j]
+        if j in self.cache:
+            return self.cache[j]
+        j0 = max(jj for jj in self.rows if jj < j)
+        self.cache = {}
+        row = self.rows[j0]
+        for jj in range(j0 + 1, j + 1):
+            row = self.step(row, jj)
+            self.cache[jj] = row
+        return row
+
+
+def _draw_block(
+    fwd: _Forward,
+    j: int,
+    i_end: int,
+    d_ref: int,
+    nj: float,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Draw (i, k) ∝ alpha(j, i, k) r^|d_ref - i - nj| over i < i_end; k is 1-based."""
+    row = fwd.get(j)
+    nlev = min(row.shape[0], j)
+    buf = np.empty(nlev * i_end)
+    if fwd.log_space:
+        K.step_weights_log(row, nlev, i_end, d_ref, nj, fwd.c, buf)
+    else:
+        top = K.step_weights_linear(row, nlev, i_end, d_ref, nj, fwd.c, fwd.pw, buf)
+        if not top >= GUARD * float(row.max()):
+            # The kernel pushed every candidate towards underflow: form the same weights in
+            # log space from the stored row (its own entries are exact to 2^-1022 of its max).
+            lrow = np.empty_like(row)
+            K.log_of(row.reshape(-1), lrow.reshape(-1))
+            K.step_weights_log(lrow, nlev, i_end, d_ref, nj, fwd.c, buf)
+    pick = int(_inverse_cdf_pick(buf, rng.random()))
+    if pick < 0:
+        raise FloatingPointError("JointExp: backward weights are all zero")
+    return pick % i_end, pick // i_end + 1
+
+
+def sample_interval_sequence(
+    logw: FloatArray,
+    gaps: FloatArray,
+    c: float,
+    rng: np.random.Generator,
+    *,
+    force_log_space: bool = False,
+    budget: int = MEMORY_BUDGET_BYTES,
+) -> NDArray[np.int64]:
+    """Exact draw of the nondecreasing interval sequence (i_1..i_m) of JointExp.
+
+    Args:
+        logw: log of the n + 1 interval widths (``-inf`` for zero width); any constant shift
+            is irrelevant (the distribution is invariant to the width scale).
+        gaps: n_1..n_{m+1}.
+        c: eps / (2 Δ).
+        rng: the generator supplying uniforms (one per sampled block).
+        force_log_space: run the exact log-space pass directly (used by tests).
+        budget: bytes of forward rows kept before checkpointing starts.
+    """
+    logw = logw - float(np.max(logw))
+    n = logw.size - 1
+    m = gaps.size - 1
+    fwd = _Forward(logw, gaps, c, log_space=force_log_space, budget=budget)
+    try:
+        fwd.run()
+    except _LinearGuardTripped:
+        fwd = _Forward(logw, gaps, c, log_space=True, budget=budget)
+        fwd.run()
+    seq = np.empty(m, dtype=np.int64)
+    j, i_end, d_ref = m, n + 1, n
+    while j > 0:
+        i, k = _draw_block(fwd, j, i_end, d_ref, float(gaps[j]), rng)
+        seq[j - k : j] = i
+        j -= k
+        i_end, d_ref = i, i
+    return seq
+
+
+def jointexp(
+    data: ArrayLike,
+    quantiles: ArrayLike,
+    *,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    neighbors: str = "swap",
+    rng: np.random.Generator | None = None,
+) -> FloatArray:
+    """JointExp: all m quantiles from one exponential mechanism, sampled exactly.
+
+    Guarantee: epsilon-DP (paper Theorem 1) under the chosen neighbour relation; the
+    sensitivity is 2 (swap) or 2 (1 - min gap) (add/remove, gaps including q_1 and 1 - q_m).
+
+    Complexity: O(n log n + m n) time in the common case, O(n sqrt(m)) memory at worst.
+
+    Args:
+        data: 1-D finite values (any order); clamped to [lower, upper].
+        quantiles: strictly increasing values inside (0, 1).
+        epsilon: privacy parameter (> 0).
+        lower: public lower bound of the data domain.
+        upper: public upper bound (> lower).
+        neighbors: "swap" (the paper's default) or "add_remove".
+        rng: generator to draw from; None uses a fresh CSPRNG-keyed generator.
+
+    Returns:
+        The m estimates, ascending, inside [lower, upper].
+    """
+    prep = prepare(data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors)
+    gen = make_rng(rng)
+    c = prep.epsilon / (2.0 * jointexp_sensitivity(prep.quantiles, prep.neighbors))
+    widths = prep.widths
+    with np.errstate(divide="ignore"):
+        logw = np.log(widths / widths.max())
+    seq = sample_interval_sequence(logw, quantile_gaps(prep.quantiles, prep.n), c, gen)
+    return uniform_in_intervals(prep.edges, seq, gen)
+
+
+JOINTEXP = Mechanism(
+    name="jointexp",
+    fn=jointexp,
+    notion=PrivacyNotion.PURE_DP,
+    summary="JointExp: one exponential mechanism for all m quantiles (Gillenwater et al. 2021).",
+)
+
+__all__: list[str] = [
+    "JOINTEXP",
+    "jointexp",
+    "jointexp_sensitivity",
+    "quantile_gaps",
+    "sample_interval_sequence",
+]

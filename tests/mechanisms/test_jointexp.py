@@ -1,0 +1,257 @@
+"""JointExp samples exactly the paper's distribution M_Q' (Sec. 3.2), in both numeric paths."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import mpmath
+import numpy as np
+import pytest
+
+from app.mechanisms import MECHANISMS
+from app.mechanisms.jointexp import (
+    _Forward,
+    _LinearGuardTripped,
+    jointexp,
+    jointexp_sensitivity,
+    quantile_gaps,
+    sample_interval_sequence,
+)
+from tests.mechanisms.exact import chi_square_p, edges_for, jointexp_sequence_probs, to_intervals
+
+DRAWS = 20_000
+
+CASES = [
+    # (data, quantiles, epsilon, lower, upper, neighbors)
+    ([0.3, 1.7, 2.2, 4.0, 4.1], [0.5], 2.0, 0.0, 5.0, "swap"),
+    ([0.3, 1.7, 2.2, 4.0, 4.1, 2.5], [0.25, 0.75], 3.0, 0.0, 5.0, "swap"),
+    # ties and points outside the bounds (clamped to zero-width intervals)
+    ([1.0, 1.0, 2.0, -3.0, 9.0, 2.5], [0.2, 0.5, 0.8], 2.0, 0.0, 5.0, "swap"),
+    ([1.0, 1.0, 2.0, 3.0], [0.3, 0.6, 0.9], 4.0, 0.0, 4.0, "add_remove"),
+    ([0.5, 0.6, 3.0, 3.0, 3.0, 4.5], [0.1, 0.5], 1.0, 0.0, 5.0, "add_remove"),
+    # repeats dominate: a tiny range of data with wide outer intervals
+    ([2.0, 2.01, 2.02], [0.3, 0.5, 0.7], 0.5, 0.0, 10.0, "swap"),
+]
+
+
+def _observed(case, *, seed: int, force_log: bool) -> tuple[collections.Counter, int]:
+    data, q, eps, lo, hi, nb = case
+    rng = np.random.default_rng(seed)
+    edges = edges_for(data, lo, hi)
+    counts: collections.Counter = collections.Counter()
+    if force_log:
+        from app.mechanisms.base import prepare
+
+        prep = prepare(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+        c = eps / (2 * jointexp_sensitivity(prep.quantiles, nb))
+        with np.errstate(divide="ignore"):
+            logw = np.log(prep.widths)
+        gaps = quantile_gaps(prep.quantiles, prep.n)
+        for _ in range(DRAWS):
+            seq = sample_interval_sequence(logw, gaps, c, rng, force_log_space=True)
+            counts[tuple(int(i) for i in seq)] += 1
+        return counts, DRAWS
+    for _ in range(DRAWS):
+        out = jointexp(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb, rng=rng)
+        counts[tuple(int(i) for i in to_intervals(edges, out))] += 1
+    return counts, DRAWS
+
+
+@pytest.mark.parametrize("force_log", [False, True], ids=["linear", "log"])
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_exact_distribution_chi_square(case, force_log: bool) -> None:
+    data, q, eps, lo, hi, nb = case
+    probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    observed, draws = _observed(case, seed=1234 + len(data), force_log=force_log)
+    p = chi_square_p(observed, probs, draws)
+    assert p > 1e-4, f"chi-square p={p:.3g}"
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=[f"case{i}" for i in range(4)])
+def test_negative_control_wrong_epsilon_is_detected(case) -> None:
+    data, q, eps, lo, hi, nb = case
+    wrong = jointexp_sequence_probs(data, q, epsilon=1.5 * eps, lower=lo, upper=hi, neighbors=nb)
+    observed, draws = _observed(case, seed=99, force_log=False)
+    assert chi_square_p(observed, wrong, draws) < 1e-4
+
+
+def test_never_outputs_zero_width_intervals() -> None:
+    data = [1.0, 1.0, 1.0, -5.0, -5.0, 7.0, 7.0]
+    edges = edges_for(data, 0.0, 5.0)
+    rng = np.random.default_rng(7)
+    widths = np.diff(edges)
+    for _ in range(2000):
+        out = jointexp(data, [0.2, 0.5, 0.9], epsilon=1.0, lower=0.0, upper=5.0, rng=rng)
+        idx = to_intervals(edges, out)
+        assert np.all(widths[idx] > 0)
+        assert np.all((out >= 0.0) & (out <= 5.0))
+
+
+def _exact_rows(logw: np.ndarray, gaps: np.ndarray, c: float) -> list[list[mpmath.mpf]]:
+    """alpha(j, i) summed over k, by the paper's recursion in 50-digit arithmetic."""
+    mpmath.mp.dps = 50
+    n1 = logw.size
+    w = [mpmath.e ** mpmath.mpf(float(v)) if np.isfinite(v) else mpmath.mpf(0) for v in logw]
+    r = mpmath.e ** (-mpmath.mpf(c))
+    m = gaps.size - 1
+    alpha = [[mpmath.mpf(0)] * (m + 1) for _ in range(n1)]  # alpha[i][k]
+    for i in range(n1):
+        alpha[i][1] = w[i] * r ** abs(i - mpmath.mpf(float(gaps[0])))
+    rows = [[sum(alpha[i]) for i in range(n1)]]
+    for j in range(2, m + 1):
+        nj = mpmath.mpf(float(gaps[j - 1]))
+        tot = [sum(alpha[i]) for i in range(n1)]
+        new = [[mpmath.mpf(0)] * (m + 1) for _ in range(n1)]
+        for i in range(n1):
+            new[i][1] = w[i] * sum(tot[ip] * r ** abs(i - ip - nj) for ip in range(i))
+            for k in range(2, j + 1):
+                new[i][k] = w[i] * r**nj * alpha[i][k - 1] / k
+        alpha = new
+        rows.append([sum(alpha[i]) for i in range(n1)])
+    return rows
+
+
+@pytest.mark.parametrize("eps", [0.05, 1.0, 8.0])
+@pytest.mark.parametrize("force_log", [False, True], ids=["linear", "log"])
+def test_forward_rows_match_high_precision_reference(eps: float, force_log: bool) -> None:
+    rng = np.random.default_rng(3)
+    x = np.round(rng.normal(size=40), 1)  # ties included
+    q = np.array([0.2, 0.45, 0.5, 0.9])
+    edges = edges_for(list(x), -3.0, 3.0)
+    with np.errstate(divide="ignore"):
+        logw = np.log(np.diff(edges) / np.diff(edges).max())
+    gaps = quantile_gaps(q, x.size)
+    c = eps / 4.0
+    fwd = _Forward(logw, gaps, c, log_space=force_log, budget=1 << 30)
+    fwd.run()
+    exact = _exact_rows(logw, gaps, c)
+    worst = 0.0
+    for j in range(1, q.size + 1):
+        row = fwd.get(j)
+        got = np.exp(row).sum(axis=0) if force_log else row.sum(axis=0)
+        ref = np.array([float(v) for v in exact[j - 1]])
+        got = got / got.max()
+        ref = ref / ref.max()
+        worst = max(worst, float(np.max(np.abs(got - ref))))
+    assert worst < 1e-13, worst
+
+
+def test_linear_and_log_paths_agree_on_tie_heavy_data() -> None:
+    rng = np.random.default_rng(5)
+    x = np.round(rng.normal(size=3000), 1)  # ~60 distinct values: long tie runs
+    q = np.linspace(0.05, 0.95, 9)
+    edges = edges_for(list(x), -4.0, 4.0)
+    with np.errstate(divide="ignore"):
+        logw = np.log(np.diff(edges) / np.diff(edges).max())
+    gaps = quantile_gaps(q, x.size)
+    lin = _Forward(logw, gaps, 0.05, log_space=False, budget=1 << 30)
+    log = _Forward(logw, gaps, 0.05, log_space=True, budget=1 << 30)
+    lin.run()
+    log.run()
+    for j in range(1, q.size + 1):
+        a = lin.get(j).sum(axis=0)
+        b = np.exp(log.get(j)).sum(axis=0)
+        assert np.max(np.abs(a / a.max() - b / b.max())) < 1e-12
+
+
+def test_long_clamped_run_falls_back_to_log_space_and_stays_finite() -> None:
+    # 40% of the points sit above the upper bound: the top quantiles must land in the last
+    # positive-width intervals, thousands of ranks below their targets, so linear-space rows
+    # underflow. The guard must switch to the log-space pass, and the draw stays valid.
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.uniform(0, 10, size=6000), np.full(4000, 50.0)])
+    q = np.array([0.5, 0.7, 0.9, 0.99])
+    edges = edges_for(list(x), 0.0, 10.0)
+    with np.errstate(divide="ignore"):
+        logw = np.log(np.diff(edges) / np.diff(edges).max())
+    gaps = quantile_gaps(q, x.size)
+    linear = _Forward(logw, gaps, 0.25, log_space=False, budget=1 << 30)
+    with pytest.raises(_LinearGuardTripped):
+        linear.run()
+    out = MECHANISMS["jointexp"](x, q, epsilon=1.0, lower=0.0, upper=10.0, rng=rng)
+    assert np.all(np.isfinite(out))
+    assert np.all((out >= 0.0) & (out <= 10.0))
+    # u_Q is maximal for any split with every gap below its target and i_4 at the top of
+    # the unclamped region: the last estimate must sit in the last few intervals below 10.
+    assert out[-1] > 9.95
+
+
+def test_checkpointing_gives_the_same_draws_as_full_storage() -> None:
+    rng_data = np.random.default_rng(8)
+    x = rng_data.normal(size=5000)
+    q = np.linspace(0.01, 0.99, 40)
+    edges = edges_for(list(x), -10, 10)
+    with np.errstate(divide="ignore"):
+        logw = np.log(np.diff(edges))
+    gaps = quantile_gaps(q, x.size)
+    a = sample_interval_sequence(logw, gaps, 0.25, np.random.default_rng(1), budget=1 << 30)
+    b = sample_interval_sequence(logw, gaps, 0.25, np.random.default_rng(1), budget=1)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_privacy_ratio_of_exact_densities_is_bounded_by_e_eps() -> None:
+    """For neighbouring datasets the output densities differ by at most e^eps (swap)."""
+    rng = np.random.default_rng(21)
+    eps, lo, hi = 1.3, 0.0, 10.0
+    q = [0.25, 0.5, 0.75]
+    for _ in range(25):
+        x = list(np.round(rng.uniform(lo, hi, size=5), 2))
+        y = list(x)
+        y[int(rng.integers(5))] = float(np.round(rng.uniform(lo - 2, hi + 2), 2))  # swap one
+        for _ in range(20):
+            o = np.sort(rng.uniform(lo, hi, size=3))
+            fx = _density(x, q, o, eps, lo, hi)
+            fy = _density(y, q, o, eps, lo, hi)
+            assert fx <= math.exp(eps) * fy * (1 + 1e-9)
+            assert fy <= math.exp(eps) * fx * (1 + 1e-9)
+
+
+def _density(data, q, o, eps, lo, hi) -> float:
+    """f_Q(o) = exp(eps u_Q(X, o) / (2Δ)) / Z, Z from the sequence enumeration (Lemma 5)."""
+    probs_edges = edges_for(data, lo, hi)
+    n = probs_edges.size - 2
+    w = np.diff(probs_edges)
+    gaps = np.diff(np.concatenate(([0.0], q, [1.0]))) * n
+    seqs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors="swap")
+    # unnormalised mass of each sequence, to recover Z on the same scale as the density
+    import itertools
+
+    def mass(s):
+        full = (0, *s, n)
+        u = -sum(abs((full[j + 1] - full[j]) - gaps[j]) for j in range(len(q) + 1))
+        gamma = math.prod(math.factorial(s.count(i)) for i in set(s))
+        return math.exp(eps * u / 4) * math.prod(w[i] for i in s) / gamma
+
+    z = sum(
+        mass(s) for s in itertools.combinations_with_replacement(range(n + 1), len(q)) if s in seqs
+    )
+    x_sorted = probs_edges[1:-1]
+    counts = [int(np.sum(x_sorted < v)) for v in o]
+    full = (0, *counts, n)
+    u = -sum(abs((full[j + 1] - full[j]) - gaps[j]) for j in range(len(q) + 1))
+    return math.exp(eps * u / 4) / z
+
+
+def test_accuracy_beats_indexp_on_gaussian_data() -> None:
+    rng = np.random.default_rng(2024)
+    q = np.arange(1, 10) / 10
+    je, ie = [], []
+    for _ in range(20):
+        x = np.sort(rng.normal(0, 5, size=1000))
+        true = x[np.ceil(q * x.size).astype(int) - 1]
+        for name, acc in (("jointexp", je), ("indexp", ie)):
+            est = MECHANISMS[name](x, q, epsilon=1.0, lower=-100, upper=100, rng=rng)
+            lo_ = np.minimum(true, est)
+            hi_ = np.maximum(true, est)
+            missed = np.searchsorted(x, hi_, "left") - np.searchsorted(x, lo_, "right")
+            acc.append(np.maximum(missed, 0).mean())
+    assert np.mean(je) < 10
+    assert np.mean(je) < np.mean(ie)
+
+
+def test_sensitivity_add_remove_includes_outer_gaps() -> None:
+    assert jointexp_sensitivity(np.array([0.5]), "swap") == 2.0
+    assert jointexp_sensitivity(np.array([0.5]), "add_remove") == pytest.approx(1.0)
+    # gaps 0.1, 0.8, 0.1: the outer gaps set the minimum
+    assert jointexp_sensitivity(np.array([0.1, 0.9]), "add_remove") == pytest.approx(1.8)
