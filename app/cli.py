@@ -1,0 +1,179 @@
+"""The ``dpquant`` command: serve, migrate, create-key, openapi, experiments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.config import Settings
+
+logger = logging.getLogger("dpquant")
+
+OPENAPI_PATH = Path("openapi") / "openapi.json"
+
+
+def configure_logging(level: str) -> None:
+    """Plain logging to stderr; pgserver's chatter is kept at WARNING."""
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Start the embedded database if needed, migrate it, then run uvicorn."""
+    import uvicorn
+
+    from app.db import resolve_database_url, upgrade_database
+
+    url, embedded = resolve_database_url(settings)
+    if embedded:
+        upgrade_database(url)
+        # Workers inherit the URL, so the embedded server is started once, here.
+        os.environ["DPQUANT_DATABASE_URL"] = url
+    base = f"http://{args.host}:{args.port}"
+    _write(f"dpquant listening on {base} (API docs: {base}/docs)")
+    _write(
+        "database: "
+        + (
+            "embedded PostgreSQL under " + str(settings.data_dir)
+            if embedded
+            else "DPQUANT_DATABASE_URL"
+        )
+    )
+    _write(
+        "admin key: set DPQUANT_BOOTSTRAP_ADMIN_KEY before starting, or run "
+        "`dpquant create-key --role admin`"
+    )
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=settings.log_level.lower(),
+    )
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """Apply the Alembic migrations up to head."""
+    from app.db import resolve_database_url, upgrade_database
+
+    url, _ = resolve_database_url(settings)
+    upgrade_database(url)
+    _write("database migrated to head")
+    return 0
+
+
+def cmd_create_key(args: argparse.Namespace, settings: Settings) -> int:
+    """Create a key and print it once."""
+    from sqlalchemy.orm import Session
+
+    from app.auth.service import create_key
+    from app.db import make_engine, resolve_database_url, upgrade_database
+    from app.errors import DpquantError
+
+    url, embedded = resolve_database_url(settings)
+    if embedded:
+        upgrade_database(url)
+    engine = make_engine(url, settings)
+    try:
+        with Session(engine) as session, session.begin():
+            key, raw = create_key(session, role=args.role, dataset_id=args.dataset, name=args.name)
+            key_id = key.id
+    except DpquantError as exc:
+        sys.stderr.write(f"error: {exc.detail}\n")
+        return 2
+    finally:
+        engine.dispose()
+    sys.stderr.write(f"created {args.role} key {key_id}; it is shown only once:\n")
+    _write(raw)
+    return 0
+
+
+def cmd_openapi(args: argparse.Namespace, settings: Settings) -> int:
+    """Write the OpenAPI document (no database needed)."""
+    from app.main import create_app
+
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_openapi(create_app(settings).openapi()))
+    _write(f"wrote {out}")
+    return 0
+
+
+def render_openapi(document: dict[str, object]) -> str:
+    """The committed, diff-friendly form of the OpenAPI document."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def cmd_experiments(argv: list[str]) -> int:
+    """Forward to ``app.experiments.cli.main``."""
+    try:
+        from app.experiments.cli import main as experiments_main
+    except ImportError as exc:
+        sys.stderr.write(f"error: the experiments module is not available ({exc})\n")
+        return 2
+    result: int = experiments_main(argv)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and the compose-file check)."""
+    parser = argparse.ArgumentParser(
+        prog="dpquant", description="Differentially private quantiles as a service."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the API (embedded PostgreSQL if no URL is set)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1)
+
+    sub.add_parser("migrate", help="apply database migrations")
+
+    key = sub.add_parser("create-key", help="create an API key and print it once")
+    key.add_argument("--role", choices=["admin", "analyst", "viewer"], required=True)
+    key.add_argument("--dataset", type=uuid.UUID, default=None, help="restrict to one dataset")
+    key.add_argument("--name", default="", help="a label for humans")
+
+    spec = sub.add_parser("openapi", help="write the OpenAPI document")
+    spec.add_argument("--output", default=str(OPENAPI_PATH))
+
+    sub.add_parser(
+        "experiments", help="reproduce the paper's experiments (arguments are forwarded)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dpquant`` console script."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "experiments":
+        return cmd_experiments(args_list[1:])
+    args = build_parser().parse_args(args_list)
+    settings = Settings()
+    configure_logging(settings.log_level)
+    handlers = {
+        "serve": cmd_serve,
+        "migrate": cmd_migrate,
+        "create-key": cmd_create_key,
+        "openapi": cmd_openapi,
+    }
+    return handlers[args.command](args, settings)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Service configuration: one ``Settings`` class read from ``DPQUANT_*`` environment variables."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Values that look like a secret someone forgot to replace; refused as bootstrap keys.
+PLACEHOLDER_SECRETS = frozenset(
+    {"changeme", "change-me", "changethis", "secret", "admin", "password"}
+)
+
+#: Minimum length of a bootstrap admin key (43 url-safe characters carry 256 bits).
+MIN_BOOTSTRAP_KEY_LENGTH = 32
+
+
+class Settings(BaseSettings):
+    """Every tunable of the service; each field is read from ``DPQUANT_<FIELD>``.
+
+    Limits live here so that hardening can tighten them without touching the services.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="DPQUANT_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy/libpq URL of PostgreSQL; unset = embedded PostgreSQL (pgserver).",
+    )
+    data_dir: Path = Field(
+        default=Path(".dpquant"), description="Directory of the embedded PostgreSQL data."
+    )
+    bootstrap_admin_key: SecretStr | None = Field(
+        default=None, description="If set, this key is accepted as an admin key (stored hashed)."
+    )
+    log_level: str = Field(default="INFO", description="Python logging level.")
+
+    # Limits.
+    max_upload_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="Largest accepted values upload (bytes)."
+    )
+    max_values: int = Field(default=10_000_000, gt=0, description="Most values per dataset.")
+    max_quantiles: int = Field(default=1000, gt=0, description="Most quantiles per query.")
+    max_page_size: int = Field(default=500, gt=0, description="Largest `limit` of list pages.")
+    min_release_ms: int = Field(
+        default=0, ge=0, description="Pad release responses to at least this many ms (0 = off)."
+    )
+
+    # Database pool.
+    pool_size: int = Field(default=10, gt=0, description="Connections kept per process.")
+    max_overflow: int = Field(default=20, ge=0, description="Extra connections under load.")
+    pool_timeout_s: float = Field(default=30.0, gt=0, description="Wait for a free connection.")
+    connect_timeout_s: int = Field(default=5, gt=0, description="PostgreSQL connect timeout.")
+
+    @field_validator("bootstrap_admin_key")
+    @classmethod
+    def _refuse_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        raw = value.get_secret_value()
+        if raw.lower() in PLACEHOLDER_SECRETS or len(raw) < MIN_BOOTSTRAP_KEY_LENGTH:
+            raise ValueError(
+                f"must be a random secret of at least {MIN_BOOTSTRAP_KEY_LENGTH} characters "
+                "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return value
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""Datasets: public bounds and grid, the stored values, upload and freezing."""

@@ -1,0 +1,60 @@
+"""The ``dataset`` and ``dataset_data`` tables."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base
+
+
+class Dataset(Base):
+    """A dataset's public description; its row is the lock that serialises releases.
+
+    ``n`` and ``n_outside`` are computed at upload and shown to admins only. ``data_version``
+    increases with every upload so a release can tell whether the values it loaded before
+    taking the lock are still current.
+    """
+
+    __tablename__ = "dataset"
+    __table_args__ = (
+        CheckConstraint("lower < upper", name="bounds"),
+        CheckConstraint("granularity > 0", name="granularity"),
+        CheckConstraint("neighbors IN ('swap', 'add_remove')", name="neighbors"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text)
+    lower: Mapped[float] = mapped_column(Double)
+    upper: Mapped[float] = mapped_column(Double)
+    neighbors: Mapped[str] = mapped_column(String(16))
+    granularity: Mapped[float] = mapped_column(Double)
+    n: Mapped[int | None] = mapped_column(BigInteger)
+    n_outside: Mapped[int | None] = mapped_column(BigInteger)
+    data_version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    values_uploaded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    frozen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class DatasetData(Base):
+    """The values of one dataset: sorted little-endian float64 in one ``bytea``."""
+
+    __tablename__ = "dataset_data"
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("dataset.id"), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,0 +1,76 @@
+"""Bodies of the dataset endpoints."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.ledger.schemas import AmountPublic, BudgetDecimal
+
+Neighbors = Literal["swap", "add_remove"]
+
+
+class DatasetCreate(BaseModel):
+    """A new dataset: public bounds, neighbour relation, initial budget, output grid."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
+    description: str = Field(default="", max_length=2000)
+    lower: float = Field(allow_inf_nan=False, description="Public lower bound (not from data).")
+    upper: float = Field(allow_inf_nan=False, description="Public upper bound, > lower.")
+    neighbors: Neighbors = Field(
+        default="swap", description="Neighbour relation: swap (n public) or add_remove."
+    )
+    epsilon: BudgetDecimal = Field(default=Decimal(0), description="Initial epsilon budget.")
+    delta: BudgetDecimal = Field(default=Decimal(0), description="Initial delta budget.")
+    granularity: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Spacing of the public output grid lower + k*granularity; default: the "
+        "largest power of ten <= (upper - lower) / 10^6.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DatasetCreate:
+        if not self.lower < self.upper:
+            raise ValueError("lower must be smaller than upper")
+        if not math.isfinite(self.upper - self.lower):
+            raise ValueError("upper - lower must be a finite double")
+        return self
+
+
+class DatasetPublic(BaseModel):
+    """What every role may see of a dataset (no size: under add_remove n is private)."""
+
+    id: uuid.UUID
+    name: str
+    description: str
+    lower: float
+    upper: float
+    neighbors: Neighbors
+    granularity: float
+    budget_remaining: AmountPublic
+    created_at: datetime
+
+
+class DatasetAdmin(DatasetPublic):
+    """The admin view: adds the size, the count outside the bounds and the upload state."""
+
+    n: int | None
+    n_outside_bounds: int | None
+    values_uploaded_at: datetime | None
+    frozen_at: datetime | None
+
+
+class DatasetPage(BaseModel):
+    """A page of datasets visible to the key, newest first."""
+
+    items: list[DatasetAdmin | DatasetPublic]
+    next_cursor: str | None

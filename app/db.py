@@ -1,0 +1,174 @@
+"""Database plumbing: declarative base, engine, per-request session, embedded PostgreSQL, Alembic.
+
+Transactions: one session per request (:data:`SessionDep`). The dependency commits when the
+endpoint returns and rolls back when it raises; it is declared with ``scope="function"`` so
+the commit happens *before* the response is sent, and a failed commit becomes an error
+response instead of a success that was never stored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine, MetaData, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+from app.config import Settings
+
+logger = logging.getLogger(__name__)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table; constraint names follow :data:`NAMING_CONVENTION`."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def load_models() -> MetaData:
+    """Import every model module so that ``Base.metadata`` is complete; returns it."""
+    import app.auth.models
+    import app.datasets.models
+    import app.ledger.models
+    import app.releases.models  # noqa: F401
+
+    return Base.metadata
+
+
+# --------------------------------------------------------------------------- URLs and engines
+
+
+def normalize_url(url: str) -> str:
+    """Make a libpq/pgserver URL usable by SQLAlchemy with psycopg 3."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or reuse) the embedded PostgreSQL under ``data_dir``; returns its SQLAlchemy URL.
+
+    The server keeps running while any process holding a handle lives (pgserver tracks them).
+    """
+    import pgserver
+
+    data_dir = Path(data_dir).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(  # type: ignore[attr-defined]
+        data_dir / "pgdata", cleanup_mode="stop"
+    )
+    uri: str = server.get_uri()
+    logger.info("embedded PostgreSQL running with data under %s", data_dir / "pgdata")
+    return normalize_url(uri)
+
+
+def resolve_database_url(settings: Settings) -> tuple[str, bool]:
+    """The URL to use and whether it is the embedded server (started here if needed)."""
+    if settings.database_url:
+        return normalize_url(settings.database_url), False
+    return start_embedded_postgres(settings.data_dir), True
+
+
+def make_engine(url: str, settings: Settings) -> Engine:
+    """An engine with a bounded pool and pre-ping so restarts of PostgreSQL are survived."""
+    connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout_s}
+    return create_engine(
+        normalize_url(url),
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pool_timeout=settings.pool_timeout_s,
+        pool_pre_ping=True,
+        connect_args=connect_args,
+    )
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password hidden, for logs."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One session per request: commit on success, roll back on error, always close."""
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+def migrations_dir() -> Path:
+    """The Alembic script directory: next to the package (checkout) or in the working dir."""
+    candidates = [Path(__file__).resolve().parents[1] / "migrations", Path.cwd() / "migrations"]
+    for candidate in candidates:
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError("cannot find the migrations/ directory (run from the project root)")
+
+
+def alembic_config(url: str) -> Any:
+    """An Alembic ``Config`` bound to ``url`` and the project's script directory."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.attributes["database_url"] = normalize_url(url)
+    return cfg
+
+
+def upgrade_database(url: str, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` (idempotent)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade_database(url: str, revision: str = "base") -> None:
+    """Revert migrations down to ``revision``."""
+    from alembic import command
+
+    command.downgrade(alembic_config(url), revision)
+
+
+def head_revisions() -> set[str]:
+    """The revision ids of the migration heads shipped with this code."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(migrations_dir()))
+    return set(script.get_heads())
+
+
+def current_revisions(engine: Engine) -> set[str]:
+    """The revision ids recorded in the database (empty when never migrated)."""
+    with engine.connect() as conn:
+        exists = conn.execute(text("SELECT to_regclass('alembic_version') IS NOT NULL")).scalar()
+        if not exists:
+            return set()
+        rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
+        return {str(r) for r in rows}

@@ -1,0 +1,161 @@
+"""One error family and the handlers that turn every failure into ``{"type", "detail"}``.
+
+Bodies never carry a stack trace or an input value: validation messages name the field and
+the rule only, because a rejected input may be a data value.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response."""
+
+    type: str
+    detail: str
+
+
+class DpquantError(Exception):
+    """An error with an HTTP status, a stable machine-readable ``type`` and a human ``detail``.
+
+    Args:
+        status_code: HTTP status of the response.
+        type: stable identifier, e.g. ``"budget_exhausted"``.
+        detail: human-readable explanation; must never contain a data value.
+        extra: additional JSON members of the body (e.g. budget figures).
+        headers: additional response headers.
+    """
+
+    def __init__(
+        self,
+        status_code: int,
+        type: str,
+        detail: str,
+        *,
+        extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+        self.type = type
+        self.detail = detail
+        self.extra = extra or {}
+        self.headers = headers
+
+
+def unauthorized(detail: str = "missing or unknown API key") -> DpquantError:
+    """401 with the ``WWW-Authenticate`` challenge."""
+    return DpquantError(401, "unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def forbidden(detail: str = "this key's role may not do that") -> DpquantError:
+    """403: the key is valid but its role does not allow the operation."""
+    return DpquantError(403, "forbidden", detail)
+
+
+def not_found(what: str) -> DpquantError:
+    """404 for unknown objects and for objects outside the key's scope alike."""
+    return DpquantError(404, "not_found", f"{what} not found")
+
+
+def invalid(field: str, problem: str) -> DpquantError:
+    """422 naming the offending field, e.g. ``invalid("body.epsilon", "must be > 0")``."""
+    return DpquantError(422, "validation_error", f"{field}: {problem}")
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries documenting error statuses with :class:`ErrorBody`."""
+    descriptions = {
+        304: "Not modified (ETag matches If-None-Match)",
+        401: "Missing, unknown or revoked API key",
+        403: "The key's role may not do this",
+        404: "Unknown object, or outside the key's scope",
+        409: "Conflict (budget exhausted, dataset frozen, idempotency-key reuse, ...)",
+        413: "Upload too large",
+        415: "Unsupported Content-Type",
+        422: "Invalid input; the detail names the field",
+        503: "Database or mechanism unavailable; nothing was charged",
+    }
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        if status == 304:
+            out[status] = {"description": descriptions[status]}
+        else:
+            out[status] = {"model": ErrorBody, "description": descriptions[status]}
+    return out
+
+
+def _body(type_: str, detail: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type_, "detail": detail}
+    if extra:
+        body.update(extra)
+    return body
+
+
+def format_validation_errors(errors: Any) -> str:
+    """``"body.epsilon: Input should be greater than 0; ..."`` without ever echoing input."""
+    parts: list[str] = []
+    for err in list(errors)[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid"))
+        if err.get("type") == "json_invalid":
+            msg = "malformed JSON"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers; after this no failure produces a body other than ErrorBody."""
+
+    @app.exception_handler(DpquantError)
+    async def _dpquant(request: Request, exc: DpquantError) -> JSONResponse:
+        return JSONResponse(
+            _body(exc.type, exc.detail, exc.extra), status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(
+            _body("validation_error", format_validation_errors(exc.errors())), status_code=422
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kinds = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        return JSONResponse(
+            _body(kinds.get(exc.status_code, "http_error"), str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Every unexpected failure happens before or instead of a commit, so nothing was
+        # charged: answer 503 (retry-safe with the same Idempotency-Key), never a bare 500.
+        if isinstance(exc, OperationalError | PoolTimeoutError) or (
+            isinstance(exc, DBAPIError) and exc.connection_invalidated
+        ):
+            logger.error("database unavailable: %s", type(exc).__name__)
+            return JSONResponse(
+                _body("database_unavailable", "the database is unavailable; nothing was charged"),
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        logger.error("unexpected %s on %s %s", type(exc).__name__, request.method, request.url.path)
+        return JSONResponse(
+            _body("internal_error", "internal error; nothing was charged, retry later"),
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )

@@ -1,0 +1,1 @@
+"""The append-only privacy ledger: grants, debits and the remaining budget."""

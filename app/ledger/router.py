@@ -1,0 +1,82 @@
+"""Budget endpoints: read the budget (free, ETag), add grants, page through the ledger."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from app.auth.deps import AdminDep, ReaderDep
+from app.datasets.service import get_visible
+from app.db import SessionDep
+from app.errors import error_responses
+from app.ledger import service
+from app.ledger.schemas import BudgetPublic, GrantCreate, LedgerEntryPublic, LedgerPage
+from app.ops.http import DecimalJSONRoute, conditional_json, decode_cursor, encode_cursor
+
+router = APIRouter(prefix="/v1/datasets", tags=["budget"], route_class=DecimalJSONRoute)
+
+
+@router.get(
+    "/{dataset_id}/budget",
+    response_model=BudgetPublic,
+    responses=error_responses(304, 401, 403, 404, 422, 503),
+    summary="Read a dataset's budget (free; supports If-None-Match)",
+)
+def get_budget(
+    dataset_id: uuid.UUID, request: Request, session: SessionDep, principal: ReaderDep
+) -> Response:
+    """Granted, spent and remaining (epsilon, delta); ``spent`` is the sum of the debits."""
+    get_visible(session, principal=principal, dataset_id=dataset_id)
+    figures = service.budget(session, dataset_id=dataset_id)
+    return conditional_json(request, BudgetPublic.of(dataset_id, figures))
+
+
+@router.post(
+    "/{dataset_id}/grants",
+    status_code=201,
+    response_model=LedgerEntryPublic,
+    responses=error_responses(401, 403, 404, 422, 503),
+    summary="Add epsilon and/or delta to a dataset's budget",
+)
+def create_grant(
+    dataset_id: uuid.UUID, body: GrantCreate, session: SessionDep, principal: AdminDep
+) -> LedgerEntryPublic:
+    """Append a grant row to the ledger (budgets only ever grow by grants)."""
+    # Lock the dataset row so a grant serialises with concurrent releases.
+    get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    entry = service.add_grant(
+        session,
+        dataset_id=dataset_id,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        reason=body.reason,
+        api_key_id=principal.key_id,
+    )
+    return LedgerEntryPublic.model_validate(entry)
+
+
+@router.get(
+    "/{dataset_id}/ledger",
+    response_model=LedgerPage,
+    responses=error_responses(401, 403, 404, 422, 503),
+    summary="Page through a dataset's ledger, newest first",
+)
+def list_ledger(
+    dataset_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    principal: AdminDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> LedgerPage:
+    """Grants and debits, newest first; ``next_cursor`` fetches the next (older) page."""
+    get_visible(session, principal=principal, dataset_id=dataset_id)
+    limit = min(limit, request.app.state.settings.max_page_size)
+    rows = service.list_entries(
+        session, dataset_id=dataset_id, before=decode_cursor(cursor), limit=limit + 1
+    )
+    items = [LedgerEntryPublic.model_validate(r) for r in rows[:limit]]
+    next_cursor = encode_cursor(rows[limit - 1].id) if len(rows) > limit else None
+    return LedgerPage(items=items, next_cursor=next_cursor)

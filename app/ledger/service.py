@@ -1,0 +1,148 @@
+"""Budget accounting: every figure is a sum over the append-only ledger, computed by PostgreSQL.
+
+Basic composition: the cost of a sequence of releases is the sum of their (epsilon, delta)
+costs. ``remaining = sum(grants) - sum(debits)``, both exact ``NUMERIC`` sums.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal, localcontext
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.sql import ColumnElement
+
+from app.ledger.models import LedgerEntry
+
+#: Costs computed in floating point (e.g. a zCDP conversion) are rounded UP to this quantum.
+COST_QUANTUM = Decimal("1e-12")
+ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Amount:
+    """An (epsilon, delta) pair of exact decimals."""
+
+    epsilon: Decimal
+    delta: Decimal
+
+    def covers(self, other: Amount) -> bool:
+        """True when both components of ``other`` fit inside this amount."""
+        return other.epsilon <= self.epsilon and other.delta <= self.delta
+
+    def minus(self, other: Amount) -> Amount:
+        """Exact difference (no rounding, whatever the number of digits)."""
+        with localcontext() as ctx:
+            ctx.prec = 200
+            return Amount(self.epsilon - other.epsilon, self.delta - other.delta)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Granted, spent and remaining budget of one dataset."""
+
+    granted: Amount
+    spent: Amount
+
+    @property
+    def remaining(self) -> Amount:
+        """``granted - spent`` for epsilon and delta."""
+        return self.granted.minus(self.spent)
+
+
+def budget(session: Session, *, dataset_id: uuid.UUID) -> Budget:
+    """Sum the dataset's ledger rows (call with the dataset row locked to get a stable answer)."""
+
+    def total(column: InstrumentedAttribute[Decimal], kind: str) -> ColumnElement[Decimal]:
+        return func.coalesce(func.sum(column).filter(LedgerEntry.kind == kind), 0)
+
+    row = session.execute(
+        select(
+            total(LedgerEntry.epsilon, "grant"),
+            total(LedgerEntry.delta, "grant"),
+            total(LedgerEntry.epsilon, "debit"),
+            total(LedgerEntry.delta, "debit"),
+        ).where(LedgerEntry.dataset_id == dataset_id)
+    ).one()
+    ge, gd, se, sd = (Decimal(v) for v in row)
+    return Budget(granted=Amount(ge, gd), spent=Amount(se, sd))
+
+
+def price(requested: Decimal | None, computed: float) -> Decimal:
+    """The decimal to debit for a cost the mechanism computed as ``computed``.
+
+    When the mechanism charges exactly the requested figure (pure and approximate DP), the
+    requested decimal is debited as is. Anything else (a converted guarantee) is rounded up
+    to :data:`COST_QUANTUM`, so the ledger never undercounts.
+    """
+    if not math.isfinite(computed) or computed < 0:
+        raise ValueError("mechanism returned an invalid cost")
+    if computed == 0.0:
+        return ZERO
+    if requested is not None and float(requested) == computed:
+        return requested
+    return Decimal(computed).quantize(COST_QUANTUM, rounding=ROUND_CEILING)
+
+
+def add_grant(
+    session: Session,
+    *,
+    dataset_id: uuid.UUID,
+    epsilon: Decimal,
+    delta: Decimal,
+    reason: str,
+    api_key_id: uuid.UUID | None,
+) -> LedgerEntry:
+    """Append a grant row."""
+    entry = LedgerEntry(
+        dataset_id=dataset_id,
+        kind="grant",
+        epsilon=epsilon,
+        delta=delta,
+        reason=reason,
+        release_id=None,
+        api_key_id=api_key_id,
+        created_at=datetime.now(UTC),
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def add_debit(
+    session: Session,
+    *,
+    dataset_id: uuid.UUID,
+    cost: Amount,
+    release_id: uuid.UUID,
+    api_key_id: uuid.UUID | None,
+    created_at: datetime,
+) -> LedgerEntry:
+    """Append the debit of one release (same transaction as the release row)."""
+    entry = LedgerEntry(
+        dataset_id=dataset_id,
+        kind="debit",
+        epsilon=cost.epsilon,
+        delta=cost.delta,
+        reason=None,
+        release_id=release_id,
+        api_key_id=api_key_id,
+        created_at=created_at,
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def list_entries(
+    session: Session, *, dataset_id: uuid.UUID, before: int | None, limit: int
+) -> list[LedgerEntry]:
+    """Up to ``limit`` rows, newest first, with ``id < before`` when a cursor is given."""
+    stmt = select(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id)
+    if before is not None:
+        stmt = stmt.where(LedgerEntry.id < before)
+    return list(session.scalars(stmt.order_by(LedgerEntry.id.desc()).limit(limit)))

@@ -1,0 +1,89 @@
+"""The application factory.
+
+``create_app()`` builds the FastAPI app; its lifespan connects to PostgreSQL (starting the
+embedded server and applying migrations when ``DPQUANT_DATABASE_URL`` is unset), creates
+the engine and session factory, and registers the bootstrap admin key if one is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from sqlalchemy.orm import sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from app import __version__
+from app.auth.router import router as keys_router
+from app.auth.service import ensure_bootstrap_key
+from app.config import Settings
+from app.datasets.router import router as datasets_router
+from app.db import head_revisions, make_engine, redact_url, resolve_database_url, upgrade_database
+from app.errors import install_error_handlers
+from app.ledger.router import router as ledger_router
+from app.ops.router import router as ops_router
+from app.releases.router import router as releases_router
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Differentially private quantiles over datasets that never leave the server.
+
+Every release is priced in (epsilon, delta), debited atomically from the dataset's
+append-only ledger and stored; reading releases and budgets is free. Authenticate with
+`Authorization: Bearer <key>`. Errors are `{"type": ..., "detail": ...}`.
+Budget figures are exact decimals, written as JSON strings in responses.
+"""
+
+
+def operation_id(route: APIRoute) -> str:
+    """Stable, readable operation ids: the endpoint function's name (``create_release``)."""
+    return route.name
+
+
+def _start(app: FastAPI) -> None:
+    settings: Settings = app.state.settings
+    url, embedded = resolve_database_url(settings)
+    if embedded:
+        upgrade_database(url)
+    engine = make_engine(url, settings)
+    app.state.engine = engine
+    app.state.session_factory = sessionmaker(engine, expire_on_commit=False)
+    app.state.migration_heads = head_revisions()
+    logger.info("database: %s", "embedded PostgreSQL" if embedded else redact_url(url))
+    if settings.bootstrap_admin_key is not None:
+        with app.state.session_factory.begin() as session:
+            ensure_bootstrap_key(session, raw=settings.bootstrap_admin_key.get_secret_value())
+        logger.info("bootstrap admin key registered (stored hashed)")
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Connect at startup, dispose of the pool at shutdown."""
+    await run_in_threadpool(_start, app)
+    try:
+        yield
+    finally:
+        app.state.engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the application (no I/O happens until the lifespan starts)."""
+    app = FastAPI(
+        title="dpquant",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=operation_id,
+    )
+    app.state.settings = settings or Settings()
+    install_error_handlers(app)
+    app.include_router(ops_router)
+    app.include_router(datasets_router)
+    app.include_router(ledger_router)
+    app.include_router(releases_router)
+    app.include_router(keys_router)
+    return app

@@ -1,0 +1,1 @@
+"""Operational endpoints (health, readiness) and HTTP helpers shared by the routers."""

@@ -1,0 +1,90 @@
+"""HTTP helpers shared by the routers: decimal-exact JSON bodies, ETags, pagination cursors."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Callable, Coroutine
+from decimal import Decimal
+from typing import Any, NoReturn
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+
+from app.errors import invalid
+
+
+def _reject_constant(name: str) -> NoReturn:
+    # NaN, Infinity and -Infinity are not JSON; the stdlib accepts them unless told otherwise.
+    raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)
+
+
+class DecimalJSONRequest(Request):
+    """A request whose JSON numbers with a fraction or exponent parse as ``Decimal``.
+
+    Budgets are exact decimals end to end: ``0.1`` in a body is ``Decimal("0.1")``, never the
+    binary float nearest to it. Float fields still accept the decimals (pydantic converts).
+    """
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            self._json = json.loads(body, parse_float=Decimal, parse_constant=_reject_constant)
+        return self._json
+
+
+class DecimalJSONRoute(APIRoute):
+    """Route class that hands endpoints a :class:`DecimalJSONRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        original = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            return await original(DecimalJSONRequest(request.scope, request.receive))
+
+        return handler
+
+
+def json_bytes(model: BaseModel) -> bytes:
+    """Deterministic JSON of a response model (same object, same bytes)."""
+    return model.model_dump_json().encode()
+
+
+def etag_of(body: bytes) -> str:
+    """A strong ETag derived from the body bytes."""
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def conditional_json(request: Request, model: BaseModel, status_code: int = 200) -> Response:
+    """A JSON response with an ``ETag``; ``304 Not Modified`` when ``If-None-Match`` matches."""
+    body = json_bytes(model)
+    tag = etag_of(body)
+    headers = {"ETag": tag, "Cache-Control": "private, no-cache"}
+    inm = request.headers.get("if-none-match")
+    if inm is not None:
+        candidates = {c.strip().removeprefix("W/") for c in inm.split(",")}
+        if tag in candidates or "*" in candidates:
+            return Response(status_code=304, headers=headers)
+    return Response(body, status_code=status_code, media_type="application/json", headers=headers)
+
+
+def encode_cursor(position: int) -> str:
+    """An opaque cursor for keyset pagination."""
+    return base64.urlsafe_b64encode(f"v1:{position}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int | None:
+    """The position inside a cursor; 422 naming ``query.cursor`` when it is not one of ours."""
+    if cursor is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        tag, _, number = raw.partition(":")
+        if tag != "v1":
+            raise ValueError
+        return int(number)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise invalid("query.cursor", "is not a cursor returned by this API") from None

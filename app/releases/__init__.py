@@ -1,0 +1,1 @@
+"""Quantile queries: pricing, the locked release transaction, stored releases."""

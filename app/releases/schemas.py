@@ -1,0 +1,73 @@
+"""Bodies of the quantile query and release endpoints."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.ledger.schemas import AmountPublic
+
+PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=30)]
+
+
+class QuantileQuery(BaseModel):
+    """An analyst's question: which quantiles, with which method, at what privacy cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    quantiles: list[float] = Field(
+        min_length=1, description="Strictly increasing, each strictly inside (0, 1)."
+    )
+    epsilon: PositiveDecimal = Field(description="Epsilon for the whole m-quantile release.")
+    method: str = Field(default="jointexp", min_length=1, max_length=64)
+    delta: PositiveDecimal | None = Field(
+        default=None, description="Only for methods that need one (approximate DP / zCDP)."
+    )
+
+    @field_validator("quantiles")
+    @classmethod
+    def _increasing(cls, value: list[float]) -> list[float]:
+        for i, q in enumerate(value):
+            if not 0.0 < q < 1.0:
+                raise ValueError(f"quantile {i} must lie strictly inside (0, 1)")
+            if i and not value[i - 1] < q:
+                raise ValueError("quantiles must be strictly increasing")
+        return value
+
+
+class ReleasePublic(BaseModel):
+    """A stored release. Reading it again is free and returns the same bytes.
+
+    ``remaining`` is the dataset's budget right after this release was made.
+    """
+
+    id: uuid.UUID
+    dataset_id: uuid.UUID
+    method: str
+    quantiles: list[float]
+    estimates: list[float]
+    epsilon: Decimal
+    delta: Decimal | None
+    cost: AmountPublic
+    remaining: AmountPublic
+    created_at: datetime
+
+
+class ReleasePage(BaseModel):
+    """A page of releases, newest first."""
+
+    items: list[ReleasePublic]
+    next_cursor: str | None
+
+
+class BudgetExhausted(BaseModel):
+    """409 body when a query costs more than remains: the figures and nothing else."""
+
+    type: str = "budget_exhausted"
+    detail: str
+    requested: AmountPublic
+    remaining: AmountPublic

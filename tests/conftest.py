@@ -1,0 +1,1 @@
+"""Shared pytest configuration. Service fixtures (PostgreSQL) live in tests/service/conftest.py."""
