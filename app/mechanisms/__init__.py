@@ -12,6 +12,7 @@ This package is pure math: numpy, scipy and numba only.
 
 from __future__ import annotations
 
+from app.mechanisms.appindexp import APPINDEXP
 from app.mechanisms.base import (
     Mechanism,
     MechanismInputError,
@@ -20,7 +21,7 @@ from app.mechanisms.base import (
 from app.mechanisms.indexp import INDEXP
 from app.mechanisms.jointexp import JOINTEXP
 
-MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (JOINTEXP, INDEXP)}
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP)}
 
 
 def get_mechanism(name: str) -> Mechanism:
