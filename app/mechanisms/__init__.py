@@ -20,8 +20,9 @@ from app.mechanisms.base import (
 )
 from app.mechanisms.indexp import INDEXP
 from app.mechanisms.jointexp import JOINTEXP
+from app.mechanisms.smooth import SMOOTH
 
-MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP)}
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH)}
 
 
 def get_mechanism(name: str) -> Mechanism:
