@@ -18,11 +18,14 @@ from app.mechanisms.base import (
     MechanismInputError,
     PrivacyNotion,
 )
+from app.mechanisms.csmooth import CSMOOTH
 from app.mechanisms.indexp import INDEXP
 from app.mechanisms.jointexp import JOINTEXP
 from app.mechanisms.smooth import SMOOTH
 
-MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH)}
+MECHANISMS: dict[str, Mechanism] = {
+    m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH, CSMOOTH)
+}
 
 
 def get_mechanism(name: str) -> Mechanism:
