@@ -53,59 +53,75 @@ def _lae(a: float, b: float) -> float:
 @numba.njit(cache=True, nogil=True)
 def transition_linear(
     T: np.ndarray,
+    lo: int,
     scale: float,
     w: np.ndarray,
     nj: float,
     c: float,
     pw: np.ndarray,
+    P: np.ndarray,
     S: np.ndarray,
-) -> float:
-    """S[i] = w[i] * scale * sum_{i' < i} T[i'] r**|i - i' - nj| (non-negative terms); max(S)."""
-    n1 = T.size
+) -> tuple[int, float]:
+    """Single-copy transition in linear space over a row stored from global index ``lo``.
+
+    ``T[u]`` is the previous row (summed over repeats) at global index ``lo + u`` and is zero
+    outside. Writes ``S[v] = w[lo + v] * scale * sum_{u < v} T[u] r**|v - u - nj|`` for
+    ``v = 0, 1, ...`` and returns ``(count, max)``: entries from ``count`` on are exactly zero
+    (the geometric tail has underflowed to 0.0, as the dense loop would also find), so the
+    loop stops there. ``P`` is scratch of at least ``T.size`` entries; ``S`` must hold up to
+    ``n + 1 - lo`` entries. Only non-negative terms are ever added.
+    """
+    nT = T.size
+    n_out = min(S.size, w.size - lo)
     L = int(math.floor(nj))
     f = nj - L
     r = math.exp(-c)
     r_f = math.exp(-c * f)
     r_1mf = math.exp(-c * (1.0 - f))
-    # Suffix sums inside blocks of length L: P[t] = sum_{u=t}^{block end} T[u] r**(u - t).
-    P = np.empty(n1)
     if L >= 1:
-        for t in range(n1 - 1, -1, -1):
-            if (t + 1) % L == 0 or t == n1 - 1:
-                P[t] = T[t]
-            else:
-                P[t] = T[t] + r * P[t + 1]
-    top = 0.0
-    C = 0.0  # C(t) = sum_{u <= t} T[u] r**(t - u), t = i - L - 1
-    Q = 0.0  # Q(u) = sum_{u' = block start}^{u} T[u'] r**(u' - block start), u = i - 1
-    S[0] = 0.0
-    for i in range(1, n1):
+        # P[t] = sum_{u = t}^{end of t's block} T[u] r**(u - t); blocks [bL, (b+1)L).
+        bt = (nT - 1) % L
         acc = 0.0
-        if L >= 1:
-            u = i - 1
-            if u % L == 0:
-                Q = T[u]
+        for t in range(nT - 1, -1, -1):
+            acc = T[t] if bt == L - 1 or t == nT - 1 else T[t] + r * acc
+            P[t] = acc
+            bt = L - 1 if bt == 0 else bt - 1
+    top = 0.0
+    C = 0.0  # C(tb) = sum_{u <= tb} T[u] r**(tb - u), tb = v - L - 1
+    Q = 0.0  # Q(u) = sum_{u' = block start}^{u} T[u'] r**(u' - block start), u = v - 1
+    bq = 0  # (v - 1) mod L
+    bt = 0  # (v - L) mod L once v >= L
+    S[0] = 0.0
+    count = 1
+    for v in range(1, n_out):
+        a = 0.0
+        if L >= 1 and v <= nT - 1 + L:
+            u = v - 1
+            tu = T[u] if u < nT else 0.0
+            if bq == 0:
+                Q = tu
             else:
-                Q += T[u] * _pw(pw, u % L)
-            t = i - L  # window [t, i - 1]
+                Q += tu * _pw(pw, bq)
+            bq = 0 if bq == L - 1 else bq + 1
+            t = v - L
             if t >= 0:
-                if t % L == 0:
-                    W = P[t]
-                else:
-                    nxt = (t // L + 1) * L
-                    W = P[t] + _pw(pw, nxt - t) * Q
+                W = P[t] if bt == 0 else P[t] + _pw(pw, L - bt) * Q
+                bt = 0 if bt == L - 1 else bt + 1
             else:
                 W = _pw(pw, -t) * Q
-            acc = r_f * W
-        tb = i - L - 1
+            a = r_f * W
+        tb = v - L - 1
         if tb >= 0:
-            C = T[tb] + r * C
-            acc += r_1mf * C
-        v = w[i] * (scale * acc)
-        S[i] = v
-        if v > top:
-            top = v
-    return top
+            C = (T[tb] if tb < nT else 0.0) + r * C
+            a += r_1mf * C
+        val = w[lo + v] * (scale * a)
+        S[v] = val
+        if val > top:
+            top = val
+        count = v + 1
+        if tb >= nT - 1 and C == 0.0:
+            break  # window past the row and the geometric tail is exactly zero
+    return count, top
 
 
 @numba.njit(cache=True, nogil=True)
@@ -176,53 +192,55 @@ def transition_log(lT: np.ndarray, nj: float, c: float, lS: np.ndarray) -> None:
 @numba.njit(cache=True, nogil=True)
 def step_weights_linear(
     levels: np.ndarray,
+    lo: int,
     nlev: int,
-    i_end: int,
+    count: int,
     d_ref: int,
     nj: float,
     c: float,
     pw: np.ndarray,
     out: np.ndarray,
 ) -> float:
-    """out[k * i_end + i] = levels[k, i] * r**|d_ref - i - nj| for i < i_end; returns max."""
+    """out[k * count + v] = levels[k, v] * r**|d_ref - (lo + v) - nj| for v < count; max."""
     L = int(math.floor(nj))
     f = nj - L
     r_f = math.exp(-c * f)
     r_1mf = math.exp(-c * (1.0 - f))
     top = 0.0
-    for i in range(i_end):
-        d = d_ref - i
+    for v in range(count):
+        d = d_ref - (lo + v)
         kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pw, d - L - 1)
         for k in range(nlev):
-            v = levels[k, i] * kern
-            out[k * i_end + i] = v
-            if v > top:
-                top = v
+            x = levels[k, v] * kern
+            out[k * count + v] = x
+            if x > top:
+                top = x
     return top
 
 
 @numba.njit(cache=True, nogil=True)
 def step_weights_log(
     llevels: np.ndarray,
+    lo: int,
     nlev: int,
-    i_end: int,
+    count: int,
     d_ref: int,
     nj: float,
     c: float,
     out: np.ndarray,
 ) -> None:
-    """Max-normalised weights exp(llevels[k, i] - c|d_ref - i - nj| - max) for i < i_end."""
+    """Max-normalised exp(llevels[k, v] - c|d_ref - (lo + v) - nj| - max) for v < count."""
     top = NEG_INF
-    for i in range(i_end):
-        lk = -c * abs(d_ref - i - nj)
+    for v in range(count):
+        lk = -c * abs(d_ref - (lo + v) - nj)
         for k in range(nlev):
-            v = llevels[k, i] + lk
-            out[k * i_end + i] = v
-            if v > top:
-                top = v
-    for j in range(nlev * i_end):
-        v = out[j]
-        out[j] = math.exp(v - top) if v > NEG_INF else 0.0
+            x = llevels[k, v] + lk
+            out[k * count + v] = x
+            if x > top:
+                top = x
+    for j in range(nlev * count):
+        x = out[j]
+        out[j] = math.exp(x - top) if x > NEG_INF else 0.0
 
 
 @numba.njit(cache=True, nogil=True)

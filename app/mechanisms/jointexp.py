@@ -38,6 +38,7 @@ O(n) per surviving repeat level) and O(n) per sampled block; memory O(n sqrt(m))
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -78,7 +79,27 @@ class _LinearGuardTripped(Exception):
     """A linear-space row lost too much range; the log-space pass must be used."""
 
 
-Row = NDArray[np.float64]  # levels x (n + 1): linear values or logs, per row
+@dataclass(frozen=True)
+class _Row:
+    """One forward row: ``levels[k - 1, v]`` is alpha(j, lo + v, k) (linear) or its log.
+
+    Linear rows keep only the span between their first and last non-zero entry (everything
+    outside is exactly 0.0, as the dense computation would also give) and are stored
+    unnormalised with ``top`` = max of their sum over k. Log rows are dense with ``lo = 0``.
+    """
+
+    lo: int
+    levels: FloatArray
+    top: float
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.levels.nbytes)
+
+
+def _span(total: FloatArray) -> tuple[int, int]:
+    nz = np.flatnonzero(total)
+    return int(nz[0]), int(nz[-1]) + 1
 
 
 class _Forward:
@@ -104,64 +125,79 @@ class _Forward:
         self.pw = np.exp(-c * np.arange(max(pw_len, 2), dtype=np.float64))
         self.budget = budget
         self.block = max(1, math.isqrt(self.m - 1) + 1)  # ~sqrt(m) rows per checkpoint block
-        self.rows: dict[int, Row] = {}
-        self.cache: dict[int, Row] = {}
+        self.rows: dict[int, _Row] = {}
+        self.cache: dict[int, _Row] = {}
         self.checkpointing = False
         self.stored_bytes = 0
 
     # -- one row ----------------------------------------------------------------------------
 
-    def first(self) -> Row:
+    def first(self) -> _Row:
         lrow = np.empty(self.n1)
         K.first_row_log(self.logw, float(self.gaps[0]), self.c, lrow)
         if self.log_space:
             lrow -= lrow.max()
-            return lrow.reshape(1, -1)
+            return _Row(0, lrow.reshape(1, -1), 1.0)
         row = np.empty(self.n1)
         K.exp_normalise(lrow, row)
-        return row.reshape(1, -1)
+        a, b = _span(row)
+        return _Row(a, row[a:b].reshape(1, -1).copy(), 1.0)
 
-    def step(self, prev: Row, j: int) -> Row:
+    def step(self, prev: _Row, j: int) -> _Row:
         """Row j (1-based, j >= 2) from row j - 1."""
         return self._step_log(prev, j) if self.log_space else self._step_linear(prev, j)
 
-    def _step_linear(self, prev: Row, j: int) -> Row:
+    def _step_linear(self, prev: _Row, j: int) -> _Row:
         nj = float(self.gaps[j - 1])
-        total = prev[0] if prev.shape[0] == 1 else prev.sum(axis=0)
-        prev_max = float(total.max())
-        scale = 1.0 / prev_max
-        lev1 = np.empty(self.n1)
-        top = K.transition_linear(total, scale, self.w, nj, self.c, self.pw, lev1)
-        levels = [lev1]
+        lev = prev.levels
+        total = lev[0] if lev.shape[0] == 1 else lev.sum(axis=0)
+        n_t = total.size
+        scale = 1.0 / prev.top
+        # Past the window, S decays by r per step; from ln(n_t) + 746 e-folds on it is 0.0.
+        tail = n_t + math.floor(nj) + math.ceil((math.log(n_t + 1.0) + 746.0) / self.c) + 4
+        s = np.empty(min(self.n1 - prev.lo, tail))
+        count, top = K.transition_linear(
+            total, prev.lo, scale, self.w, nj, self.c, self.pw, np.empty(n_t), s
+        )
+        lev1 = s[:count]
         stay = math.exp(-self.c * nj) * scale  # r^{n_j}, in units of the previous row's max
+        repeats: list[FloatArray] = []
         if stay > 0.0:
-            floor = PRUNE * lev1
-            for k in range(prev.shape[0]):
-                cand = prev[k] * self.w * (stay / (k + 2))
+            w_here = self.w[prev.lo : prev.lo + n_t]
+            floor = PRUNE * lev1[:n_t]
+            for k in range(lev.shape[0]):
+                cand = lev[k] * w_here * (stay / (k + 2))
                 cand[cand < floor] = 0.0
-                levels.append(cand)
-            while len(levels) > 1 and not levels[-1].any():
-                levels.pop()  # level k+1 is the row's k-th: only trailing empty levels go
-        if len(levels) > 1:
-            out = np.vstack(levels)
-            top = float(out.sum(axis=0).max())
+                repeats.append(cand)
+            while repeats and not repeats[-1].any():
+                repeats.pop()  # only trailing empty levels go: level index is the count
+        if repeats:
+            out = np.zeros((1 + len(repeats), count))
+            out[0] = lev1
+            for k, cand in enumerate(repeats):
+                out[k + 1, :n_t] = cand
+            tot = out.sum(axis=0)
+            top = float(tot.max())
         else:
             out = lev1.reshape(1, -1)
+            tot = lev1
         if not (top >= GUARD and math.isfinite(top)):
             raise _LinearGuardTripped
-        return out
+        a, b = _span(tot)
+        return _Row(prev.lo + a, np.ascontiguousarray(out[:, a:b]), top)
 
-    def _step_log(self, prev: Row, j: int) -> Row:
+    def _step_log(self, prev: _Row, j: int) -> _Row:
         nj = float(self.gaps[j - 1])
-        ltotal = prev[0] if prev.shape[0] == 1 else np.logaddexp.reduce(prev, axis=0)
+        lev = prev.levels
+        ltotal = lev[0] if lev.shape[0] == 1 else np.logaddexp.reduce(lev, axis=0)
         ls = np.empty(self.n1)
         K.transition_log(ltotal, nj, self.c, ls)
         l1 = ls + self.logw
         levels = [l1]
         lstay = -self.c * nj
         lfloor = l1 + math.log(PRUNE)
-        for k in range(prev.shape[0]):
-            cand = prev[k] + self.logw + (lstay - math.log(k + 2))
+        for k in range(lev.shape[0]):
+            cand = lev[k] + self.logw + (lstay - math.log(k + 2))
             cand[cand < lfloor] = -np.inf
             levels.append(cand)
         while len(levels) > 1 and not np.any(levels[-1] > -np.inf):
@@ -171,14 +207,14 @@ class _Forward:
         if not math.isfinite(top):
             raise FloatingPointError("JointExp: a forward row has no mass")
         out -= top
-        return out
+        return _Row(0, out, 1.0)
 
     # -- storage ----------------------------------------------------------------------------
 
     def _keep(self, j: int) -> bool:
         return j == 1 or j == self.m or (j - 1) % self.block == 0
 
-    def _store(self, j: int, row: Row) -> None:
+    def _store(self, j: int, row: _Row) -> None:
         self.rows[j] = row
         self.stored_bytes += row.nbytes
         if not self.checkpointing and self.stored_bytes > self.budget:
@@ -196,7 +232,15 @@ class _Forward:
             self._store(j, nxt)
             row = nxt
 
-    def get(self, j: int) -> Row:
+    def dense_total(self, j: int) -> FloatArray:
+        """Row j summed over repeat counts, dense over all n + 1 intervals, max 1 (for tests)."""
+        row = self.get(j)
+        vals = np.exp(row.levels) if self.log_space else row.levels
+        out = np.zeros(self.n1)
+        out[row.lo : row.lo + vals.shape[1]] = vals.sum(axis=0)
+        return out / out.max()
+
+    def get(self, j: int) -> _Row:
         """Row j, recomputing its checkpoint block when it was not kept."""
         if j in self.rows:
             return self.rows[j]
@@ -221,22 +265,25 @@ def _draw_block(
 ) -> tuple[int, int]:
     """Draw (i, k) ∝ alpha(j, i, k) r^|d_ref - i - nj| over i < i_end; k is 1-based."""
     row = fwd.get(j)
-    nlev = min(row.shape[0], j)
-    buf = np.empty(nlev * i_end)
+    count = min(row.levels.shape[1], i_end - row.lo)
+    if count <= 0:
+        raise FloatingPointError("JointExp: no mass below the sampled interval")
+    nlev = min(row.levels.shape[0], j)
+    buf = np.empty(nlev * count)
     if fwd.log_space:
-        K.step_weights_log(row, nlev, i_end, d_ref, nj, fwd.c, buf)
+        K.step_weights_log(row.levels, row.lo, nlev, count, d_ref, nj, fwd.c, buf)
     else:
-        top = K.step_weights_linear(row, nlev, i_end, d_ref, nj, fwd.c, fwd.pw, buf)
-        if not top >= GUARD * float(row.max()):
+        top = K.step_weights_linear(row.levels, row.lo, nlev, count, d_ref, nj, fwd.c, fwd.pw, buf)
+        if not top >= GUARD * row.top:
             # The kernel pushed every candidate towards underflow: form the same weights in
-            # log space from the stored row (its own entries are exact to 2^-1022 of its max).
-            lrow = np.empty_like(row)
-            K.log_of(row.reshape(-1), lrow.reshape(-1))
-            K.step_weights_log(lrow, nlev, i_end, d_ref, nj, fwd.c, buf)
+            # log space from the stored row (its entries are exact to 2^-1022 of its max).
+            lrow = np.empty_like(row.levels)
+            K.log_of(row.levels.reshape(-1), lrow.reshape(-1))
+            K.step_weights_log(lrow, row.lo, nlev, count, d_ref, nj, fwd.c, buf)
     pick = int(_inverse_cdf_pick(buf, rng.random()))
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
-    return pick % i_end, pick // i_end + 1
+    return row.lo + pick % count, pick // count + 1
 
 
 def sample_interval_sequence(
