@@ -238,7 +238,7 @@ class _Forward:
         vals = np.exp(row.levels) if self.log_space else row.levels
         out = np.zeros(self.n1)
         out[row.lo : row.lo + vals.shape[1]] = vals.sum(axis=0)
-        return out / out.max()
+        return np.asarray(out / out.max(), dtype=np.float64)
 
     def get(self, j: int) -> _Row:
         """Row j, recomputing its checkpoint block when it was not kept."""
