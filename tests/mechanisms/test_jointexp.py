@@ -254,3 +254,21 @@ def test_sensitivity_add_remove_includes_outer_gaps() -> None:
     assert jointexp_sensitivity(np.array([0.5]), "add_remove") == pytest.approx(1.0)
     # gaps 0.1, 0.8, 0.1: the outer gaps set the minimum
     assert jointexp_sensitivity(np.array([0.1, 0.9]), "add_remove") == pytest.approx(1.8)
+
+
+@pytest.mark.parametrize("eps", [1e-3, 1e-1, 1.0, 10.0, 100.0])
+@pytest.mark.parametrize("neighbors", ["swap", "add_remove"])
+def test_stable_across_the_epsilon_range(eps: float, neighbors: str) -> None:
+    rng = np.random.default_rng(int(eps * 1000) + 1)
+    x = np.concatenate([rng.normal(0, 2, size=20_000), np.round(rng.normal(0, 2, 5_000), 1)])
+    x[:300] = 1e6  # clamped far above the bound
+    q = np.linspace(0.02, 0.98, 29)
+    out = MECHANISMS["jointexp"](
+        x, q, epsilon=eps, lower=-50.0, upper=50.0, neighbors=neighbors, rng=rng
+    )
+    assert np.all(np.isfinite(out))
+    assert np.all(np.diff(out) >= 0)
+    assert np.all((out >= -50.0) & (out <= 50.0))
+    if eps >= 10.0:  # with a large budget the estimates sit on the true quantiles
+        true = np.quantile(np.clip(x, -50, 50), q)
+        assert np.max(np.abs(out - true)) < 0.1
