@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from app.config import Settings
-from app.db import normalize_url, start_embedded_postgres, upgrade_database
+from app.db import normalize_url, upgrade_database
 from app.main import create_app
 
 ADMIN_KEY = "dpq_test-admin-" + secrets.token_urlsafe(32)
@@ -47,10 +48,14 @@ def server_url() -> Iterator[str]:
     if external:
         yield normalize_url(external)
         return
+    import pgserver
+
     tmp = tempfile.mkdtemp(prefix="dpquant-test-pg-")
+    server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
     try:
-        yield start_embedded_postgres(tmp)
+        yield normalize_url(server.get_uri())
     finally:
+        server.cleanup()  # stop PostgreSQL before its directory disappears
         shutil.rmtree(tmp, ignore_errors=True)
 
 

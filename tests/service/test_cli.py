@@ -1,0 +1,132 @@
+"""The ``dpquant`` command: create-key, migrate, openapi, experiments forwarding, serve."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app import cli
+
+from .conftest import auth
+
+
+def test_create_key_prints_a_working_key_once(
+    client: TestClient,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("DPQUANT_DATABASE_URL", database_url)
+    assert cli.main(["create-key", "--role", "viewer", "--name", "cli"]) == 0
+    out, err = capsys.readouterr()
+    key = out.strip()
+    assert key.startswith("dpq_") and "shown only once" in err
+    assert key not in err
+    assert client.get("/v1/datasets", headers=auth(key)).status_code == 200
+
+
+def test_create_key_rejects_an_unknown_dataset(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DPQUANT_DATABASE_URL", database_url)
+    code = cli.main(
+        ["create-key", "--role", "analyst", "--dataset", "00000000-0000-0000-0000-000000000000"]
+    )
+    assert code == 2
+    assert "unknown dataset" in capsys.readouterr().err
+
+
+def test_migrate_is_idempotent(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPQUANT_DATABASE_URL", database_url)
+    assert cli.main(["migrate"]) == 0
+
+
+def test_openapi_command_writes_the_committed_document(tmp_path: Path) -> None:
+    out = tmp_path / "openapi.json"
+    assert cli.main(["openapi", "--output", str(out)]) == 0
+    committed = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
+    assert out.read_text() == committed.read_text()
+
+
+def test_experiments_forwards_all_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 7
+
+    module = types.ModuleType("app.experiments.cli")
+    module.main = fake_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "app.experiments.cli", module)
+    assert cli.main(["experiments", "run", "--serve", "-x"]) == 7
+    assert seen == [["run", "--serve", "-x"]]
+
+
+def test_experiments_missing_module_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "app.experiments.cli", None)
+    assert cli.main(["experiments"]) == 2
+    assert "experiments module is not available" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def run_server(env: dict[str, str], port: int) -> tuple[httpx.Response, str]:
+    """Start ``dpquant serve`` (2 workers), wait for /readyz, stop it; returns readyz, output."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        ready = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        assert ready is not None, "server did not come up"
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/datasets").status_code == 401
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=60)
+    return ready, output
+
+
+def test_serve_with_two_workers_answers_health_and_readiness(database_url: str) -> None:
+    port = free_port()
+    env = os.environ | {"DPQUANT_DATABASE_URL": database_url, "DPQUANT_LOG_LEVEL": "WARNING"}
+    ready, output = run_server(env, port)
+    assert ready.status_code == 200 and ready.json()["migrations"] == "current"
+    assert f"listening on http://127.0.0.1:{port}" in output
+    assert "create-key" in output
+
+
+def test_serve_with_embedded_postgres_and_two_workers(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DPQUANT_")}
+    env |= {"DPQUANT_DATA_DIR": str(tmp_path / "state"), "DPQUANT_LOG_LEVEL": "WARNING"}
+    ready, output = run_server(env, port)
+    assert ready.status_code == 200, ready.text
+    assert "embedded PostgreSQL" in output
+    assert (tmp_path / "state" / "pgdata" / "PG_VERSION").is_file()

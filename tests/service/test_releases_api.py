@@ -1,0 +1,228 @@
+"""Quantile queries and releases: every registered method, validation, ETags, pagination."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.mechanisms import MECHANISMS
+
+from .conftest import ADMIN, SAMPLE, Api
+
+
+def on_grid(values: list[float], lower: float, granularity: float) -> bool:
+    k = (np.asarray(values) - lower) / granularity
+    return bool(np.allclose(k, np.rint(k), atol=1e-6))
+
+
+@pytest.mark.parametrize("method", sorted(MECHANISMS))
+def test_every_registered_method_releases_snapped_sorted_estimates(api: Api, method: str) -> None:
+    mech = MECHANISMS[method]
+    values = list(np.random.default_rng(7).normal(50, 15, 2000))
+    ds = api.dataset(values=values, epsilon="10", delta="0.01", granularity=0.01)
+    body: dict[str, Any] = {"method": method, "epsilon": "1", "quantiles": [0.1, 0.5, 0.9]}
+    if mech.uses_delta:
+        body["delta"] = "0.000001"
+    r = api.query(ds["id"], **body)
+    assert r.status_code == 201, r.text
+    rel = r.json()
+    est = rel["estimates"]
+    assert len(est) == 3 and est == sorted(est)
+    assert all(0.0 <= e <= 100.0 for e in est)
+    assert on_grid(est, 0.0, 0.01)
+    assert rel["method"] == method
+    assert Decimal(rel["cost"]["epsilon"]) >= Decimal("1")
+    if mech.uses_delta:
+        assert Decimal(rel["cost"]["delta"]) > 0
+    budget = api.budget(ds["id"])
+    assert budget["spent"] == rel["cost"]
+    assert budget["remaining"] == rel["remaining"]
+
+
+def test_default_method_is_jointexp(api: Api) -> None:
+    assert "jointexp" in MECHANISMS
+    ds = api.dataset(values=SAMPLE)
+    r = api.client.post(
+        f"/v1/datasets/{ds['id']}/quantiles",
+        json={"quantiles": [0.5], "epsilon": 0.5},
+        headers=ADMIN,
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["method"] == "jointexp"
+
+
+def test_release_response_shape(api: Api) -> None:
+    ds = api.dataset(values=SAMPLE)
+    rel = api.query(ds["id"]).json()
+    assert set(rel) == {
+        "id", "dataset_id", "method", "quantiles", "estimates", "epsilon", "delta", "cost",
+        "remaining", "created_at",
+    }  # fmt: skip
+    assert rel["cost"] == {"epsilon": "0.1", "delta": "0"}
+    assert rel["remaining"] == {"epsilon": "0.9", "delta": "0"}
+    assert rel["quantiles"] == [0.25, 0.5, 0.75]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"quantiles": []}, "body.quantiles"),
+        ({"quantiles": [0.5, 0.2]}, "body.quantiles"),
+        ({"quantiles": [0.2, 0.2]}, "body.quantiles"),
+        ({"quantiles": [0.0, 0.5]}, "body.quantiles"),
+        ({"quantiles": [0.5, 1.0]}, "body.quantiles"),
+        ({"quantiles": ["a"]}, "body.quantiles"),
+        ({"epsilon": 0}, "body.epsilon"),
+        ({"epsilon": -0.5}, "body.epsilon"),
+        ({"epsilon": "1e-320"}, "body.epsilon"),
+        ({"epsilon": "NaN"}, "body.epsilon"),
+        ({"method": "nope"}, "body.method"),
+        ({"delta": "0.001"}, "body.delta"),  # indexp takes no delta
+        ({"bogus": 1}, "body.bogus"),
+    ],
+)
+def test_query_validation_names_the_field_and_charges_nothing(
+    api: Api, change: dict[str, Any], field: str
+) -> None:
+    ds = api.dataset(values=SAMPLE)
+    r = api.query(ds["id"], **change)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(field)
+    assert api.budget(ds["id"])["spent"]["epsilon"] == "0"
+
+
+def test_delta_is_required_by_methods_that_use_it(api: Api) -> None:
+    method = next(name for name, m in MECHANISMS.items() if m.uses_delta)
+    ds = api.dataset(values=SAMPLE, delta="0.1")
+    r = api.query(ds["id"], method=method)
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("body.delta")
+
+
+def test_delta_budget_is_enforced(api: Api) -> None:
+    method = next(name for name, m in MECHANISMS.items() if m.uses_delta)
+    ds = api.dataset(values=SAMPLE, epsilon="100", delta="0")
+    r = api.query(ds["id"], method=method, delta="0.0001")
+    assert r.status_code == 409
+    assert r.json()["type"] == "budget_exhausted"
+
+
+def test_too_many_quantiles_is_422(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api.client.app.state.settings, "max_quantiles", 3)  # type: ignore[attr-defined]
+    ds = api.dataset(values=SAMPLE)
+    r = api.query(ds["id"], quantiles=[0.1, 0.2, 0.3, 0.4])
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("body.quantiles")
+
+
+def test_query_without_values_is_409(api: Api) -> None:
+    ds = api.dataset()
+    r = api.query(ds["id"])
+    assert r.status_code == 409
+    assert r.json()["type"] == "no_values"
+    assert api.budget(ds["id"])["spent"]["epsilon"] == "0"
+
+
+def test_query_unknown_dataset_is_404(api: Api) -> None:
+    assert api.query(str(uuid.uuid4())).status_code == 404
+
+
+def test_reading_a_release_again_is_free_and_byte_identical(api: Api, client: TestClient) -> None:
+    ds = api.dataset(values=SAMPLE)
+    created = api.query(ds["id"])
+    rel_id = created.json()["id"]
+    again = client.get(f"/v1/releases/{rel_id}", headers=ADMIN)
+    assert again.status_code == 200
+    assert again.content == created.content
+    assert api.budget(ds["id"])["spent"]["epsilon"] == "0.1"
+    assert client.get(f"/v1/releases/{uuid.uuid4()}", headers=ADMIN).status_code == 404
+
+
+@pytest.mark.parametrize("kind", ["release", "releases", "budget"])
+def test_etag_and_if_none_match(api: Api, client: TestClient, kind: str) -> None:
+    ds = api.dataset(values=SAMPLE)
+    rel = api.query(ds["id"]).json()
+    url = {
+        "release": f"/v1/releases/{rel['id']}",
+        "releases": f"/v1/datasets/{ds['id']}/releases",
+        "budget": f"/v1/datasets/{ds['id']}/budget",
+    }[kind]
+    viewer = api.key("viewer", ds["id"])
+    first = client.get(url, headers=viewer)
+    tag = first.headers["etag"]
+    second = client.get(url, headers=viewer | {"If-None-Match": tag})
+    assert second.status_code == 304
+    assert second.content == b""
+    assert second.headers["etag"] == tag
+    if kind != "release":
+        assert api.query(ds["id"]).status_code == 201  # state changes -> new tag
+        third = client.get(url, headers=viewer | {"If-None-Match": tag})
+        assert third.status_code == 200
+        assert third.headers["etag"] != tag
+
+
+def test_releases_are_listed_newest_first_with_cursor(api: Api, client: TestClient) -> None:
+    ds = api.dataset(values=SAMPLE)
+    ids = [api.query(ds["id"], epsilon="0.01").json()["id"] for _ in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        url = f"/v1/datasets/{ds['id']}/releases?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = client.get(url, headers=ADMIN).json()
+        seen += [r["id"] for r in page["items"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == ids[::-1]
+
+
+def test_ledger_lists_grants_and_debits_newest_first(api: Api, client: TestClient) -> None:
+    ds = api.dataset(values=SAMPLE)
+    rel = api.query(ds["id"]).json()
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/grants",
+        json={"epsilon": "0.5", "delta": "0.001", "reason": "quarterly"},
+        headers=ADMIN,
+    )
+    assert r.status_code == 201 and r.json()["kind"] == "grant"
+    page = client.get(f"/v1/datasets/{ds['id']}/ledger?limit=2", headers=ADMIN).json()
+    assert [e["kind"] for e in page["items"]] == ["grant", "debit"]
+    assert page["items"][1]["release_id"] == rel["id"]
+    rest = client.get(
+        f"/v1/datasets/{ds['id']}/ledger?cursor={page['next_cursor']}", headers=ADMIN
+    ).json()
+    assert [e["reason"] for e in rest["items"]] == ["initial budget"]
+    assert rest["next_cursor"] is None
+    budget = api.budget(ds["id"])
+    assert budget["granted"] == {"epsilon": "1.5", "delta": "0.001"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"epsilon": "0", "delta": "0", "reason": "nothing"},
+        {"epsilon": "-1", "reason": "negative"},
+        {"epsilon": "1"},
+        {"epsilon": "1", "reason": ""},
+    ],
+)
+def test_grant_validation(api: Api, client: TestClient, body: dict[str, Any]) -> None:
+    ds = api.dataset()
+    r = client.post(f"/v1/datasets/{ds['id']}/grants", json=body, headers=ADMIN)
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("body")
+
+
+def test_grant_unblocks_an_exhausted_budget(api: Api, client: TestClient) -> None:
+    ds = api.dataset(values=SAMPLE, epsilon="0.1")
+    assert api.query(ds["id"]).status_code == 201
+    assert api.query(ds["id"]).status_code == 409
+    client.post(
+        f"/v1/datasets/{ds['id']}/grants", json={"epsilon": "0.1", "reason": "more"}, headers=ADMIN
+    )
+    assert api.query(ds["id"]).status_code == 201

@@ -1,0 +1,87 @@
+"""Pure helpers: grid, pricing, cursors, settings."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from app.config import Settings
+from app.datasets.service import default_granularity, snap_to_grid
+from app.errors import DpquantError
+from app.ledger.service import COST_QUANTUM, price
+from app.ops.http import decode_cursor, encode_cursor
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper", "expected"),
+    [(0, 100, 1e-4), (0, 1, 1e-6), (-1e6, 1e6, 1.0), (0, 99.99, 1e-5), (0, 1e-3, 1e-9)],
+)
+def test_default_granularity_is_the_largest_power_of_ten_below_a_millionth(
+    lower: float, upper: float, expected: float
+) -> None:
+    assert default_granularity(lower, upper) == pytest.approx(expected, rel=1e-12)
+    assert default_granularity(lower, upper) <= (upper - lower) / 1e6
+
+
+@given(
+    lower=st.floats(-1e6, 1e6),
+    width=st.floats(1e-3, 1e6),
+    u=st.lists(st.floats(0, 1), min_size=1, max_size=20),
+)
+def test_snapping_lands_on_the_grid_inside_the_bounds(
+    lower: float, width: float, u: list[float]
+) -> None:
+    upper = lower + width
+    g = default_granularity(lower, upper)
+    x = np.sort(lower + np.asarray(u) * width)
+    out = snap_to_grid(x, lower=lower, upper=upper, granularity=g)
+    assert np.all(out >= lower) and np.all(out <= upper)
+    assert np.all(np.diff(out) >= 0)
+    # the same grid point always maps to the same double: snapping is idempotent
+    np.testing.assert_array_equal(snap_to_grid(out, lower=lower, upper=upper, granularity=g), out)
+
+
+def test_neighbouring_inputs_share_one_output_lattice() -> None:
+    # Two samples differing in their low-order bits snap to the same double.
+    a = np.array([50.123456789012345])
+    b = np.nextafter(a, np.inf)
+    kw = {"lower": 0.0, "upper": 100.0, "granularity": 1e-4}
+    assert snap_to_grid(a, **kw)[0] == snap_to_grid(b, **kw)[0] == 50.1235
+
+
+def test_price_charges_requested_decimal_when_exact_and_rounds_up_otherwise() -> None:
+    assert price(Decimal("0.1"), 0.1) == Decimal("0.1")
+    assert price(None, 0.0) == 0
+    computed = 1.2345678901234567
+    converted = price(Decimal("1"), computed)
+    assert converted == Decimal("1.234567890124")
+    assert converted >= Decimal(computed)
+    assert price(None, 1e-20) == COST_QUANTUM
+    with pytest.raises(ValueError):
+        price(None, float("inf"))
+
+
+def test_cursor_roundtrip_and_rejection() -> None:
+    assert decode_cursor(encode_cursor(12345)) == 12345
+    assert decode_cursor(None) is None
+    with pytest.raises(DpquantError) as info:
+        decode_cursor("bm9wZQ")
+    assert info.value.status_code == 422
+
+
+@pytest.mark.parametrize("secret", ["changeme", "admin", "short"])
+def test_settings_refuse_placeholder_bootstrap_keys(secret: str) -> None:
+    with pytest.raises(ValidationError):
+        Settings(bootstrap_admin_key=secret)
+
+
+def test_settings_read_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPQUANT_MAX_UPLOAD_BYTES", "1234")
+    monkeypatch.setenv("DPQUANT_MAX_QUANTILES", "7")
+    settings = Settings()
+    assert settings.max_upload_bytes == 1234 and settings.max_quantiles == 7
