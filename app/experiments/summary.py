@@ -161,6 +161,24 @@ class _Lookup:
         r = self._t.get((dataset, method, eps, m))
         return float(r["missed_mean"]) if r is not None else math.nan
 
+    def se(self, dataset: str, method: str, eps: float, m: int) -> float:
+        r = self._t.get((dataset, method, eps, m))
+        return float(r["missed_mean_se"]) if r is not None else math.nan
+
+    def pm(self, dataset: str, method: str, eps: float, m: int) -> str:
+        """``mean±SE`` of one cell."""
+        return f"{_fmt(self.err(dataset, method, eps, m))}±{_fmt(self.se(dataset, method, eps, m))}"
+
+    def ratio(self, dataset: str, num: str, den: str, eps: float, m: int) -> tuple[float, float]:
+        """err(num) / err(den) and its delta-method standard error."""
+        a, b = self.err(dataset, num, eps, m), self.err(dataset, den, eps, m)
+        sa, sb = self.se(dataset, num, eps, m), self.se(dataset, den, eps, m)
+        if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+            return math.nan, math.nan
+        r = a / b
+        rel = math.hypot(sa / a if a > 0 else 0.0, sb / b)
+        return r, r * rel
+
     def best_other(
         self, dataset: str, eps: float, m: int, among: Sequence[str]
     ) -> tuple[str, float]:
@@ -215,14 +233,17 @@ def evaluate_claims(summary: Sequence[Row], timing: Sequence[Row] | None = None)
     # (c) IndExp / JointExp ~10 at m = 9 and ~20 at m = 19 (eps = 1).
     for m, paper, lo in ((9, "≈ 10×", 5.0), (19, "≈ 20×", 10.0)):
         for d in t.datasets:
-            j, i = t.err(d, "jointexp", 1.0, m), t.err(d, "indexp", 1.0, m)
-            ratio = i / j if j > 0 else math.inf
-            ok = math.isfinite(j) and math.isfinite(i)
+            ratio, ratio_se = t.ratio(d, "indexp", "jointexp", 1.0, m)
+            ok = math.isfinite(ratio)
+            text = (
+                f"{_fmt(ratio)}±{_fmt(ratio_se)}× (IndExp {t.pm(d, 'indexp', 1.0, m)} vs "
+                f"JointExp {t.pm(d, 'jointexp', 1.0, m)})"
+            )
             claims.append(
                 Claim(
                     f"(c) {d}, m={m}",
                     f"IndExp {paper} worse",
-                    f"{_fmt(ratio)}× (IndExp {_fmt(i)} vs JointExp {_fmt(j)})" if ok else "n/a",
+                    text if ok else "n/a",
                     (ratio >= lo) if ok else None,
                 )
             )
@@ -270,15 +291,18 @@ def _ratio_claim(
     extra: Sequence[str],
     test: Any,
 ) -> Claim:
-    j = t.err(d, "jointexp", eps, m)
-    best, v = t.best_other(d, eps, m, competitors)
-    if not (math.isfinite(j) and math.isfinite(v)):
+    best, _ = t.best_other(d, eps, m, competitors)
+    ratio, ratio_se = t.ratio(d, best, "jointexp", eps, m) if best else (math.nan, math.nan)
+    if not math.isfinite(ratio):
         return Claim(key, f"JointExp {paper} better than best competitor", "n/a", None)
-    ratio = v / j if j > 0 else math.inf
-    text = f"{_fmt(ratio)}× (best of paper's: {best} {_fmt(v)} vs JointExp {_fmt(j)})"
-    xbest, xv = t.best_other(d, eps, m, extra)
+    text = (
+        f"{_fmt(ratio)}±{_fmt(ratio_se)}× (best of paper's: {best} {t.pm(d, best, eps, m)} "
+        f"vs JointExp {t.pm(d, 'jointexp', eps, m)})"
+    )
+    xbest, _ = t.best_other(d, eps, m, extra)
     if xbest:
-        text += f"; {xbest} {_fmt(xv)} ({_fmt(xv / j if j > 0 else math.inf)}×)"
+        xr, _ = t.ratio(d, xbest, "jointexp", eps, m)
+        text += f"; {xbest} {t.pm(d, xbest, eps, m)} ({_fmt(xr)}×)"
     return Claim(key, f"JointExp {paper} better than best competitor", text, bool(test(ratio)))
 
 
