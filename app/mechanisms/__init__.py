@@ -13,6 +13,7 @@ This package is pure math: numpy, scipy and numba only.
 from __future__ import annotations
 
 from app.mechanisms.appindexp import APPINDEXP
+from app.mechanisms.aq import AQ
 from app.mechanisms.base import (
     Mechanism,
     MechanismInputError,
@@ -24,7 +25,7 @@ from app.mechanisms.jointexp import JOINTEXP
 from app.mechanisms.smooth import SMOOTH
 
 MECHANISMS: dict[str, Mechanism] = {
-    m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH, CSMOOTH)
+    m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH, CSMOOTH, AQ)
 }
 
 

@@ -1,0 +1,444 @@
+"""AQ: exact single-quantile law, exact node weights, and the privacy ratio of the whole release."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import app.mechanisms.aq as aqmod
+from app.mechanisms import MECHANISMS
+from app.mechanisms.aq import _fill_weights, _fill_weights_log, aq, recursion_depth
+from app.mechanisms.base import MechanismInputError, PrivacyNotion, prepare
+
+# --------------------------------------------------------------------- helpers
+
+
+def clamp_sort(data: list[float], lower: float, upper: float) -> list[float]:
+    return sorted(min(max(float(x), lower), upper) for x in data)
+
+
+def em_interval_probs(edges: np.ndarray, q: float, c: float) -> np.ndarray:
+    """Single-quantile EM over the n + 1 intervals: P(i) ∝ w_i exp(-c |i - q n|)."""
+    n = edges.size - 2
+    with np.errstate(divide="ignore"):
+        logp = np.log(np.diff(edges)) - c * np.abs(np.arange(n + 1) - q * n)
+    p = np.exp(logp - logp.max())
+    return p / p.sum()
+
+
+def chi_square_p(counts: collections.Counter[int], probs: np.ndarray, draws: int) -> float:
+    obs, exp_, pool_o, pool_e = [], [], 0, 0.0
+    for i, pr in enumerate(probs):
+        if pr * draws < 5:
+            pool_o += counts.get(i, 0)
+            pool_e += pr * draws
+        else:
+            obs.append(counts.get(i, 0))
+            exp_.append(pr * draws)
+    pool_o += sum(v for k, v in counts.items() if k >= probs.size or probs[k] == 0)
+    if pool_e > 0 or pool_o > 0:
+        obs.append(pool_o)
+        exp_.append(max(pool_e, 1e-9))
+    return float(stats.chisquare(obs, exp_).pvalue)
+
+
+def node_nodes_per_level(m: int) -> list[int]:
+    """Independent simulation of the splitting rule: number of nodes on each level."""
+    sizes, out = [m], []
+    while sizes:
+        out.append(len(sizes))
+        nxt = []
+        for r in sizes:
+            left = (r - 1) // 2
+            right = r - 1 - left
+            nxt += [s for s in (left, right) if s > 0]
+        sizes = nxt
+    return out
+
+
+def aq_log_density(
+    data: list[float],
+    qs: list[float],
+    out: list[float],
+    *,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    neighbors: str,
+    scale: float = 1.0,
+) -> float:
+    """log density of AQ's output vector ``out`` on ``data`` (product of node EM densities).
+
+    Written from the algorithm's definition: node EM density at v is
+    exp(-c |#{y <= v} - q' k|) / sum_j width_j exp(-c |j - q' k|) on [left, right].
+    ``scale`` multiplies every node's c (negative control: an over-spending calibration).
+    """
+    m = len(qs)
+    per_level = node_nodes_per_level(m)
+    eps_l = epsilon / len(per_level)
+    total = 0.0
+    level = [(clamp_sort(data, lower, upper), lower, upper, 0, m, 0.0, 1.0)]
+    depth = 0
+    while level:
+        nxt = []
+        for pts, left, right, qa, qb, qlo, qhi in level:
+            mid = qa + (qb - qa - 1) // 2
+            rel = (qs[mid] - qlo) / (qhi - qlo)
+            sens = max(rel, 1 - rel)
+            if neighbors == "add_remove":
+                c = eps_l / (2 * sens)
+            elif per_level[depth] == 1:
+                c = eps_l / 2
+            else:
+                c = eps_l / (4 * sens)
+            c *= scale
+            k = len(pts)
+            target = rel * k
+            ends = [left, *pts, right]
+            z = sum((ends[j + 1] - ends[j]) * math.exp(-c * abs(j - target)) for j in range(k + 1))
+            v = out[mid]
+            below = sum(1 for y in pts if y <= v)
+            total += -c * abs(below - target) - math.log(z)
+            if qa < mid:
+                nxt.append(([y for y in pts if y <= v], left, v, qa, mid, qlo, qs[mid]))
+            if mid + 1 < qb:
+                nxt.append(([y for y in pts if y > v], v, right, mid + 1, qb, qs[mid], qhi))
+        level = nxt
+        depth += 1
+    return total
+
+
+# --------------------------------------------------------------------- structure
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 29, 99, 100, 1000])
+def test_recursion_depth(m: int) -> None:
+    assert recursion_depth(m) == len(node_nodes_per_level(m))
+    assert recursion_depth(m) == math.floor(math.log2(m)) + 1
+    assert recursion_depth(m) <= math.ceil(math.log2(m)) + 1  # never more than KSS's count
+
+
+# --------------------------------------------------------------------- exact law for m = 1
+
+TINY = [0.3, 1.7, 1.7, 4.0, -2.0, 9.0, 2.2]  # a tie and two points clamped to [0, 5]
+
+
+@pytest.mark.parametrize(("neighbors", "q"), [("swap", 0.5), ("swap", 0.2), ("add_remove", 0.2)])
+def test_single_quantile_is_the_exponential_mechanism(neighbors: str, q: float) -> None:
+    eps, lower, upper = 2.0, 0.0, 5.0
+    edges = prepare(TINY, [q], epsilon=eps, lower=lower, upper=upper, neighbors=neighbors).edges
+    sens = 1.0 if neighbors == "swap" else max(q, 1 - q)
+    draws = 20_000
+    rng = np.random.default_rng(17)
+    counts: collections.Counter[int] = collections.Counter()
+    for _ in range(draws):
+        o = aq(TINY, [q], epsilon=eps, lower=lower, upper=upper, neighbors=neighbors, rng=rng)
+        counts[int(np.searchsorted(edges, o[0], side="right")) - 1] += 1
+    assert chi_square_p(counts, em_interval_probs(edges, q, eps / (2 * sens)), draws) > 1e-4
+    # Negative control: the law for 1.5 epsilon is rejected.
+    assert chi_square_p(counts, em_interval_probs(edges, q, 1.5 * eps / (2 * sens)), draws) < 1e-4
+
+
+def test_log_domain_fallback_on_fully_tied_data() -> None:
+    # 4000 tied points: every positive-width interval is 2000 ranks from the target, so the
+    # linear-domain weights underflow and the exact log-domain path must take over.
+    data = [0.5] * 4000
+    rng = np.random.default_rng(3)
+    draws = 4000
+    low = sum(
+        aq(data, [0.5], epsilon=1.0, lower=0.0, upper=2.0, rng=rng)[0] < 0.5 for _ in range(draws)
+    )
+    # Equal rank distance on both sides: P(left) = 0.5 / (0.5 + 1.5).
+    assert stats.binomtest(low, draws, 0.25).pvalue > 1e-4
+    assert stats.binomtest(low, draws, 0.5).pvalue < 1e-4
+
+
+# --------------------------------------------------------------------- exact node weights
+
+
+def exact_weights(
+    edges: np.ndarray, lo: int, hi: int, left: float, right: float, target: float, c: float
+) -> np.ndarray:
+    ends = np.concatenate(([left], edges[lo:hi], [right]))
+    with np.errstate(divide="ignore"):
+        s = np.log(np.diff(ends)) - c * np.abs(np.arange(hi - lo + 1) - target)
+    return np.exp(s - s.max())
+
+
+def test_fast_weights_are_exact_to_2_pow_minus_50() -> None:
+    rng = np.random.default_rng(99)
+    for _ in range(400):
+        n = int(rng.integers(1, 3000))
+        x = np.round(rng.normal(size=n) * rng.choice([0.01, 1.0, 100.0]), int(rng.integers(0, 4)))
+        edges = prepare(x, [0.5], epsilon=1.0, lower=-5.0, upper=5.0, neighbors="swap").edges
+        lo = int(rng.integers(1, n + 1))
+        hi = int(rng.integers(lo, n + 2))
+        left = float(edges[lo - 1]) - float(rng.uniform(0, 0.5))
+        right = float(edges[hi]) + float(rng.uniform(0, 0.5)) if hi <= n else 5.0
+        k = hi - lo
+        target = float(rng.uniform(0, 1)) * k
+        c = float(10 ** rng.uniform(-5, 1.5))
+        buf = np.empty(n + 1)
+        j0, cnt, top = _fill_weights(edges, lo, hi, left, right, target, c, buf)
+        want = exact_weights(edges, lo, hi, left, right, target, c)
+        if top < 2.0**-900:
+            j0, cnt, top = _fill_weights_log(edges, lo, hi, left, right, target, c, buf)
+        got = np.zeros(k + 1)
+        got[j0 : j0 + cnt] = buf[:cnt] / top
+        assert np.max(np.abs(got - want)) <= 2.0**-50
+        outside = np.ones(k + 1, dtype=bool)
+        outside[j0 : j0 + cnt] = False
+        assert np.all(want[outside] <= 2.0**-90)
+
+
+# --------------------------------------------------------------------- privacy of the release
+
+
+def neighbours(data: list[float], rng: np.random.Generator, relation: str) -> list[list[float]]:
+    out = []
+    for _ in range(12):
+        i = int(rng.integers(len(data)))
+        new = float(rng.uniform(-1.0, 6.0))
+        if relation == "swap":
+            out.append([*data[:i], new, *data[i + 1 :]])
+        else:
+            out.append([*data[:i], *data[i + 1 :]])
+            out.append([*data, new])
+    return out
+
+
+def worst_log_ratio(relation: str, qs: list[float], scale: float) -> float:
+    """Largest |log f_X(o) - log f_X'(o)| over random small datasets, neighbours and outputs."""
+    eps, lower, upper = 1.0, 0.0, 5.0
+    rng = np.random.default_rng(31)
+    kw = {"epsilon": eps, "lower": lower, "upper": upper, "neighbors": relation, "scale": scale}
+    worst = -math.inf
+    for _ in range(25):
+        data = list(rng.uniform(lower, upper, size=int(rng.integers(2, 7))))
+        outs = [
+            list(aq(data, qs, epsilon=eps, lower=lower, upper=upper, neighbors=relation, rng=rng))
+            for _ in range(4)
+        ] + [sorted(rng.uniform(lower, upper, size=len(qs))) for _ in range(4)]
+        for other in neighbours(data, rng, relation):
+            for o in outs:
+                gap = aq_log_density(data, qs, o, **kw) - aq_log_density(other, qs, o, **kw)
+                worst = max(worst, abs(gap))
+    return worst
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+@pytest.mark.parametrize("qs", [[0.5, 0.9], [0.1, 0.2, 0.9], [0.2, 0.4, 0.6, 0.8]])
+def test_release_density_ratio_is_bounded_by_e_epsilon(relation: str, qs: list[float]) -> None:
+    assert worst_log_ratio(relation, qs, 1.0) <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+def test_density_ratio_check_detects_overspending(relation: str) -> None:
+    # Negative control: the same search catches a calibration that spends 3 epsilon.
+    assert worst_log_ratio(relation, [0.1, 0.2, 0.9], 3.0) > 1.0
+
+
+def node_log_density(
+    pts: list[float], left: float, right: float, c: float, rel: float, v: float
+) -> float:
+    ends = [left, *pts, right]
+    target = rel * len(pts)
+    z = sum((ends[j + 1] - ends[j]) * math.exp(-c * abs(j - target)) for j in range(len(pts) + 1))
+    return -c * abs(sum(1 for y in pts if y <= v) - target) - math.log(z)
+
+
+def sup_log_ratio(
+    p: list[float],
+    r: list[float],
+    node: tuple[float, float, int, int, float, float, int],
+    qs: list[float],
+    calib: tuple[list[int], float, str],
+    grid: int = 6,
+) -> tuple[float, float]:
+    """(sup, -inf) of the log density ratio of X vs X' over all outputs of this subtree.
+
+    A node's log-ratio is piecewise constant between the points of both datasets; a leaf is
+    evaluated once per piece, an inner node on a grid inside each piece (its children depend
+    on v through their domains). Children outputs are separate coordinates, so their sups add.
+    """
+    left, right, qa, qb, q_lo, q_hi, depth = node
+    per_level, eps_l, relation = calib
+    mid = qa + (qb - qa - 1) // 2
+    rel = (qs[mid] - q_lo) / (q_hi - q_lo)
+    sens = max(rel, 1 - rel)
+    if relation == "add_remove":
+        c = eps_l / (2 * sens)
+    elif per_level[depth] == 1:
+        c = eps_l / 2
+    else:
+        c = eps_l / (4 * sens)
+    cuts = sorted({left, right, *p, *r})
+    inner = qa < mid or mid + 1 < qb
+    fracs = np.linspace(0.001, 0.999, grid) if inner else [0.5]
+    best = (-math.inf, -math.inf)
+    for b0, b1 in itertools.pairwise(cuts):
+        for f in fracs:
+            v = b0 + (b1 - b0) * float(f)
+            g = node_log_density(p, left, right, c, rel, v) - node_log_density(
+                r, left, right, c, rel, v
+            )
+            up, down = g, -g
+            if qa < mid:
+                a, b = sup_log_ratio(
+                    [y for y in p if y <= v],
+                    [y for y in r if y <= v],
+                    (left, v, qa, mid, q_lo, qs[mid], depth + 1),
+                    qs,
+                    calib,
+                    grid,
+                )
+                up, down = up + a, down + b
+            if mid + 1 < qb:
+                a, b = sup_log_ratio(
+                    [y for y in p if y > v],
+                    [y for y in r if y > v],
+                    (v, right, mid + 1, qb, qs[mid], q_hi, depth + 1),
+                    qs,
+                    calib,
+                    grid,
+                )
+                up, down = up + a, down + b
+            best = (max(best[0], up), max(best[1], down))
+    return best
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+@pytest.mark.parametrize("qs", [[0.1, 0.2, 0.9], [0.05, 0.5, 0.95], [0.2, 0.4, 0.6, 0.8]])
+def test_privacy_loss_sup_over_all_outputs(relation: str, qs: list[float]) -> None:
+    rng = np.random.default_rng(77)
+    per_level = node_nodes_per_level(len(qs))
+    # spend = 1: the real calibration for epsilon = 1; spend = 3: a 3x over-spending negative
+    # control, which the same search must catch.
+    worst = {1.0: -math.inf, 3.0: -math.inf}
+    for _ in range(12):
+        n = int(rng.integers(2, 8))
+        x = [min(float(v), 5.0) for v in rng.uniform(0, 5, size=n) ** rng.choice([1.0, 3.0, 0.3])]
+        i = int(rng.integers(n))
+        if relation == "swap":
+            other = [*x[:i], float(rng.uniform(0, 5)), *x[i + 1 :]]
+        else:
+            other = [*x[:i], *x[i + 1 :]]
+        for spend in worst:
+            calib = (per_level, spend / len(per_level), relation)
+            root = (0.0, 5.0, 0, len(qs), 0.0, 1.0, 0)
+            up, down = sup_log_ratio(sorted(x), sorted(other), root, qs, calib)
+            worst[spend] = max(worst[spend], up, down)
+    assert worst[1.0] <= 1.0 + 1e-9
+    assert worst[3.0] > 1.0
+
+
+@pytest.mark.parametrize("relation", ["swap", "add_remove"])
+def test_sampler_uses_the_calibrated_node_parameters(
+    monkeypatch: pytest.MonkeyPatch, relation: str
+) -> None:
+    qs = [0.1, 0.2, 0.5, 0.9]
+    eps = 1.3
+    per_level = node_nodes_per_level(len(qs))
+    eps_l = eps / len(per_level)
+    seen: list[tuple[int, float, float]] = []
+    real = aqmod._node_pick
+
+    def spy(edges, lo, hi, left, right, target, c, u, buf):  # type: ignore[no-untyped-def]
+        seen.append((hi - lo, target, c))
+        return real(edges, lo, hi, left, right, target, c, u, buf)
+
+    monkeypatch.setattr(aqmod, "_node_pick", spy)
+    data = np.random.default_rng(0).normal(size=200)
+    out = aq(
+        data,
+        qs,
+        epsilon=eps,
+        lower=-5.0,
+        upper=5.0,
+        neighbors=relation,
+        rng=np.random.default_rng(1),
+    )
+    # Expected (relative quantile, level) per node in the order the sampler visits them.
+    order = [(0.2, 0.0, 1.0), (0.1, 0.0, 0.2), (0.5, 0.2, 1.0), (0.9, 0.5, 1.0)]
+    levels = [0, 1, 1, 2]
+    assert len(seen) == len(qs)
+    for (k, target, c), (q, qlo, qhi), lev in zip(seen, order, levels, strict=True):
+        rel = (q - qlo) / (qhi - qlo)
+        sens = max(rel, 1 - rel)
+        if relation == "add_remove":
+            want = eps_l / (2 * sens)
+        elif per_level[lev] == 1:
+            want = eps_l / 2
+        else:
+            want = eps_l / (4 * sens)
+        assert c == pytest.approx(want, rel=1e-12)
+        assert target == pytest.approx(rel * k, rel=1e-12)
+    assert np.all(np.diff(out) >= 0)
+
+
+# --------------------------------------------------------------------- accuracy and speed
+
+
+def test_accuracy_beats_indexp_on_gaussian_data() -> None:
+    rng = np.random.default_rng(5)
+    qs = np.linspace(0.1, 0.9, 9)
+    errs: dict[str, list[float]] = {"aq": [], "indexp": []}
+    for _ in range(20):
+        x = rng.normal(size=1000)
+        xs = np.sort(x)
+        for name in errs:
+            est = MECHANISMS[name](x, qs, epsilon=1.0, lower=-100.0, upper=100.0, rng=rng)
+            errs[name].append(float(np.mean(np.abs(np.searchsorted(xs, est) - np.ceil(qs * 1000)))))
+    assert np.mean(errs["aq"]) < np.mean(errs["indexp"])
+    assert np.mean(errs["aq"]) < 20
+
+
+def test_million_points_ninety_nine_quantiles_is_fast() -> None:
+    x = np.random.default_rng(0).normal(size=1_000_000)
+    qs = np.linspace(0.01, 0.99, 99)
+    aq(x[:100], qs, epsilon=1.0, lower=-10.0, upper=10.0, rng=np.random.default_rng(0))
+    t0 = time.perf_counter()
+    out = aq(x, qs, epsilon=1.0, lower=-10.0, upper=10.0, rng=np.random.default_rng(0))
+    assert time.perf_counter() - t0 < 1.0  # ~0.015 s measured; O(n^2) or a per-node copy+sort
+    truth = np.quantile(x, qs)
+    assert np.max(np.abs(out - truth)) < 0.05
+
+
+def test_registry_entry() -> None:
+    mech = MECHANISMS["aq"]
+    assert mech.notion is PrivacyNotion.PURE_DP
+    assert not mech.requires_delta and mech.method_params == ()
+    assert mech.dp_cost(epsilon=0.7) == (0.7, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"epsilon": -0.1}, "epsilon"),
+        ({"upper": -1.0}, "upper"),
+        ({"neighbors": "replace"}, "neighbors"),
+        ({"quantiles": [0.3, 0.3]}, "quantiles"),
+        ({"quantiles": []}, "quantiles"),
+        ({"data": [[1.0]]}, "data"),
+        ({"rng": 3}, "rng"),
+    ],
+)
+def test_validation_names_parameter(kwargs: dict[str, object], param: str) -> None:
+    args: dict[str, object] = {
+        "data": [1.0, 2.0],
+        "quantiles": [0.5],
+        "epsilon": 1.0,
+        "lower": 0.0,
+        "upper": 4.0,
+    }
+    args.update(kwargs)
+    data, quantiles = args.pop("data"), args.pop("quantiles")
+    with pytest.raises(MechanismInputError) as info:
+        aq(data, quantiles, **args)  # type: ignore[arg-type]
+    assert info.value.parameter == param
