@@ -1,0 +1,255 @@
+"""Fixtures for the hardening tests (issue 5).
+
+Self-contained on purpose (the service suite's fixtures may change under us): PostgreSQL
+comes from ``DPQUANT_TEST_DATABASE_URL`` when set, otherwise from an embedded ``pgserver``
+in a temporary directory; every session works in a fresh schema built by the Alembic
+migrations. ``make_app`` builds extra applications with tightened settings (limits, rate
+limits, timing padding) on the same schema.
+
+The tests that start real server processes and their own throwaway PostgreSQL cluster
+(load, crash, outage) are marked ``processes``; they run by default like everything else.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from app.config import Settings
+from app.db import normalize_url, start_embedded_postgres, upgrade_database
+from app.main import create_app
+
+ADMIN_KEY = "dpq_hardening-admin-" + secrets.token_urlsafe(32)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "processes: starts real server processes and a throwaway PostgreSQL (issue 5, 1-3)",
+    )
+
+
+def with_schema(url: str, schema: str) -> str:
+    """``url`` with ``search_path`` set to ``schema`` through libpq's ``options``."""
+    parsed = make_url(normalize_url(url))
+    return parsed.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+        hide_password=False
+    )
+
+
+@pytest.fixture(scope="session")
+def hardening_server_url() -> Iterator[str]:
+    """A PostgreSQL server URL (external or embedded), without a schema."""
+    external = os.environ.get("DPQUANT_TEST_DATABASE_URL")
+    if external:
+        yield normalize_url(external)
+        return
+    tmp = tempfile.mkdtemp(prefix="dpquant-hardening-pg-")
+    try:
+        yield start_embedded_postgres(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def new_schema(hardening_server_url: str) -> Iterator[Callable[[], str]]:
+    """Factory of fresh, empty schemas (dropped at the end of the session); returns URLs."""
+    created: list[str] = []
+    admin = create_engine(hardening_server_url, isolation_level="AUTOCOMMIT")
+
+    def factory() -> str:
+        name = "dpq_hard_" + uuid.uuid4().hex[:12]
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{name}"'))
+        created.append(name)
+        return with_schema(hardening_server_url, name)
+
+    yield factory
+    with admin.connect() as conn:
+        for name in created:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def hdb_url(new_schema: Callable[[], str]) -> str:
+    """The session's migrated schema."""
+    url = new_schema()
+    upgrade_database(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def hdb(hdb_url: str) -> Iterator[Engine]:
+    """A direct engine on the session schema, for assertions in raw SQL."""
+    engine = create_engine(hdb_url)
+    yield engine
+    engine.dispose()
+
+
+def settings_for(database_url: str, **overrides: Any) -> Settings:
+    """Explicit settings for a test app (the caller's environment cannot leak in)."""
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "bootstrap_admin_key": ADMIN_KEY,
+        "max_upload_bytes": 64 * 1024 * 1024,
+        "max_values": 10_000_000,
+        "max_quantiles": 1000,
+        "max_page_size": 500,
+        "min_release_ms": 0,
+        "pool_size": 5,
+        "max_overflow": 20,
+        "log_level": "WARNING",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="session")
+def happ(hdb_url: str) -> Iterator[FastAPI]:
+    """One application with the default limits for the whole session, lifespan started."""
+    application = create_app(settings_for(hdb_url))
+    with TestClient(application):
+        yield application
+
+
+@pytest.fixture
+def hclient(happ: FastAPI) -> TestClient:
+    """A client that turns server exceptions into responses, like a real server would."""
+    return TestClient(happ, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def make_app(hdb_url: str) -> Callable[..., Any]:
+    """``with make_app(max_quantiles=3) as client:`` — an app with overridden settings."""
+
+    @contextmanager
+    def factory(**overrides: Any) -> Iterator[TestClient]:
+        application = create_app(settings_for(hdb_url, **overrides))
+        with TestClient(application, raise_server_exceptions=False) as client:
+            yield client
+
+    return factory
+
+
+def auth(key: str) -> dict[str, str]:
+    """The Authorization header for ``key``."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+ADMIN = auth(ADMIN_KEY)
+
+
+@dataclass
+class Api:
+    """Small helpers over the HTTP API, so tests read as scenarios."""
+
+    client: TestClient
+
+    def dataset(
+        self,
+        *,
+        values: list[float] | None = None,
+        epsilon: str = "1.0",
+        delta: str = "0",
+        lower: float = 0.0,
+        upper: float = 100.0,
+        neighbors: str = "swap",
+        **extra: Any,
+    ) -> dict[str, Any]:
+        body = {
+            "name": "hds-" + uuid.uuid4().hex[:10],
+            "lower": lower,
+            "upper": upper,
+            "neighbors": neighbors,
+            "epsilon": epsilon,
+            "delta": delta,
+            **extra,
+        }
+        r = self.client.post("/v1/datasets", json=body, headers=ADMIN)
+        assert r.status_code == 201, r.text
+        ds: dict[str, Any] = r.json()
+        if values is not None:
+            self.upload(ds["id"], values)
+        return ds
+
+    def upload(self, dataset_id: str, values: list[float]) -> dict[str, Any]:
+        r = self.client.put(f"/v1/datasets/{dataset_id}/values", json=values, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    def key(self, role: str, dataset_id: str | None = None) -> tuple[str, dict[str, str]]:
+        """A new key: its id and its Authorization header."""
+        body: dict[str, Any] = {"role": role, "name": f"hardening {role}"}
+        if dataset_id is not None:
+            body["dataset_id"] = dataset_id
+        r = self.client.post("/v1/keys", json=body, headers=ADMIN)
+        assert r.status_code == 201, r.text
+        return r.json()["id"], auth(r.json()["key"])
+
+    def query(self, dataset_id: str, headers: dict[str, str] | None = None, **body: Any) -> Any:
+        payload: dict[str, Any] = {
+            "quantiles": [0.25, 0.5, 0.75],
+            "epsilon": "0.1",
+            "method": "indexp",
+        }
+        payload.update(body)
+        return self.client.post(
+            f"/v1/datasets/{dataset_id}/quantiles", json=payload, headers=headers or ADMIN
+        )
+
+    def budget(self, dataset_id: str) -> dict[str, Any]:
+        r = self.client.get(f"/v1/datasets/{dataset_id}/budget", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+
+@pytest.fixture
+def hapi(hclient: TestClient) -> Api:
+    """Scenario helpers bound to the session app."""
+    return Api(hclient)
+
+
+def ledger_state(engine: Engine, dataset_id: str) -> dict[str, Any]:
+    """Raw-SQL view of one dataset's ledger and releases, for 'nothing stored' checks."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT kind, count(*), coalesce(sum(epsilon), 0), coalesce(sum(delta), 0) "
+                "FROM ledger_entry WHERE dataset_id = :d GROUP BY kind"
+            ),
+            {"d": dataset_id},
+        ).all()
+        releases = conn.execute(
+            text("SELECT count(*) FROM release WHERE dataset_id = :d"), {"d": dataset_id}
+        ).scalar_one()
+        data = conn.execute(
+            text(
+                "SELECT d.n, d.data_version, length(v.data) FROM dataset d "
+                "LEFT JOIN dataset_data v ON v.dataset_id = d.id WHERE d.id = :d"
+            ),
+            {"d": dataset_id},
+        ).one()
+    out: dict[str, Any] = {"releases": int(releases), "n": data[0], "version": data[1]}
+    out["bytes"] = data[2]
+    for kind, count, eps, delta in rows:
+        out[f"{kind}_rows"] = int(count)
+        out[f"{kind}_eps"] = Decimal(eps)
+        out[f"{kind}_delta"] = Decimal(delta)
+    return out
