@@ -67,6 +67,19 @@ def test_fast_matches_brute_force_on_degenerate_inputs(data: list[float]) -> Non
             )
 
 
+@pytest.mark.parametrize(("t", "bound"), [(0.02, 1e3), (0.05, 10.0), (0.3, 1e6), (2.0, 1e200)])
+def test_fast_matches_brute_force_where_the_window_prunes(t: float, bound: float) -> None:
+    # n = 400 with a wide domain: the exact pruning window is much shorter than n (and for
+    # t = 2, bound = 1e200 the linear-domain table would underflow: log-space scan).
+    rng = np.random.default_rng(int(t * 100))
+    x = np.round(rng.standard_cauchy(size=400), 2)
+    edges = prepare(x, [0.5], epsilon=1.0, lower=-bound, upper=bound, neighbors="swap").edges
+    for j in (1, 37, 200, 399, 400):
+        assert smooth_sensitivity(edges, j, t) == pytest.approx(
+            brute_smooth_sensitivity(edges, j, t), rel=1e-12
+        )
+
+
 def test_large_input_is_subquadratic() -> None:
     # The O(n^2) definition would need ~10^11 operations here.
     x = np.random.default_rng(0).normal(size=300_000)
