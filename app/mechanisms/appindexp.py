@@ -83,10 +83,26 @@ def ddr_candidate_ts(eps_g: float, eps0: float, m: int) -> FloatArray:
 
 
 def ddr_delta(eps_g: float, eps0: float, m: int) -> float:
-    """Paper Lemma 12: the delta at which m eps0-BR mechanisms compose to (eps_g, delta)-DP."""
+    """Paper Lemma 12: the delta at which m eps0-BR mechanisms compose to (eps_g, delta)-DP.
+
+    Vectorised over all (t*_l, i) pairs at once; the same log-space terms as
+    :func:`ddr_log_delta_at` (which is kept as the scalar reference). O(m^2) time and memory.
+    """
     if eps0 * m <= eps_g:
         return 0.0  # basic composition already gives eps_g
-    best = max(ddr_log_delta_at(eps_g, eps0, m, float(t)) for t in ddr_candidate_ts(eps_g, eps0, m))
+    ts = ddr_candidate_ts(eps_g, eps0, m)[:, None]
+    i = np.arange(m + 1, dtype=np.float64)[None, :]
+    loss = m * ts - i * eps0
+    keep = loss > eps_g
+    log_norm = math.log(-math.expm1(-eps0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_p = -ts + np.log(-np.expm1(ts - eps0)) - log_norm  # -inf at t = eps0
+        log_q = np.log(-np.expm1(-ts)) - log_norm  # -inf at t = 0
+        a = np.where(m - i > 0, (m - i) * log_p, 0.0)  # 0 * log 0 = 0
+        b = np.where(i > 0, i * log_q, 0.0)
+        tail = np.log(-np.expm1(np.where(keep, eps_g - loss, -1.0)))
+    terms = np.where(keep, _log_binomials(m)[None, :] + a + b + loss + tail, -np.inf)
+    best = float(np.max(logsumexp(terms, axis=1)))
     return math.exp(best)
 
 
