@@ -88,9 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=os.cpu_count() or 1, help="processes (default: cores)"
     )
     p.add_argument("--no-scaling", action="store_true", help="skip the time-vs-n experiment")
-    p.add_argument("--scaling-ns", type=_int_list, default=None, help="default 1e3,1e4,1e5,1e6")
+    p.add_argument("--scaling-ns", type=_int_list, default=None, help="default 1e3,3e3,1e4,...,1e6")
     p.add_argument("--scaling-ms", type=_int_list, default=(9, 29), help="default 9,29")
-    p.add_argument("--scaling-trials", type=int, default=3, help="default 3")
+    p.add_argument("--scaling-trials", type=int, default=None, help="default 5 (quick: 1)")
     p.add_argument(
         "--scaling-max-seconds",
         type=float,
@@ -134,7 +134,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ExperimentConfig, bool]:
         epsilons=args.epsilons or cfg.epsilons,
         scaling_ns=args.scaling_ns or (QUICK_SCALING_NS if quick else cfg.scaling_ns),
         scaling_ms=tuple(args.scaling_ms),
-        scaling_trials=1 if quick and args.scaling_trials == 3 else args.scaling_trials,
+        scaling_trials=args.scaling_trials or (1 if quick else cfg.scaling_trials),
         scaling_max_seconds=args.scaling_max_seconds,
     )
     return cfg, not args.no_scaling

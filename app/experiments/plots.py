@@ -108,24 +108,27 @@ def plot_error(summary: Sequence[Row], epsilon: float, path: Path, methods: Sequ
 def plot_time_vs_m(
     summary: Sequence[Row], path: Path, methods: Sequence[str], dataset: str = "gaussian"
 ) -> None:
-    """Seconds per call vs m on one dataset at ε = 1 (the paper's Figure 4)."""
+    """Median seconds per call vs m on one dataset at ε = 1 (the paper's Figure 4).
+
+    The median, not the mean: calls take milliseconds on a shared machine, and a single
+    descheduled call would dominate a mean of 20.
+    """
     rows = [r for r in summary if r["dataset"] == dataset and float(r["epsilon"]) == 1.0]
     if not rows:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for i, meth in enumerate(methods):
-        xs, ys, ses = _series(
-            [r for r in rows if r["method"] == meth], "m", "seconds_mean", "seconds_se"
+        xs, ys, _ = _series(
+            [r for r in rows if r["method"] == meth], "m", "seconds_median", "seconds_se"
         )
         if not xs:
             continue
         color, ls = _style(meth, i)
         ax.plot(xs, ys, ls, color=color, lw=2, label=_label(meth))
-        _band(ax, xs, ys, ses, color)
     ax.set_yscale("log")
-    _floor(ax, [r["seconds_mean"] for r in rows])
+    _floor(ax, [r["seconds_median"] for r in rows])
     ax.set_xlabel("number of quantiles m")
-    ax.set_ylabel("seconds per call")
+    ax.set_ylabel("median seconds per call")
     ax.set_title(f"Time vs m, {DATASETS[dataset].label}, ε = 1, n = 1000")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(frameon=False, fontsize=9)
@@ -146,7 +149,7 @@ def plot_time_vs_n(scaling: Sequence[Row], path: Path, methods: Sequence[str]) -
             xs, ys, _ = _series(
                 [r for r in scaling if r["method"] == meth and int(r["m"]) == m],
                 "n",
-                "seconds_mean",
+                "seconds_median",
                 "seconds_se",
             )
             if not xs:
@@ -156,7 +159,7 @@ def plot_time_vs_n(scaling: Sequence[Row], path: Path, methods: Sequence[str]) -
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("n (Gaussian data)")
-        ax.set_ylabel("seconds per call")
+        ax.set_ylabel("median seconds per call")
         ax.set_title(f"Time vs n, m = {m}, ε = 1")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(frameon=False, fontsize=9)

@@ -89,9 +89,9 @@ class ExperimentConfig:
     upper: float = 100.0
     neighbors: str = "swap"
     seed: int = 0
-    scaling_ns: tuple[int, ...] = (1_000, 10_000, 100_000, 1_000_000)
+    scaling_ns: tuple[int, ...] = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
     scaling_ms: tuple[int, ...] = (9, 29)
-    scaling_trials: int = 3
+    scaling_trials: int = 5
     scaling_epsilon: float = 1.0
     scaling_dataset: str = "gaussian"
     scaling_max_seconds: float = 20.0
