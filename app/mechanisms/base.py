@@ -395,20 +395,56 @@ def log_widths(edges: FloatArray) -> FloatArray:
         return np.log(w)
 
 
+@numba.njit(cache=True, nogil=True)
+def _exp_mech_window(w: FloatArray, target: float, c: float, lo: int, out: FloatArray) -> float:
+    """out[v] = w[lo + v] * exp(-c |lo + v - target|) over the window; returns the max."""
+    top = 0.0
+    for v in range(out.size):
+        x = w[lo + v] * math.exp(-c * abs(lo + v - target))
+        out[v] = x
+        if x > top:
+            top = x
+    return top
+
+
+EM_GUARD = 2.0**-100  # a window whose best weight is below this falls back to log space
+
+
 def exponential_mechanism_interval(
-    logw: FloatArray, target: float, c: float, rng: np.random.Generator
+    logw: FloatArray,
+    target: float,
+    c: float,
+    rng: np.random.Generator,
+    w: FloatArray | None = None,
 ) -> int:
     """Sample interval ``i`` with probability proportional to ``width_i * exp(-c|i - target|)``.
 
     This is the single-quantile exponential mechanism of Smith (2011) over the ``n + 1``
     intervals between sorted, clamped data points: score ``-|i - target|`` where ``i`` is the
     number of points below the output, and ``c = epsilon / (2 * sensitivity)``. ``logw`` is
-    :func:`log_widths` of the edges. Weights are formed in log space and max-normalised, so
-    no width or score range can underflow the whole row. O(n) time, one uniform draw.
+    :func:`log_widths` of the edges; ``w`` (optional, for repeated calls) is
+    ``exp(logw - max(logw))``.
+
+    Fast path: with widths scaled to at most 1, every weight farther than ``746 / c`` from the
+    target is exactly 0.0 in double precision, so only that window is formed, in linear space.
+    If the window's best weight is below 2^-100 (tiny widths or a long run of ties near the
+    target), the weights are formed in log space over all intervals and max-normalised, which
+    is exact for any range. One uniform draw either way. O(min(n, 1/c)) time on the fast path.
     """
-    out = np.empty_like(logw)
-    _exp_mech_weights(logw, float(target), float(c), out)
-    return sample_index(out, rng)
+    if w is None:
+        w = np.exp(logw - float(np.max(logw)))
+    n1 = logw.size
+    reach = math.ceil(746.0 / c) + 1
+    lo = max(0, math.floor(target) - reach)
+    hi = min(n1, math.ceil(target) + reach + 1)
+    if hi > lo:
+        out = np.empty(hi - lo)
+        top = _exp_mech_window(w, float(target), float(c), lo, out)
+        if top >= EM_GUARD:
+            return lo + sample_index(out, rng)
+    full = np.empty_like(logw)
+    _exp_mech_weights(logw, float(target), float(c), full)
+    return sample_index(full, rng)
 
 
 def as_list(values: Sequence[float] | FloatArray) -> list[float]:

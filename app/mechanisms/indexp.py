@@ -32,11 +32,12 @@ def independent_exponential(
     bounded-range composition bound). O(m n) time after the O(n log n) sort.
     """
     logw = log_widths(prep.edges)
+    w = np.exp(logw - float(np.max(logw)))
     n = prep.n
     idx = np.empty(prep.quantiles.size, dtype=np.int64)
     for j, q in enumerate(prep.quantiles):
         c = per_quantile_epsilon / (2.0 * indexp_sensitivity(float(q), prep.neighbors))
-        idx[j] = exponential_mechanism_interval(logw, float(q) * n, c, rng)
+        idx[j] = exponential_mechanism_interval(logw, float(q) * n, c, rng, w)
     return uniform_in_intervals(prep.edges, idx, rng)
 
 
