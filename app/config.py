@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     min_release_ms: int = Field(
         default=0, ge=0, description="Pad release responses to at least this many ms (0 = off)."
     )
+    rate_limit_per_minute: int = Field(
+        default=0, ge=0, description="Requests per minute per API key, per process (0 = off)."
+    )
+    rate_limit_burst: int = Field(
+        default=0, ge=0, description="Burst size of the per-key rate limit (0 = one minute's)."
+    )
 
     # Database pool.
     pool_size: int = Field(default=10, gt=0, description="Connections kept per process.")

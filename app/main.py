@@ -19,12 +19,14 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.auth.router import router as keys_router
 from app.auth.service import ensure_bootstrap_key
+from app.concurrency import AdmissionMiddleware
 from app.config import Settings
 from app.datasets.router import router as datasets_router
 from app.db import head_revisions, make_engine, redact_url, resolve_database_url, upgrade_database
 from app.errors import install_error_handlers
 from app.ledger.router import router as ledger_router
 from app.ops.router import router as ops_router
+from app.ratelimit import RateLimitMiddleware
 from app.releases.router import router as releases_router
 
 logger = logging.getLogger(__name__)
@@ -86,4 +88,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ledger_router)
     app.include_router(releases_router)
     app.include_router(keys_router)
+    # Hardening (issue 5): admission control against thread/connection-pool starvation,
+    # then (outermost) the per-key rate limit; see app/concurrency.py and app/ratelimit.py.
+    settings = app.state.settings
+    app.add_middleware(
+        AdmissionMiddleware,
+        connections=settings.pool_size + settings.max_overflow,
+        queue_timeout_s=settings.pool_timeout_s,
+    )
+    if settings.rate_limit_per_minute > 0:
+        app.add_middleware(
+            RateLimitMiddleware,
+            per_minute=settings.rate_limit_per_minute,
+            burst=settings.rate_limit_burst,
+        )
     return app
