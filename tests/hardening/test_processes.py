@@ -1,0 +1,534 @@
+"""Issue 5, points 1-3: real server processes over a throwaway PostgreSQL cluster.
+
+* ``test_many_processes_one_budget`` — ``dpquant serve --workers 2`` on loopback, 200
+  concurrent clients at epsilon 0.01 against a budget of 1.0, an admin grant of 0.5 midway:
+  exactly 150 successes, 50 x 409, spent == granted, one debit and one release per success,
+  no 5xx.
+* ``test_sigkill_mid_release_then_restart`` — SIGKILL the worker while it runs a JointExp
+  release on 2*10^6 values (detected from PostgreSQL: its transaction holds the dataset's
+  row lock), restart the server: nothing was debited or stored; the client's retry with the
+  same Idempotency-Key completes exactly once.
+* ``test_database_outage_gives_503_and_recovers`` — stop the cluster under traffic: 503
+  ``database_unavailable`` within the configured timeouts, /readyz 503, automatic recovery
+  after the restart, every Idempotency-Key debited exactly once after retries.
+
+Each test prints its measured figures (visible with ``-s`` and in CI output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from .procs import DpquantServer, ThrowawayPostgres, migrate
+
+pytestmark = pytest.mark.processes
+
+ADMIN_KEY = "dpq_proc-admin-" + secrets.token_urlsafe(32)
+
+
+def report(title: str, **figures: Any) -> None:
+    """Print measured figures in one greppable line (shown in CI output with -s / -rA)."""
+    parts = " ".join(f"{k}={v}" for k, v in figures.items())
+    print(f"\n[hardening] {title}: {parts}", flush=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ThrowawayPostgres]:
+    pg = ThrowawayPostgres()
+    try:
+        migrate(pg.url)
+        yield pg
+    finally:
+        pg.destroy()
+
+
+@pytest.fixture(scope="module")
+def cluster_engine(cluster: ThrowawayPostgres) -> Iterator[Engine]:
+    engine = create_engine(cluster.url, pool_pre_ping=True)
+    yield engine
+    engine.dispose()
+
+
+def _setup_dataset(
+    base: str, *, epsilon: str, values: np.ndarray, octet: bool = False
+) -> tuple[str, dict[str, str]]:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=base, timeout=120.0) as c:
+        r = c.post(
+            "/v1/datasets",
+            json={
+                "name": "proc-" + uuid.uuid4().hex[:8],
+                "lower": 0.0,
+                "upper": 100.0,
+                "epsilon": epsilon,
+            },
+            headers=admin,
+        )
+        assert r.status_code == 201, r.text
+        ds = r.json()["id"]
+        if octet:
+            r = c.put(
+                f"/v1/datasets/{ds}/values",
+                content=values.astype("<f8").tobytes(),
+                headers=admin | {"content-type": "application/octet-stream"},
+            )
+        else:
+            r = c.put(f"/v1/datasets/{ds}/values", json=values.tolist(), headers=admin)
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/keys", json={"role": "analyst", "dataset_id": ds}, headers=admin)
+        assert r.status_code == 201, r.text
+        return ds, {"Authorization": f"Bearer {r.json()['key']}"}
+
+
+def _db_figures(engine: Engine, dataset_id: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT "
+                " coalesce(sum(epsilon) FILTER (WHERE kind = 'grant'), 0),"
+                " coalesce(sum(epsilon) FILTER (WHERE kind = 'debit'), 0),"
+                " count(*) FILTER (WHERE kind = 'debit'),"
+                " count(*) FILTER (WHERE kind = 'grant')"
+                " FROM ledger_entry WHERE dataset_id = :d"
+            ),
+            {"d": dataset_id},
+        ).one()
+        releases = conn.execute(
+            text("SELECT count(*) FROM release WHERE dataset_id = :d"), {"d": dataset_id}
+        ).scalar_one()
+        orphans = conn.execute(
+            text(
+                "SELECT count(*) FROM release r WHERE r.dataset_id = :d AND "
+                "(SELECT count(*) FROM ledger_entry l WHERE l.release_id = r.id) <> 1"
+            ),
+            {"d": dataset_id},
+        ).scalar_one()
+        bad_debits = conn.execute(
+            text(
+                "SELECT count(*) FROM ledger_entry l WHERE l.dataset_id = :d AND l.kind = 'debit'"
+                " AND NOT EXISTS (SELECT 1 FROM release r WHERE r.id = l.release_id"
+                "                 AND r.cost_epsilon = l.epsilon)"
+            ),
+            {"d": dataset_id},
+        ).scalar_one()
+    return {
+        "granted": Decimal(row[0]),
+        "spent": Decimal(row[1]),
+        "debits": int(row[2]),
+        "grants": int(row[3]),
+        "releases": int(releases),
+        "releases_without_one_debit": int(orphans),
+        "debits_without_release": int(bad_debits),
+    }
+
+
+# --------------------------------------------------------------------------- 1. one budget
+
+
+def test_many_processes_one_budget(cluster: ThrowawayPostgres, cluster_engine: Engine) -> None:
+    server = DpquantServer(cluster.url, ADMIN_KEY, workers=2)
+    server.start()
+    try:
+        rng = np.random.default_rng(1)
+        ds, analyst = _setup_dataset(
+            server.base_url, epsilon="1.0", values=rng.uniform(0, 100, 1000)
+        )
+        clients, stagger = 200, 0.002
+        grant_after = 70  # the grant is sent between client 70 and client 71
+
+        async def run() -> tuple[list[tuple[int, dict[str, Any], float]], int, float]:
+            limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=0)
+            async with httpx.AsyncClient(
+                base_url=server.base_url, timeout=120.0, limits=limits
+            ) as c:
+
+                async def one(i: int) -> tuple[int, dict[str, Any], float]:
+                    await asyncio.sleep(i * stagger)
+                    t0 = time.perf_counter()
+                    r = await c.post(
+                        f"/v1/datasets/{ds}/quantiles",
+                        json={"quantiles": [0.5], "epsilon": "0.01", "method": "indexp"},
+                        headers=analyst,
+                    )
+                    return r.status_code, r.json(), time.perf_counter() - t0
+
+                async def grant() -> int:
+                    await asyncio.sleep(grant_after * stagger + stagger / 2)
+                    r = await c.post(
+                        f"/v1/datasets/{ds}/grants",
+                        json={"epsilon": "0.5", "reason": "midway grant under load"},
+                        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                    )
+                    return r.status_code
+
+                t0 = time.perf_counter()
+                results = await asyncio.gather(grant(), *(one(i) for i in range(clients)))
+                elapsed = time.perf_counter() - t0
+            grant_status = results[0]
+            assert isinstance(grant_status, int)
+            return list(results[1:]), grant_status, elapsed  # type: ignore[arg-type]
+
+        results, grant_status, elapsed = asyncio.run(run())
+        statuses = Counter(status for status, _, _ in results)
+        fivexx = sum(n for s, n in statuses.items() if s >= 500)
+        latencies = sorted(lat for _, _, lat in results)
+        with httpx.Client(base_url=server.base_url, timeout=30.0) as c:
+            budget = c.get(f"/v1/datasets/{ds}/budget", headers=server.headers()).json()
+        figures = _db_figures(cluster_engine, ds)
+        report(
+            "1 many processes one budget",
+            workers=2,
+            requests=len(results),
+            successes=statuses[201],
+            conflicts_409=statuses[409],
+            fivexx=fivexx,
+            other=sum(n for s, n in statuses.items() if s not in (201, 409)),
+            grant_status=grant_status,
+            granted=budget["granted"]["epsilon"],
+            spent=budget["spent"]["epsilon"],
+            db_releases=figures["releases"],
+            db_debits=figures["debits"],
+            wall_s=f"{elapsed:.2f}",
+            p50_ms=f"{1000 * latencies[len(latencies) // 2]:.0f}",
+            max_ms=f"{1000 * latencies[-1]:.0f}",
+        )
+        assert fivexx == 0, statuses
+        assert grant_status == 201
+        assert statuses[201] == 150 and statuses[409] == 50, statuses
+        for status, body, _ in results:
+            if status == 409:
+                assert body["type"] == "budget_exhausted"
+        assert Decimal(budget["spent"]["epsilon"]) == Decimal(budget["granted"]["epsilon"])
+        assert Decimal(budget["granted"]["epsilon"]) == Decimal("1.5")
+        assert figures["spent"] == figures["granted"] == Decimal("1.5")
+        assert figures["releases"] == figures["debits"] == 150
+        assert figures["releases_without_one_debit"] == 0
+        assert figures["debits_without_release"] == 0
+        released_ids = {body["id"] for status, body, _ in results if status == 201}
+        with cluster_engine.connect() as conn:
+            stored = {
+                str(r[0])
+                for r in conn.execute(
+                    text("SELECT id FROM release WHERE dataset_id = :d"), {"d": ds}
+                )
+            }
+        assert released_ids == stored
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- 2. crash
+
+
+def _computing_backend(engine: Engine) -> tuple[int, int] | None:
+    """(backend pid, client port) of a transaction that holds a row lock and waits on its
+    client: the release transaction while the mechanism runs."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT pid, client_port FROM pg_stat_activity "
+                "WHERE state = 'idle in transaction' AND backend_xid IS NOT NULL "
+                "AND pid <> pg_backend_pid() AND datname = current_database()"
+            )
+        ).first()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def test_sigkill_mid_release_then_restart(
+    cluster: ThrowawayPostgres, cluster_engine: Engine
+) -> None:
+    server = DpquantServer(cluster.url, ADMIN_KEY, workers=2)
+    server.start()
+    n, m = 2_000_000, 199
+    body = {
+        "quantiles": [float(q) for q in np.linspace(0, 1, m + 2)[1:-1]],
+        "epsilon": "1",
+        "method": "jointexp",
+    }
+    idem = {"Idempotency-Key": "crash-" + uuid.uuid4().hex}
+    try:
+        rng = np.random.default_rng(2)
+        ds, analyst = _setup_dataset(
+            server.base_url, epsilon="10", values=rng.uniform(0, 100, n), octet=True
+        )
+        outcome: dict[str, Any] = {}
+
+        def client() -> None:
+            try:
+                r = httpx.post(
+                    f"{server.base_url}/v1/datasets/{ds}/quantiles",
+                    json=body,
+                    headers=analyst | idem,
+                    timeout=120.0,
+                )
+                outcome["status"] = r.status_code
+            except httpx.HTTPError as exc:
+                outcome["error"] = type(exc).__name__
+
+        t0 = time.perf_counter()
+        thread = threading.Thread(target=client)
+        thread.start()
+        found = None
+        deadline = time.monotonic() + 60
+        while found is None and time.monotonic() < deadline:
+            found = _computing_backend(cluster_engine)
+            time.sleep(0.02)
+        assert found is not None, "the release transaction never took its lock"
+        backend_pid, client_port = found
+        time.sleep(0.3)  # well inside the mechanism (~seconds on 2*10^6 values, m=199)
+        assert _computing_backend(cluster_engine) == found, "release finished before the kill"
+        worker = server.pid_with_local_port(client_port)
+        assert worker is not None
+        cpu = psutil.Process(worker).cpu_percent(interval=0.2)
+        psutil.Process(worker).kill()  # SIGKILL
+        killed_at = time.perf_counter() - t0
+        thread.join(timeout=60)
+        assert "error" in outcome, outcome  # the client saw the connection die, no answer
+        # PostgreSQL rolls the orphaned transaction back once the socket is gone.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with cluster_engine.connect() as conn:
+                alive = conn.execute(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                    {"p": backend_pid},
+                ).scalar_one()
+            if not alive:
+                break
+            time.sleep(0.05)
+        assert not alive
+        after_kill = _db_figures(cluster_engine, ds)
+
+        server.kill()  # then the rest of the server, and start it again
+        t1 = time.perf_counter()
+        server.start()
+        restart_s = time.perf_counter() - t1
+        after_restart = _db_figures(cluster_engine, ds)
+        with httpx.Client(base_url=server.base_url, timeout=120.0) as c:
+            budget = c.get(f"/v1/datasets/{ds}/budget", headers=server.headers()).json()
+            first = c.post(f"/v1/datasets/{ds}/quantiles", json=body, headers=analyst | idem)
+            second = c.post(f"/v1/datasets/{ds}/quantiles", json=body, headers=analyst | idem)
+            budget_end = c.get(f"/v1/datasets/{ds}/budget", headers=server.headers()).json()
+        final = _db_figures(cluster_engine, ds)
+        report(
+            "2 sigkill mid-release",
+            n=n,
+            m=m,
+            killed_after_s=f"{killed_at:.2f}",
+            worker_cpu_pct=f"{cpu:.0f}",
+            client_saw=outcome.get("error"),
+            releases_after_kill=after_kill["releases"],
+            debits_after_kill=after_kill["debits"],
+            restart_s=f"{restart_s:.1f}",
+            spent_after_restart=budget["spent"]["epsilon"],
+            retry_status=first.status_code,
+            replay_status=second.status_code,
+            replayed=second.headers.get("Idempotent-Replayed"),
+            final_releases=final["releases"],
+            final_debits=final["debits"],
+            final_spent=budget_end["spent"]["epsilon"],
+        )
+        for figures in (after_kill, after_restart):
+            assert figures["releases"] == figures["debits"] == 0
+            assert figures["spent"] == Decimal(0)
+        assert Decimal(budget["spent"]["epsilon"]) == after_restart["spent"]
+        assert first.status_code == 201, first.text
+        assert first.headers.get("Idempotent-Replayed") is None
+        assert second.status_code == 201 and second.headers.get("Idempotent-Replayed") == "true"
+        assert second.json() == first.json()
+        assert final["releases"] == final["debits"] == 1
+        assert final["releases_without_one_debit"] == final["debits_without_release"] == 0
+        assert final["spent"] == Decimal(budget_end["spent"]["epsilon"]) == Decimal(1)
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- 3. outage
+
+
+def test_database_outage_gives_503_and_recovers() -> None:
+    pg = ThrowawayPostgres()
+    connect_timeout, pool_timeout = 2, 3
+    server = DpquantServer(
+        pg.url,
+        ADMIN_KEY,
+        workers=2,
+        DPQUANT_CONNECT_TIMEOUT_S=str(connect_timeout),
+        DPQUANT_POOL_TIMEOUT_S=str(pool_timeout),
+    )
+    bound = connect_timeout + pool_timeout + 2.0  # no request may take longer than this
+    try:
+        migrate(pg.url)
+        server.start()
+        rng = np.random.default_rng(3)
+        ds, analyst = _setup_dataset(
+            server.base_url, epsilon="100", values=rng.uniform(0, 100, 1000)
+        )
+        phase = {"name": "before"}
+        log: list[dict[str, Any]] = []
+        lock = threading.Lock()
+        stop = threading.Event()
+        body = {"quantiles": [0.5], "epsilon": "0.01", "method": "indexp"}
+
+        def traffic(worker: int) -> None:
+            with httpx.Client(base_url=server.base_url, timeout=30.0) as c:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    key = f"outage-{worker}-{i}"
+                    for kind, call in (
+                        (
+                            "query",
+                            lambda key=key: c.post(
+                                f"/v1/datasets/{ds}/quantiles",
+                                json=body,
+                                headers=analyst | {"Idempotency-Key": key},
+                            ),
+                        ),
+                        ("budget", lambda: c.get(f"/v1/datasets/{ds}/budget", headers=analyst)),
+                        ("readyz", lambda: c.get("/readyz")),
+                    ):
+                        started_phase = phase["name"]
+                        t0 = time.perf_counter()
+                        try:
+                            r = call()
+                            status, payload = r.status_code, r.json()
+                        except httpx.HTTPError as exc:
+                            status, payload = -1, {"error": type(exc).__name__}
+                        entry = {
+                            "kind": kind,
+                            "key": key,
+                            "status": status,
+                            "body": payload,
+                            "latency": time.perf_counter() - t0,
+                            "phase": started_phase,
+                            "end_phase": phase["name"],
+                        }
+                        with lock:
+                            log.append(entry)
+                    time.sleep(0.02)
+
+        threads = [threading.Thread(target=traffic, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        phase["name"] = "stopping"
+        t_stop = time.perf_counter()
+        pg.stop("fast")
+        phase["name"] = "down"
+        time.sleep(4.0)
+        phase["name"] = "starting"
+        pg.start()
+        t_up = time.perf_counter()
+        phase["name"] = "up"
+        # Recovery: the first success of each kind after the restart.
+        deadline = time.monotonic() + 30
+        recovered_after = None
+        while time.monotonic() < deadline:
+            with lock:
+                ok = [
+                    e for e in log if e["phase"] == "up" and e["kind"] == "query"
+                    and e["status"] == 201
+                ]
+            if ok:
+                recovered_after = time.perf_counter() - t_up
+                break
+            time.sleep(0.05)
+        time.sleep(2.0)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+
+        down = [e for e in log if e["phase"] == "down" and e["end_phase"] == "down"]
+        statuses = Counter((e["kind"], e["status"]) for e in log)
+        fivehundreds = [e for e in log if e["status"] == 500 or e["status"] == -1]
+        max_latency = max(e["latency"] for e in log)
+        down_api = [e for e in down if e["kind"] != "readyz"]
+        down_ready = [e for e in down if e["kind"] == "readyz"]
+
+        # Retry every query that did not get a 201 with the same key and body.
+        unanswered = {e["key"] for e in log if e["kind"] == "query" and e["status"] != 201}
+        answered = {e["key"]: e["body"]["id"] for e in log if e["kind"] == "query"
+                    and e["status"] == 201}
+        replays = 0
+        with httpx.Client(base_url=server.base_url, timeout=30.0) as c:
+            for key in sorted(unanswered):
+                r = c.post(
+                    f"/v1/datasets/{ds}/quantiles",
+                    json=body,
+                    headers=analyst | {"Idempotency-Key": key},
+                )
+                assert r.status_code == 201, r.text
+                replays += r.headers.get("Idempotent-Replayed") == "true"
+                answered[key] = r.json()["id"]
+            for key, rid in answered.items():  # every key maps to one release, for good
+                r = c.post(
+                    f"/v1/datasets/{ds}/quantiles",
+                    json=body,
+                    headers=analyst | {"Idempotency-Key": key},
+                )
+                assert r.status_code == 201 and r.json()["id"] == rid
+            budget = c.get(f"/v1/datasets/{ds}/budget", headers=analyst).json()
+            ready = c.get("/readyz")
+        engine = create_engine(pg.url)
+        try:
+            figures = _db_figures(engine, ds)
+        finally:
+            engine.dispose()
+        report(
+            "3 database outage",
+            requests=len(log),
+            during_outage=len(down),
+            outage_503=sum(e["status"] == 503 for e in down),
+            status_counts=dict(sorted((f"{k}:{s}", n) for (k, s), n in statuses.items())),
+            fivexx_500_or_dropped=len(fivehundreds),
+            max_latency_s=f"{max_latency:.2f}",
+            latency_bound_s=bound,
+            stop_s=f"{t_up - t_stop:.1f}",
+            recovered_after_s=None if recovered_after is None else f"{recovered_after:.2f}",
+            retried=len(unanswered),
+            retries_replayed=replays,
+            keys=len(answered),
+            db_releases=figures["releases"],
+            db_debits=figures["debits"],
+            spent=budget["spent"]["epsilon"],
+        )
+        assert not fivehundreds, fivehundreds[:3]
+        assert set(s for _, s in statuses) <= {200, 201, 503}, statuses
+        assert len(down_api) >= 4 and len(down_ready) >= 2
+        for e in down_api:
+            assert e["status"] == 503, e
+            assert e["body"] == {
+                "type": "database_unavailable",
+                "detail": "the database is unavailable; nothing was charged",
+            }
+        for e in down_ready:
+            assert e["status"] == 503 and e["body"]["type"] == "not_ready", e
+        for e in log:
+            if e["status"] == 503:
+                assert set(e["body"]) == {"type", "detail"}
+        assert max_latency <= bound
+        assert recovered_after is not None and recovered_after < 10
+        assert ready.status_code == 200
+        # No lost and no double debit: one release and one debit per key, spent = their sum.
+        assert figures["releases"] == figures["debits"] == len(answered)
+        assert len(set(answered.values())) == len(answered)
+        assert figures["releases_without_one_debit"] == figures["debits_without_release"] == 0
+        assert figures["spent"] == Decimal("0.01") * len(answered)
+        assert Decimal(budget["spent"]["epsilon"]) == figures["spent"]
+    finally:
+        server.stop()
+        pg.destroy()
