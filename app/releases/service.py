@@ -2,13 +2,21 @@
 
 ``create_release`` keeps the ledger invariants by construction:
 
-1. Values are loaded before the lock (the expensive read happens outside the critical
-   section).
+1. Outside the lock: validate and price the query, load the values (binary fetch), refuse
+   early when the budget is already too small, run the mechanism and snap its output to the
+   public grid. Nothing computed here is visible to anyone yet.
 2. In the request's single transaction: ``SELECT ... FOR UPDATE`` on the dataset row, the
-   idempotency check, ``remaining = sum(grants) - sum(debits)``, refusal when the cost does
-   not fit, the mechanism, snapping to the public grid, then the release row and its debit.
-3. The caller commits once; any exception before that rolls everything back, so a release
-   never exists without its debit and a failed mechanism costs nothing.
+   idempotency check, ``remaining = sum(grants) - sum(debits)``, refusal (409) when the cost
+   does not fit, then the release row, its debit and the freeze mark.
+3. The caller commits once (before the response is sent); any exception before that rolls
+   everything back, so a release never exists without its debit and a failed mechanism
+   costs nothing.
+
+Sampling before the lock (rather than inside it, as DESIGN.md sketches) is equivalent for
+privacy: an estimate leaves the service only through the transaction that debits it, and
+the decision to release depends on budget figures alone. It keeps the lock, which every
+writer of the dataset's ledger must take, held only for a few statements and the commit, so
+large datasets do not serialise their mechanism runs.
 
 Because every writer of a dataset's ledger holds the row lock, the sum of debits can never
 exceed the sum of grants, whatever the number of processes.
@@ -27,7 +35,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth.deps import Principal
-from app.datasets.service import get_visible, load_values, snap_to_grid
+from app.datasets.models import Dataset
+from app.datasets.service import FloatArray, get_visible, load_values, snap_to_grid
 from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
 from app.ledger.service import Amount, add_debit, budget, price
@@ -99,71 +108,17 @@ def _find_idempotent(
     return existing
 
 
-def create_release(
-    session: Session,
-    *,
-    principal: Principal,
-    dataset_id: uuid.UUID,
-    query: QuantileQuery,
-    idempotency_key: str | None,
-    max_quantiles: int,
-) -> Outcome:
-    """Run one priced, debited, stored quantile release (see the module docstring)."""
-    get_visible(session, principal=principal, dataset_id=dataset_id)
-    if len(query.quantiles) > max_quantiles:
-        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
-    try:
-        mech = get_mechanism(query.method)
-    except MechanismInputError as exc:
-        raise invalid("body.method", exc.problem) from None
-    cost = quote(mech, query)
-    fingerprint = request_fingerprint(query)
+def _sample(
+    mech: Mechanism, query: QuantileQuery, dataset: Dataset, values: FloatArray
+) -> FloatArray:
+    """Run the mechanism and snap its output to the dataset's public grid.
 
-    if idempotency_key is not None:
-        earlier = _find_idempotent(
-            session,
-            principal=principal,
-            dataset_id=dataset_id,
-            key=idempotency_key,
-            fingerprint=fingerprint,
-        )
-        if earlier is not None:
-            return Outcome(earlier, replayed=True)
-
-    loaded = load_values(session, dataset_id=dataset_id)
-
-    # ---- critical section: the dataset row stays locked until the caller commits.
-    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
-    if idempotency_key is not None:
-        earlier = _find_idempotent(
-            session,
-            principal=principal,
-            dataset_id=dataset_id,
-            key=idempotency_key,
-            fingerprint=fingerprint,
-        )
-        if earlier is not None:
-            return Outcome(earlier, replayed=True)
-    if loaded is None or loaded[0] != dataset.data_version:
-        loaded = load_values(session, dataset_id=dataset_id)  # values replaced meanwhile
-    if loaded is None:
-        raise DpquantError(409, "no_values", "this dataset has no values yet")
-
-    remaining = budget(session, dataset_id=dataset_id).remaining
-    if not remaining.covers(cost):
-        raise DpquantError(
-            409,
-            "budget_exhausted",
-            "the query costs more than the remaining budget",
-            extra={
-                "requested": AmountPublic.of(cost).model_dump(mode="json"),
-                "remaining": AmountPublic.of(remaining).model_dump(mode="json"),
-            },
-        )
-
+    The result is not released by this function: it only leaves the service if the locked
+    transaction that debits its cost commits.
+    """
     try:
         raw = mech.run(
-            loaded[1],
+            values,
             query.quantiles,
             epsilon=float(query.epsilon),
             delta=None if query.delta is None else float(query.delta),
@@ -187,6 +142,78 @@ def create_release(
         raise DpquantError(
             503, "mechanism_unavailable", "the mechanism failed; nothing was charged"
         )
+    return estimates
+
+
+def _refuse_if_unaffordable(remaining: Amount, cost: Amount) -> None:
+    if not remaining.covers(cost):
+        raise DpquantError(
+            409,
+            "budget_exhausted",
+            "the query costs more than the remaining budget",
+            extra={
+                "requested": AmountPublic.of(cost).model_dump(mode="json"),
+                "remaining": AmountPublic.of(remaining).model_dump(mode="json"),
+            },
+        )
+
+
+def create_release(
+    session: Session,
+    *,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    query: QuantileQuery,
+    idempotency_key: str | None,
+    max_quantiles: int,
+) -> Outcome:
+    """Run one priced, debited, stored quantile release (see the module docstring)."""
+    dataset = get_visible(session, principal=principal, dataset_id=dataset_id)
+    if len(query.quantiles) > max_quantiles:
+        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
+    try:
+        mech = get_mechanism(query.method)
+    except MechanismInputError as exc:
+        raise invalid("body.method", exc.problem) from None
+    cost = quote(mech, query)
+    fingerprint = request_fingerprint(query)
+
+    def replay() -> Release | None:
+        if idempotency_key is None:
+            return None
+        return _find_idempotent(
+            session,
+            principal=principal,
+            dataset_id=dataset_id,
+            key=idempotency_key,
+            fingerprint=fingerprint,
+        )
+
+    earlier = replay()
+    if earlier is not None:
+        return Outcome(earlier, replayed=True)
+
+    # ---- outside the lock: load the values, pre-check the budget, sample.
+    loaded = load_values(session, dataset_id=dataset_id)
+    if loaded is None:
+        raise DpquantError(409, "no_values", "this dataset has no values yet")
+    _refuse_if_unaffordable(budget(session, dataset_id=dataset_id).remaining, cost)
+    estimates = _sample(mech, query, dataset, loaded[1])
+
+    # ---- critical section: the dataset row stays locked until the caller commits.
+    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    earlier = replay()
+    if earlier is not None:
+        return Outcome(earlier, replayed=True)
+    if loaded[0] != dataset.data_version:
+        # Values were replaced between the read and the lock (only possible before the
+        # first release): sample again from the current values.
+        loaded = load_values(session, dataset_id=dataset_id)
+        if loaded is None:
+            raise DpquantError(409, "no_values", "this dataset has no values yet")
+        estimates = _sample(mech, query, dataset, loaded[1])
+    remaining = budget(session, dataset_id=dataset_id).remaining
+    _refuse_if_unaffordable(remaining, cost)
 
     now = datetime.now(UTC)
     after = remaining.minus(cost)
