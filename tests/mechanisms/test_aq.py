@@ -197,6 +197,32 @@ def test_fast_weights_are_exact_to_2_pow_minus_50() -> None:
         assert np.all(want[outside] <= 2.0**-90)
 
 
+def test_node_pick_inverse_cdf_matches_reference() -> None:
+    rng = np.random.default_rng(12)
+    # Ties, clamped points at both ends, and more than 64 intervals (several blocks).
+    raw = np.concatenate(([-9.0, -9.0], np.round(rng.uniform(0, 3, size=300), 1), [9.0]))
+    edges = prepare(raw, [0.5], epsilon=1.0, lower=0.0, upper=3.0, neighbors="swap").edges
+    n = edges.size - 2
+    buf = np.empty(n + 1)
+    for c in (1e-4, 0.05, 2.0):
+        target = 0.37 * n
+        w = exact_weights(edges, 1, n + 1, 0.0, 3.0, target, c)
+        cdf = np.cumsum(w) / w.sum()
+        positive = np.flatnonzero(w > 0)
+        assert aqmod._node_pick(edges, 1, n + 1, 0.0, 3.0, target, c, 0.0, buf) == positive[0]
+        # The largest uniform lands on a positive weight at the top of the CDF (weights below
+        # 2**-53 of the total are beyond the reach of one double uniform, as everywhere).
+        top_u = float(np.nextafter(1.0, 0.0))
+        got = aqmod._node_pick(edges, 1, n + 1, 0.0, 3.0, target, c, top_u, buf)
+        assert w[got] > 0 and cdf[got] >= top_u - 1e-12
+        for u in rng.uniform(size=300):
+            want = int(np.searchsorted(cdf, u, side="right"))
+            if min(abs(cdf[max(want - 1, 0)] - u), abs(cdf[min(want, n)] - u)) < 1e-12:
+                continue  # too close to a boundary for a float comparison
+            got = aqmod._node_pick(edges, 1, n + 1, 0.0, 3.0, target, c, float(u), buf)
+            assert got == want and w[got] > 0
+
+
 # --------------------------------------------------------------------- privacy of the release
 
 
