@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Sequence
@@ -23,12 +24,17 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    for noisy in ("pgserver", "alembic.runtime.plugins"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _write(text: str) -> None:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def _exit_normally(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -56,6 +62,11 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         "admin key: set DPQUANT_BOOTSTRAP_ADMIN_KEY before starting, or run "
         "`dpquant create-key --role admin`"
     )
+    # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, through whatever handler
+    # was installed before it started. Ours turns it into a normal exit so that atexit hooks
+    # run and the embedded PostgreSQL is stopped with the last process that uses it.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_normally)
     uvicorn.run(
         "app.main:create_app",
         factory=True,

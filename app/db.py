@@ -9,6 +9,7 @@ response instead of a success that was never stored.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,7 +64,10 @@ def start_embedded_postgres(data_dir: Path) -> str:
 
     The server keeps running while any process holding a handle lives (pgserver tracks them).
     """
-    import pgserver
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); harmless here.
+        warnings.simplefilter("ignore")
+        import pgserver
 
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
