@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -160,6 +161,27 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _git_state() -> dict[str, str]:
+    """Commit of the source tree and whether app/mechanisms differs from it (best effort)."""
+    root = Path(__file__).resolve().parents[2]
+    out: dict[str, str] = {}
+    try:
+        out["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "app/mechanisms"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        out["mechanisms_uncommitted_changes"] = "yes" if dirty else "no"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dpquant experiments`` and ``python -m app.experiments``.
 
@@ -189,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from app.experiments.runner import build_tasks
 
     total = sum(t.calls(cfg) for t in build_tasks(cfg, scaling=scaling))
+    load_before = os.getloadavg()
     start = time.perf_counter()
     with tqdm(
         total=total, unit="call", disable=args.no_progress, dynamic_ncols=True, file=sys.stderr
@@ -229,8 +252,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "quick": bool(args.quick),
         "wall_seconds": round(wall, 2),
         "cpu_count": os.cpu_count(),
+        # Other processes on the machine inflate timings; the 1-minute load average before and
+        # after the run tells a reader how busy it was.
+        "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
         "platform": platform.platform(),
         "versions": _versions(),
+        **_git_state(),
         "failed_calls": len(failures),
         "argv": list(argv) if argv is not None else sys.argv[1:],
     }

@@ -153,10 +153,10 @@ class Claim:
     holds: bool | None  # None: not computable from this run
 
 
-def _fmt(x: float) -> str:
+def _fmt(x: float, digits: int = 3) -> str:
     if not math.isfinite(x):
         return "n/a"
-    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+    return f"{x:.{digits}g}" if abs(x) < 10**digits else f"{x:.0f}"
 
 
 class _Lookup:
@@ -177,7 +177,8 @@ class _Lookup:
 
     def pm(self, dataset: str, method: str, eps: float, m: int) -> str:
         """``mean±SE`` of one cell."""
-        return f"{_fmt(self.err(dataset, method, eps, m))}±{_fmt(self.se(dataset, method, eps, m))}"
+        mean, se = self.err(dataset, method, eps, m), self.se(dataset, method, eps, m)
+        return f"{_fmt(mean)}±{_fmt(se, 2)}"
 
     def ratio(self, dataset: str, num: str, den: str, eps: float, m: int) -> tuple[float, float]:
         """err(num) / err(den) and its delta-method standard error."""
@@ -228,7 +229,8 @@ def evaluate_claims(summary: Sequence[Row], timing: Sequence[Row] | None = None)
             Claim(
                 f"(a) {d}",
                 "≤ 10 per quantile for all m ≤ 20",
-                f"max over m ≤ 20 = {_fmt(worst)} (at m={m_worst}; {len(vals)} m values)",
+                f"max over m ≤ 20 = {t.pm(d, 'jointexp', 1.0, m_worst)} (at m={m_worst}; "
+                f"{len(vals)} m values)",
                 worst <= 10.0,
             )
         )
@@ -246,7 +248,7 @@ def evaluate_claims(summary: Sequence[Row], timing: Sequence[Row] | None = None)
             ratio, ratio_se = t.ratio(d, "indexp", "jointexp", 1.0, m)
             ok = math.isfinite(ratio)
             text = (
-                f"{_fmt(ratio)}±{_fmt(ratio_se)}× (IndExp {t.pm(d, 'indexp', 1.0, m)} vs "
+                f"{_fmt(ratio)}±{_fmt(ratio_se, 2)}× (IndExp {t.pm(d, 'indexp', 1.0, m)} vs "
                 f"JointExp {t.pm(d, 'jointexp', 1.0, m)})"
             )
             claims.append(
@@ -306,7 +308,7 @@ def _ratio_claim(
     if not math.isfinite(ratio):
         return Claim(key, f"JointExp {paper} better than best competitor", "n/a", None)
     text = (
-        f"{_fmt(ratio)}±{_fmt(ratio_se)}× (best of paper's: {best} {t.pm(d, best, eps, m)} "
+        f"{_fmt(ratio)}±{_fmt(ratio_se, 2)}× (best of paper's: {best} {t.pm(d, best, eps, m)} "
         f"vs JointExp {t.pm(d, 'jointexp', eps, m)})"
     )
     xbest, _ = t.best_other(d, eps, m, extra)
