@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from app.auth.deps import AdminDep, ReaderDep
 from app.datasets.service import get_visible
 from app.db import SessionDep
-from app.errors import error_responses
+from app.errors import error_responses, not_found
 from app.ledger import service
 from app.ledger.schemas import BudgetPublic, GrantCreate, LedgerEntryPublic, LedgerPage
 from app.ops.http import DecimalJSONRoute, conditional_json, decode_cursor, encode_cursor
@@ -28,8 +28,9 @@ def get_budget(
     dataset_id: uuid.UUID, request: Request, session: SessionDep, principal: ReaderDep
 ) -> Response:
     """Granted, spent and remaining (epsilon, delta); ``spent`` is the sum of the debits."""
-    get_visible(session, principal=principal, dataset_id=dataset_id)
-    figures = service.budget(session, dataset_id=dataset_id)
+    figures = service.find_budget(session, dataset_id=dataset_id)
+    if figures is None or not principal.can_see(dataset_id):
+        raise not_found("dataset")
     return conditional_json(request, BudgetPublic.of(dataset_id, figures))
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql import ColumnElement
 
+from app.datasets.models import Dataset
 from app.ledger.models import LedgerEntry
 
 #: Costs computed in floating point (e.g. a zCDP conversion) are rounded UP to this quantum.
@@ -54,22 +55,39 @@ class Budget:
         return self.granted.minus(self.spent)
 
 
-def budget(session: Session, *, dataset_id: uuid.UUID) -> Budget:
-    """Sum the dataset's ledger rows (call with the dataset row locked to get a stable answer)."""
+def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
+    """Sum the dataset's ledger rows in one statement; None when the dataset does not exist.
+
+    Call with the dataset row locked to get an answer that cannot change before commit.
+    """
 
     def total(column: InstrumentedAttribute[Decimal], kind: str) -> ColumnElement[Decimal]:
         return func.coalesce(func.sum(column).filter(LedgerEntry.kind == kind), 0)
 
     row = session.execute(
         select(
+            Dataset.id,
             total(LedgerEntry.epsilon, "grant"),
             total(LedgerEntry.delta, "grant"),
             total(LedgerEntry.epsilon, "debit"),
             total(LedgerEntry.delta, "debit"),
-        ).where(LedgerEntry.dataset_id == dataset_id)
-    ).one()
-    ge, gd, se, sd = (Decimal(v) for v in row)
-    return Budget(granted=Amount(ge, gd), spent=Amount(se, sd))
+        )
+        .outerjoin(LedgerEntry, LedgerEntry.dataset_id == Dataset.id)
+        .where(Dataset.id == dataset_id)
+        .group_by(Dataset.id)
+    ).first()
+    if row is None:
+        return None
+    _, ge, gd, se, sd = row
+    return Budget(granted=Amount(Decimal(ge), Decimal(gd)), spent=Amount(Decimal(se), Decimal(sd)))
+
+
+def budget(session: Session, *, dataset_id: uuid.UUID) -> Budget:
+    """Like :func:`find_budget` for a dataset known to exist."""
+    found = find_budget(session, dataset_id=dataset_id)
+    if found is None:
+        raise LookupError("dataset does not exist")
+    return found
 
 
 def price(requested: Decimal | None, computed: float) -> Decimal:
