@@ -24,6 +24,7 @@ from app.config import Settings
 from app.datasets.router import router as datasets_router
 from app.db import head_revisions, make_engine, redact_url, resolve_database_url, upgrade_database
 from app.errors import install_error_handlers
+from app.guard import GuardMiddleware
 from app.ledger.router import router as ledger_router
 from app.ops.router import router as ops_router
 from app.ratelimit import RateLimitMiddleware
@@ -89,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(releases_router)
     app.include_router(keys_router)
     # Hardening (issue 5): admission control against thread/connection-pool starvation,
-    # then (outermost) the per-key rate limit; see app/concurrency.py and app/ratelimit.py.
+    # then the per-key rate limit; see app/concurrency.py and app/ratelimit.py.
     settings = app.state.settings
     app.add_middleware(
         AdmissionMiddleware,
@@ -102,4 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             per_minute=settings.rate_limit_per_minute,
             burst=settings.rate_limit_burst,
         )
+    # Outermost of ours: escaped exceptions become a JSON 503 without a logged message and
+    # without closing the connection (app/guard.py).
+    app.add_middleware(GuardMiddleware)
     return app
