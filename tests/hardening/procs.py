@@ -10,6 +10,7 @@ its own process group against a given database URL, and can kill it with SIGKILL
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -118,9 +119,7 @@ class ThrowawayPostgres:
 class DpquantServer:
     """``dpquant serve`` with N workers on 127.0.0.1 in its own process group."""
 
-    def __init__(
-        self, database_url: str, admin_key: str, *, workers: int = 2, **env: str
-    ) -> None:
+    def __init__(self, database_url: str, admin_key: str, *, workers: int = 2, **env: str) -> None:
         self.database_url = database_url
         self.admin_key = admin_key
         self.workers = workers
@@ -207,10 +206,8 @@ class DpquantServer:
         """SIGKILL the whole process group (master and workers)."""
         if self.proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=10)
         self.proc = None
 

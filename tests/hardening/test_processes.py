@@ -5,9 +5,9 @@
   exactly 150 successes, 50 x 409, spent == granted, one debit and one release per success,
   no 5xx.
 * ``test_sigkill_mid_release_then_restart`` — SIGKILL the worker while it runs a JointExp
-  release on 2*10^6 values (detected from PostgreSQL: its transaction holds the dataset's
-  row lock), restart the server: nothing was debited or stored; the client's retry with the
-  same Idempotency-Key completes exactly once.
+  release on 2*10^6 values (detected from PostgreSQL: its transaction has read the budget
+  and waits on its client; the worker burns CPU), restart the server: nothing was debited
+  or stored; the client's retry with the same Idempotency-Key completes exactly once.
 * ``test_database_outage_gives_503_and_recovers`` — stop the cluster under traffic: 503
   ``database_unavailable`` within the configured timeouts, /readyz 503, automatic recovery
   after the restart, every Idempotency-Key debited exactly once after retries.
@@ -235,13 +235,16 @@ def test_many_processes_one_budget(cluster: ThrowawayPostgres, cluster_engine: E
 
 
 def _computing_backend(engine: Engine) -> tuple[int, int] | None:
-    """(backend pid, client port) of a transaction that holds a row lock and waits on its
-    client: the release transaction while the mechanism runs."""
+    """(backend pid, client port) of a release transaction while its mechanism runs.
+
+    The release transaction reads the budget (its last statement is the ledger sum) and then
+    samples, leaving its connection idle in transaction for the duration of the mechanism.
+    """
     with engine.connect() as conn:
         row = conn.execute(
             text(
                 "SELECT pid, client_port FROM pg_stat_activity "
-                "WHERE state = 'idle in transaction' AND backend_xid IS NOT NULL "
+                "WHERE state = 'idle in transaction' AND query LIKE '%sum(ledger_entry.epsilon)%' "
                 "AND pid <> pg_backend_pid() AND datname = current_database()"
             )
         ).first()
@@ -294,6 +297,8 @@ def test_sigkill_mid_release_then_restart(
         worker = server.pid_with_local_port(client_port)
         assert worker is not None
         cpu = psutil.Process(worker).cpu_percent(interval=0.2)
+        assert cpu > 50, "the worker is not computing"
+        assert _computing_backend(cluster_engine) == found
         psutil.Process(worker).kill()  # SIGKILL
         killed_at = time.perf_counter() - t0
         thread.join(timeout=60)
@@ -440,8 +445,9 @@ def test_database_outage_gives_503_and_recovers() -> None:
         while time.monotonic() < deadline:
             with lock:
                 ok = [
-                    e for e in log if e["phase"] == "up" and e["kind"] == "query"
-                    and e["status"] == 201
+                    e
+                    for e in log
+                    if e["phase"] == "up" and e["kind"] == "query" and e["status"] == 201
                 ]
             if ok:
                 recovered_after = time.perf_counter() - t_up
@@ -461,8 +467,9 @@ def test_database_outage_gives_503_and_recovers() -> None:
 
         # Retry every query that did not get a 201 with the same key and body.
         unanswered = {e["key"] for e in log if e["kind"] == "query" and e["status"] != 201}
-        answered = {e["key"]: e["body"]["id"] for e in log if e["kind"] == "query"
-                    and e["status"] == 201}
+        answered = {
+            e["key"]: e["body"]["id"] for e in log if e["kind"] == "query" and e["status"] == 201
+        }
         replays = 0
         with httpx.Client(base_url=server.base_url, timeout=30.0) as c:
             for key in sorted(unanswered):
