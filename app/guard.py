@@ -91,3 +91,26 @@ class GuardMiddleware:
                 }
             )
             await send({"type": "http.response.body", "body": payload})
+
+
+class _HideResultRows(logging.Filter):
+    """Redact the result rows SQLAlchemy logs at DEBUG (a row may be a dataset's values)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Row %r":
+            record.args = ("[result row hidden: it may hold data values]",)
+        return True
+
+
+_ROW_FILTER = _HideResultRows()
+
+
+def hide_result_rows() -> None:
+    """Install the redaction on SQLAlchemy's engine logger (idempotent).
+
+    Together with ``create_engine(hide_parameters=True)`` (which hides statement parameters
+    in logs and in exception messages) no stored value reaches a log at any level.
+    """
+    engine_logger = logging.getLogger("sqlalchemy.engine.Engine")
+    if _ROW_FILTER not in engine_logger.filters:
+        engine_logger.addFilter(_ROW_FILTER)
