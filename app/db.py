@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.config import Settings
+from app.guard import hide_result_rows
 
 logger = logging.getLogger(__name__)
 
@@ -87,14 +88,19 @@ def resolve_database_url(settings: Settings) -> tuple[str, bool]:
 
 
 def make_engine(url: str, settings: Settings) -> Engine:
-    """An engine with a bounded pool and pre-ping so restarts of PostgreSQL are survived."""
+    """An engine with a bounded pool, pre-ping (survives PostgreSQL restarts) and hidden
+    statement parameters (never a data value in a log line or an exception message)."""
     connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout_s}
+    hide_result_rows()  # issue 5: no data value in logs, even with SQL logging at DEBUG
     return create_engine(
         normalize_url(url),
+        hide_parameters=True,
         pool_size=settings.pool_size,
         max_overflow=settings.max_overflow,
         pool_timeout=settings.pool_timeout_s,
         pool_pre_ping=True,
+        # Statement parameters may be data values: keep them out of logs and error messages.
+        hide_parameters=True,
         connect_args=connect_args,
     )
 
