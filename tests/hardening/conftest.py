@@ -36,6 +36,25 @@ from app.main import create_app
 ADMIN_KEY = "dpq_hardening-admin-" + secrets.token_urlsafe(32)
 
 
+#: Measured figures of the hardening tests, printed in the terminal summary (so they show in
+#: CI output without ``-s``).
+FIGURES: list[str] = []
+
+
+def report(title: str, **figures: Any) -> None:
+    """Record (and print) one line of measured figures."""
+    line = f"[hardening] {title}: " + " ".join(f"{k}={v}" for k, v in figures.items())
+    FIGURES.append(line)
+    print("\n" + line, flush=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FIGURES:
+        terminalreporter.section("hardening figures (issue 5)")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

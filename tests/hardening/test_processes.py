@@ -33,17 +33,12 @@ import psutil
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
+from .conftest import report
 from .procs import DpquantServer, ThrowawayPostgres, migrate
 
 pytestmark = pytest.mark.processes
 
 ADMIN_KEY = "dpq_proc-admin-" + secrets.token_urlsafe(32)
-
-
-def report(title: str, **figures: Any) -> None:
-    """Print measured figures in one greppable line (shown in CI output with -s / -rA)."""
-    parts = " ".join(f"{k}={v}" for k, v in figures.items())
-    print(f"\n[hardening] {title}: {parts}", flush=True)
 
 
 @pytest.fixture(scope="module")
