@@ -99,8 +99,6 @@ def make_engine(url: str, settings: Settings) -> Engine:
         max_overflow=settings.max_overflow,
         pool_timeout=settings.pool_timeout_s,
         pool_pre_ping=True,
-        # Statement parameters may be data values: keep them out of logs and error messages.
-        hide_parameters=True,
         connect_args=connect_args,
     )
 
