@@ -148,42 +148,70 @@ def exp_normalise(lx: np.ndarray, out: np.ndarray) -> float:
 
 
 @numba.njit(cache=True, nogil=True)
-def transition_log(lT: np.ndarray, nj: float, c: float, lS: np.ndarray) -> None:
-    """Log-space twin of :func:`transition_linear` (exact for any dynamic range)."""
-    n1 = lT.size
+def transition_log(
+    lT: np.ndarray,
+    lo: int,
+    logw: np.ndarray,
+    suf_logw: np.ndarray,
+    nj: float,
+    c: float,
+    keep: float,
+    lP: np.ndarray,
+    lS: np.ndarray,
+) -> tuple[int, float]:
+    """Log-space twin of :func:`transition_linear` (exact for any dynamic range).
+
+    ``lT`` holds log weights at global indices ``lo + u`` (``-inf`` outside). Writes
+    ``lS[v] = logw[lo + v] + log sum_{u < v} exp(lT[u]) r**|v - u - nj|`` and returns
+    ``(count, max)``. Once the window has passed the row, values only fall (by ``c`` per step,
+    times the widths ahead, bounded by ``suf_logw``, the suffix maximum of ``logw``); the loop
+    stops when none of them can come within ``keep`` of the running maximum.
+    """
+    nT = lT.size
+    n_out = min(lS.size, logw.size - lo)
     L = int(math.floor(nj))
     f = nj - L
     lr = -c
-    lP = np.empty(n1)
     if L >= 1:
-        for t in range(n1 - 1, -1, -1):
-            if (t + 1) % L == 0 or t == n1 - 1:
-                lP[t] = lT[t]
-            else:
-                lP[t] = _lae(lT[t], lr + lP[t + 1])
+        bt = (nT - 1) % L
+        acc = NEG_INF
+        for t in range(nT - 1, -1, -1):
+            acc = lT[t] if bt == L - 1 or t == nT - 1 else _lae(lT[t], lr + acc)
+            lP[t] = acc
+            bt = L - 1 if bt == 0 else bt - 1
+    top = NEG_INF
     lC = NEG_INF
     lQ = NEG_INF
+    bq = 0
+    bt = 0
     lS[0] = NEG_INF
-    for i in range(1, n1):
-        acc = NEG_INF
-        if L >= 1:
-            u = i - 1
-            lQ = lT[u] if u % L == 0 else _lae(lQ, lT[u] + lr * (u % L))
-            t = i - L
+    count = 1
+    for v in range(1, n_out):
+        a = NEG_INF
+        if L >= 1 and v <= nT - 1 + L:
+            u = v - 1
+            tu = lT[u] if u < nT else NEG_INF
+            lQ = tu if bq == 0 else _lae(lQ, tu + lr * bq)
+            bq = 0 if bq == L - 1 else bq + 1
+            t = v - L
             if t >= 0:
-                if t % L == 0:
-                    lW = lP[t]
-                else:
-                    nxt = (t // L + 1) * L
-                    lW = _lae(lP[t], lr * (nxt - t) + lQ)
+                lW = lP[t] if bt == 0 else _lae(lP[t], lr * (L - bt) + lQ)
+                bt = 0 if bt == L - 1 else bt + 1
             else:
                 lW = lr * (-t) + lQ
-            acc = lr * f + lW
-        tb = i - L - 1
+            a = lr * f + lW
+        tb = v - L - 1
         if tb >= 0:
-            lC = _lae(lT[tb], lr + lC)
-            acc = _lae(acc, lr * (1.0 - f) + lC)
-        lS[i] = acc
+            lC = _lae(lT[tb] if tb < nT else NEG_INF, lr + lC)
+            a = _lae(a, lr * (1.0 - f) + lC)
+        val = logw[lo + v] + a
+        lS[v] = val
+        if val > top:
+            top = val
+        count = v + 1
+        if tb >= nT - 1 and lr * (1.0 - f) + lC + suf_logw[lo + v] < top - keep:
+            break
+    return count, top
 
 
 # --------------------------------------------------------------------------- backward draws

@@ -56,6 +56,8 @@ from app.mechanisms.base import (
 
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
 GUARD = 2.0**-100  # linear-space rows whose max falls below this trigger the log-space pass
+LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
+GUARD_MARGIN = 640.0  # a row may fall at most keep - margin e-folds below the previous one
 MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
 
 
@@ -79,6 +81,10 @@ class _LinearGuardTripped(Exception):
     """A linear-space row lost too much range; the log-space pass must be used."""
 
 
+class _LogGuardTripped(Exception):
+    """A log-space row fell further than its kept range allows; keep more and start over."""
+
+
 @dataclass(frozen=True)
 class _Row:
     """One forward row: ``levels[k - 1, v]`` is alpha(j, lo + v, k) (linear) or its log.
@@ -97,7 +103,7 @@ class _Row:
         return int(self.levels.nbytes)
 
 
-def _span(total: FloatArray) -> tuple[int, int]:
+def _span(total: NDArray[np.float64] | NDArray[np.bool_]) -> tuple[int, int]:
     nz = np.flatnonzero(total)
     return int(nz[0]), int(nz[-1]) + 1
 
@@ -113,8 +119,11 @@ class _Forward:
         *,
         log_space: bool,
         budget: int,
+        keep: float = LOG_KEEP,
     ) -> None:
         self.logw = logw
+        self.keep = keep
+        self.suf_logw = np.maximum.accumulate(logw[::-1])[::-1].copy()
         self.gaps = gaps
         self.c = c
         self.log_space = log_space
@@ -137,7 +146,8 @@ class _Forward:
         K.first_row_log(self.logw, float(self.gaps[0]), self.c, lrow)
         if self.log_space:
             lrow -= lrow.max()
-            return _Row(0, lrow.reshape(1, -1), 1.0)
+            a, b = _span(lrow >= -self.keep)
+            return _Row(a, lrow[a:b].reshape(1, -1).copy(), 1.0)
         row = np.empty(self.n1)
         K.exp_normalise(lrow, row)
         a, b = _span(row)
@@ -187,27 +197,56 @@ class _Forward:
         return _Row(prev.lo + a, np.ascontiguousarray(out[:, a:b]), top)
 
     def _step_log(self, prev: _Row, j: int) -> _Row:
+        """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
+
+        The same rule as the linear pass (which drops what underflows, ~708 e-folds down,
+        and insists that no row falls more than 69 e-folds below the previous one), with a
+        range of ``keep`` e-folds and the same 640 e-fold margin.
+        """
         nj = float(self.gaps[j - 1])
         lev = prev.levels
         ltotal = lev[0] if lev.shape[0] == 1 else np.logaddexp.reduce(lev, axis=0)
-        ls = np.empty(self.n1)
-        K.transition_log(ltotal, nj, self.c, ls)
-        l1 = ls + self.logw
-        levels = [l1]
+        n_t = ltotal.size
+        ls = np.empty(self.n1 - prev.lo)
+        count, top = K.transition_log(
+            ltotal,
+            prev.lo,
+            self.logw,
+            self.suf_logw,
+            nj,
+            self.c,
+            self.keep,
+            np.empty(n_t),
+            ls,
+        )
+        l1 = ls[:count]
+        lw_here = self.logw[prev.lo : prev.lo + n_t]
         lstay = -self.c * nj
-        lfloor = l1 + math.log(PRUNE)
+        lfloor = l1[:n_t] + math.log(PRUNE)
+        repeats: list[FloatArray] = []
         for k in range(lev.shape[0]):
-            cand = lev[k] + self.logw + (lstay - math.log(k + 2))
+            cand = lev[k] + lw_here + (lstay - math.log(k + 2))
             cand[cand < lfloor] = -np.inf
-            levels.append(cand)
-        while len(levels) > 1 and not np.any(levels[-1] > -np.inf):
-            levels.pop()
-        out = np.vstack(levels) if len(levels) > 1 else l1.reshape(1, -1)
-        top = float(np.max(out))
+            repeats.append(cand)
+        while repeats and not np.any(repeats[-1] > -np.inf):
+            repeats.pop()
+        if repeats:
+            out = np.full((1 + len(repeats), count), -np.inf)
+            out[0] = l1
+            for k, cand in enumerate(repeats):
+                out[k + 1, :n_t] = cand
+            tot = np.logaddexp.reduce(out, axis=0)
+            top = float(tot.max())
+        else:
+            out = l1.reshape(1, -1)
+            tot = l1
         if not math.isfinite(top):
             raise FloatingPointError("JointExp: a forward row has no mass")
-        out -= top
-        return _Row(0, out, 1.0)
+        if top < -(self.keep - GUARD_MARGIN):
+            raise _LogGuardTripped
+        a, b = _span(tot >= top - self.keep)
+        out = out[:, a:b] - top
+        return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0)
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -286,6 +325,18 @@ def _draw_block(
     return row.lo + pick % count, pick // count + 1
 
 
+def _run_log_space(logw: FloatArray, gaps: FloatArray, c: float, budget: int) -> _Forward:
+    """Forward pass in log space, widening the kept range until no row outruns it."""
+    keep = LOG_KEEP
+    while True:
+        fwd = _Forward(logw, gaps, c, log_space=True, budget=budget, keep=keep)
+        try:
+            fwd.run()
+            return fwd
+        except _LogGuardTripped:
+            keep = keep * 4.0 if keep < 1e6 else math.inf  # inf: dense, nothing dropped
+
+
 def sample_interval_sequence(
     logw: FloatArray,
     gaps: FloatArray,
@@ -309,12 +360,14 @@ def sample_interval_sequence(
     logw = logw - float(np.max(logw))
     n = logw.size - 1
     m = gaps.size - 1
-    fwd = _Forward(logw, gaps, c, log_space=force_log_space, budget=budget)
-    try:
-        fwd.run()
-    except _LinearGuardTripped:
-        fwd = _Forward(logw, gaps, c, log_space=True, budget=budget)
-        fwd.run()
+    if force_log_space:
+        fwd = _run_log_space(logw, gaps, c, budget)
+    else:
+        fwd = _Forward(logw, gaps, c, log_space=False, budget=budget)
+        try:
+            fwd.run()
+        except _LinearGuardTripped:
+            fwd = _run_log_space(logw, gaps, c, budget)
     seq = np.empty(m, dtype=np.int64)
     j, i_end, d_ref = m, n + 1, n
     while j > 0:

@@ -273,3 +273,23 @@ def test_stable_across_the_epsilon_range(eps: float, neighbors: str) -> None:
     if eps >= 10.0:  # with a large budget the estimates sit on the true quantiles
         true = np.quantile(np.clip(x, -50, 50), q)
         assert np.max(np.abs(out - true)) < 0.1
+
+
+def test_trimmed_log_rows_equal_dense_log_rows_where_it_matters() -> None:
+    """Keeping only `keep` e-folds per row changes no kept weight beyond rounding."""
+    from app.mechanisms.jointexp import _run_log_space
+
+    rng = np.random.default_rng(17)
+    x = np.concatenate([rng.normal(size=4000), np.full(400, 1e9)])  # clamped top run
+    q = np.array([0.3, 0.6, 0.92, 0.95, 0.97, 0.99])
+    edges = edges_for(list(x), -5.0, 5.0)
+    with np.errstate(divide="ignore"):
+        logw = np.log(np.diff(edges) / np.diff(edges).max())
+    gaps = quantile_gaps(q, x.size)
+    trimmed = _run_log_space(logw, gaps, 0.25, 1 << 30)
+    dense = _Forward(logw, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    dense.run()
+    assert trimmed.keep < math.inf
+    for j in range(1, q.size + 1):
+        assert trimmed.get(j).levels.shape[1] < x.size  # rows really are trimmed
+        np.testing.assert_allclose(trimmed.dense_total(j), dense.dense_total(j), atol=1e-13)
