@@ -43,7 +43,15 @@ class Settings(BaseSettings):
     )
     max_values: int = Field(default=10_000_000, gt=0, description="Most values per dataset.")
     max_quantiles: int = Field(default=1000, gt=0, description="Most quantiles per query.")
+    max_body_bytes: int = Field(
+        default=1024 * 1024, gt=0, description="Largest request body except value uploads."
+    )
     max_page_size: int = Field(default=500, gt=0, description="Largest `limit` of list pages.")
+    values_cache_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        description="Per-process cache of loaded dataset values (bytes; 0 = off).",
+    )
     min_release_ms: int = Field(
         default=0, ge=0, description="Pad release responses to at least this many ms (0 = off)."
     )

@@ -19,9 +19,11 @@ from starlette.concurrency import run_in_threadpool
 from app import __version__
 from app.auth.router import router as keys_router
 from app.auth.service import ensure_bootstrap_key
+from app.bodylimit import BodyLimitMiddleware
 from app.concurrency import AdmissionMiddleware
 from app.config import Settings
 from app.datasets.router import router as datasets_router
+from app.datasets.service import VALUES_CACHE
 from app.db import head_revisions, make_engine, redact_url, resolve_database_url, upgrade_database
 from app.errors import install_error_handlers
 from app.guard import GuardMiddleware
@@ -49,6 +51,7 @@ def operation_id(route: APIRoute) -> str:
 
 def _start(app: FastAPI) -> None:
     settings: Settings = app.state.settings
+    VALUES_CACHE.max_bytes = settings.values_cache_bytes
     url, embedded = resolve_database_url(settings)
     if embedded:
         upgrade_database(url)
@@ -90,13 +93,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(releases_router)
     app.include_router(keys_router)
     # Hardening (issue 5): admission control against thread/connection-pool starvation,
-    # then the per-key rate limit; see app/concurrency.py and app/ratelimit.py.
+    # the request body limit, then the per-key rate limit (app/concurrency.py,
+    # app/bodylimit.py, app/ratelimit.py).
     settings = app.state.settings
     app.add_middleware(
         AdmissionMiddleware,
         connections=settings.pool_size + settings.max_overflow,
         queue_timeout_s=settings.pool_timeout_s,
     )
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     if settings.rate_limit_per_minute > 0:
         app.add_middleware(
             RateLimitMiddleware,

@@ -217,3 +217,23 @@ def test_unknown_dataset_is_404(client: TestClient) -> None:
     assert r.status_code == 404
     assert r.json() == {"type": "not_found", "detail": "dataset not found"}
     assert client.get("/v1/datasets/not-a-uuid", headers=ADMIN).status_code == 422
+
+
+def test_values_cache_never_serves_replaced_values(api: Api, db_engine: Any) -> None:
+    from sqlalchemy.orm import Session
+
+    from app.datasets.service import VALUES_CACHE, load_values
+
+    ds = api.dataset(values=[1.0, 2.0, 3.0])
+    dataset_id = uuid.UUID(ds["id"])
+    with Session(db_engine) as session:
+        first = load_values(session, dataset_id=dataset_id)
+    assert first is not None and list(first[1]) == [1.0, 2.0, 3.0]
+    assert VALUES_CACHE.get((dataset_id, first[0])) is not None
+    api.upload(ds["id"], [9.0, 7.0])
+    with Session(db_engine) as session:
+        second = load_values(session, dataset_id=dataset_id)
+    assert second is not None and second[0] == first[0] + 1
+    assert list(second[1]) == [7.0, 9.0]
+    with Session(db_engine) as session:
+        assert load_values(session, dataset_id=uuid.UUID(api.dataset()["id"])) is None
