@@ -32,7 +32,10 @@ class DecimalJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            self._json = json.loads(body, parse_float=Decimal, parse_constant=_reject_constant)
+            try:
+                self._json = json.loads(body, parse_float=Decimal, parse_constant=_reject_constant)
+            except RecursionError:  # absurd nesting: malformed for us (422), not a 400
+                raise json.JSONDecodeError("nesting too deep", "", 0) from None
         return self._json
 
 
