@@ -41,6 +41,7 @@ SCALING_SUMMARY_FIELDS = (
     "seconds_mean",
     "seconds_se",
     "seconds_median",
+    "seconds_min",
     "missed_mean",
     "status",
 )
@@ -114,6 +115,7 @@ def summarize_scaling(rows: Sequence[Row]) -> list[Row]:
                 "seconds_mean": sec,
                 "seconds_se": sec_se,
                 "seconds_median": median(r["seconds"] for r in ok),
+                "seconds_min": min((r["seconds"] for r in ok), default=math.nan),
                 "missed_mean": missed,
                 "status": bad[0] if bad else "ok",
             }
