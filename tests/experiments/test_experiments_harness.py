@@ -189,3 +189,19 @@ def test_claims_from_a_handmade_summary() -> None:
     assert claims["(c) uniform, m=9"].ours.startswith("135±0×")
     assert claims["(d) uniform, ε=0.1, m=3"].holds is False  # 4x < 5x
     assert claims["(e) time, Gaussian ε=1, m=19"].holds is True
+
+
+def test_module_entry_point() -> None:
+    """``python -m app.experiments`` reaches the same parser."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.experiments", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "dpquant experiments" in proc.stdout and "--quick" in proc.stdout
