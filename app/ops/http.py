@@ -34,8 +34,9 @@ class DecimalJSONRequest(Request):
             body = await self.body()
             try:
                 self._json = json.loads(body, parse_float=Decimal, parse_constant=_reject_constant)
-            except RecursionError:  # absurd nesting: malformed for us (422), not a 400
-                raise json.JSONDecodeError("nesting too deep", "", 0) from None
+            except (RecursionError, UnicodeDecodeError):
+                # absurd nesting or bytes that are not UTF-8: malformed JSON (422), not a 400
+                raise json.JSONDecodeError("not parseable as JSON", "", 0) from None
         return self._json
 
 
