@@ -246,6 +246,12 @@ class _Forward:
             raise _LogGuardTripped
         a, b = _span(tot >= top - self.keep)
         out = out[:, a:b] - top
+        if out.shape[0] > 1:
+            # Entries more than `keep` e-folds down are dropped wherever they are (the linear
+            # pass loses them to underflow the same way); repeat levels left empty go too.
+            out[out < -self.keep] = -np.inf
+            nonempty = np.flatnonzero(np.any(out > -np.inf, axis=1))
+            out = out[: int(nonempty[-1]) + 1]
         return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0)
 
     # -- storage ----------------------------------------------------------------------------
