@@ -170,7 +170,6 @@ def test_fuzz_statistics_are_reported() -> None:
         fivexx=sum(v for k, v in STATS.items() if k[-3:].isdigit() and k[-3] == "5"),
         query_statuses={k: v for k, v in sorted(STATS.items()) if k.startswith("query")},
     )
-    assert STATS["calls"] > 0 or True  # informative only when run alone
 
 
 # --------------------------------------------------------------------------- regressions
