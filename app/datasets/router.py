@@ -132,9 +132,9 @@ UPLOAD_BODY = {
 def upload_values(
     dataset_id: uuid.UUID,
     request: Request,
-    body: Annotated[bytes, Depends(upload_body)],
     session: SessionDep,
-    principal: AdminDep,
+    principal: AdminDep,  # before the body: unauthenticated uploads are never read
+    body: Annotated[bytes, Depends(upload_body)],
     column: Annotated[str | None, Query(max_length=200, description="CSV column name")] = None,
 ) -> DatasetPublic:
     """Replace the values atomically; any bad row rejects the whole upload (422)."""

@@ -237,3 +237,16 @@ def test_values_cache_never_serves_replaced_values(api: Api, db_engine: Any) -> 
     assert list(second[1]) == [7.0, 9.0]
     with Session(db_engine) as session:
         assert load_values(session, dataset_id=uuid.UUID(api.dataset()["id"])) is None
+
+
+def test_upload_checks_the_key_before_reading_the_body(
+    api: Api, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = api.dataset()
+    viewer = api.key("viewer", ds["id"])
+    # A body over the limit would give 413 if it were read before the key is checked.
+    monkeypatch.setattr(client.app.state.settings, "max_upload_bytes", 10)  # type: ignore[attr-defined]
+    r = client.put(f"/v1/datasets/{ds['id']}/values", content=b"x" * 100, headers=viewer)
+    assert r.status_code == 403
+    r = client.put(f"/v1/datasets/{ds['id']}/values", content=b"x" * 100)
+    assert r.status_code == 401
