@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from typing import Any
 
+from sqlalchemy import Engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -114,3 +116,24 @@ def hide_result_rows() -> None:
     engine_logger = logging.getLogger("sqlalchemy.engine.Engine")
     if _ROW_FILTER not in engine_logger.filters:
         engine_logger.addFilter(_ROW_FILTER)
+
+
+def install_timeouts(engine: Engine, *, statement_timeout_ms: int) -> None:
+    """Bound every statement and lock wait of ``engine``'s connections (0 = no bound).
+
+    Set per connection at connect time (``SET`` keeps any ``options``/``search_path`` of the
+    URL intact). A statement or lock wait that exceeds it fails with an
+    ``OperationalError``, which the service answers with 503 ``database_unavailable``:
+    a stuck lock holder or a hung query can never make a request hang.
+    """
+    if statement_timeout_ms <= 0:
+        return
+
+    @event.listens_for(engine, "connect")
+    def _set_timeouts(dbapi_connection: Any, connection_record: Any) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SET statement_timeout = {int(statement_timeout_ms)}")
+            cursor.execute(f"SET lock_timeout = {int(statement_timeout_ms)}")
+        dbapi_connection.autocommit = autocommit
