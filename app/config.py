@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     max_overflow: int = Field(default=20, ge=0, description="Extra connections under load.")
     pool_timeout_s: float = Field(default=30.0, gt=0, description="Wait for a free connection.")
     connect_timeout_s: int = Field(default=5, gt=0, description="PostgreSQL connect timeout.")
+    statement_timeout_ms: int = Field(
+        default=60_000,
+        ge=0,
+        description="Longest statement or lock wait before a 503 (0 = unbounded).",
+    )
 
     @field_validator("bootstrap_admin_key")
     @classmethod

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.config import Settings
-from app.guard import hide_result_rows
+from app.guard import hide_result_rows, install_timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def make_engine(url: str, settings: Settings) -> Engine:
     statement parameters (never a data value in a log line or an exception message)."""
     connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout_s}
     hide_result_rows()  # issue 5: no data value in logs, even with SQL logging at DEBUG
-    return create_engine(
+    engine = create_engine(
         normalize_url(url),
         hide_parameters=True,
         pool_size=settings.pool_size,
@@ -101,6 +101,9 @@ def make_engine(url: str, settings: Settings) -> Engine:
         pool_pre_ping=True,
         connect_args=connect_args,
     )
+    # issue 5: no statement or lock wait may hang a request (503 instead)
+    install_timeouts(engine, statement_timeout_ms=settings.statement_timeout_ms)
+    return engine
 
 
 def redact_url(url: str) -> str:
