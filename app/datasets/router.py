@@ -14,15 +14,19 @@ from app.datasets.schemas import DatasetAdmin, DatasetCreate, DatasetPage, Datas
 from app.db import SessionDep
 from app.errors import DpquantError, error_responses
 from app.ledger.schemas import AmountPublic
-from app.ledger.service import budget
+from app.ledger.service import Budget, budget, budgets
 from app.ops.http import DecimalJSONRoute, decode_cursor, encode_cursor
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=DecimalJSONRoute)
 
 
-def present(session: SessionDep, dataset: Dataset, principal: Principal) -> DatasetPublic:
+def present(
+    session: SessionDep, dataset: Dataset, principal: Principal, figures: Budget | None = None
+) -> DatasetPublic:
     """The view of ``dataset`` this key may see (admins get sizes, others do not)."""
-    remaining = AmountPublic.of(budget(session, dataset_id=dataset.id).remaining)
+    if figures is None:
+        figures = budget(session, dataset_id=dataset.id)
+    remaining = AmountPublic.of(figures.remaining)
     public = DatasetPublic(
         id=dataset.id,
         name=dataset.name,
@@ -75,7 +79,8 @@ def list_datasets(
     offset = decode_cursor(cursor) or 0
     limit = min(limit, request.app.state.settings.max_page_size)
     rows = service.list_visible(session, principal=principal, offset=offset, limit=limit + 1)
-    items = [present(session, d, principal) for d in rows[:limit]]
+    figures = budgets(session, dataset_ids=[d.id for d in rows[:limit]])
+    items = [present(session, d, principal, figures[d.id]) for d in rows[:limit]]
     next_cursor = encode_cursor(offset + limit) if len(rows) > limit else None
     return DatasetPage(items=items, next_cursor=next_cursor)
 

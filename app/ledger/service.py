@@ -60,11 +60,22 @@ def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
 
     Call with the dataset row locked to get an answer that cannot change before commit.
     """
+    return budgets(session, dataset_ids=[dataset_id]).get(dataset_id)
+
+
+def budgets(session: Session, *, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, Budget]:
+    """Granted and spent budget of each existing dataset in ``dataset_ids``, one statement.
+
+    ``spent`` is the sum of the debit rows, ``granted`` the sum of the grant rows (exact
+    ``NUMERIC`` sums computed by PostgreSQL); unknown ids are absent from the result.
+    """
+    if not dataset_ids:
+        return {}
 
     def total(column: InstrumentedAttribute[Decimal], kind: str) -> ColumnElement[Decimal]:
         return func.coalesce(func.sum(column).filter(LedgerEntry.kind == kind), 0)
 
-    row = session.execute(
+    rows = session.execute(
         select(
             Dataset.id,
             total(LedgerEntry.epsilon, "grant"),
@@ -73,13 +84,13 @@ def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
             total(LedgerEntry.delta, "debit"),
         )
         .outerjoin(LedgerEntry, LedgerEntry.dataset_id == Dataset.id)
-        .where(Dataset.id == dataset_id)
+        .where(Dataset.id.in_(dataset_ids))
         .group_by(Dataset.id)
-    ).first()
-    if row is None:
-        return None
-    _, ge, gd, se, sd = row
-    return Budget(granted=Amount(Decimal(ge), Decimal(gd)), spent=Amount(Decimal(se), Decimal(sd)))
+    )
+    return {
+        ds: Budget(granted=Amount(Decimal(ge), Decimal(gd)), spent=Amount(Decimal(se), Decimal(sd)))
+        for ds, ge, gd, se, sd in rows
+    }
 
 
 def budget(session: Session, *, dataset_id: uuid.UUID) -> Budget:
