@@ -225,6 +225,11 @@ class DpquantServer:
             self.proc.wait(timeout=10)
         self.proc = None
 
+    def close(self) -> None:
+        """Stop the server and delete its log file."""
+        self.stop()
+        self.logfile.unlink(missing_ok=True)
+
     def log_text(self) -> str:
         try:
             return self.logfile.read_text(errors="replace")[-5000:]

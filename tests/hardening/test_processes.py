@@ -223,7 +223,7 @@ def test_many_processes_one_budget(cluster: ThrowawayPostgres, cluster_engine: E
             }
         assert released_ids == stored
     finally:
-        server.stop()
+        server.close()
 
 
 # --------------------------------------------------------------------------- 2. crash
@@ -353,7 +353,7 @@ def test_sigkill_mid_release_then_restart(
         assert final["releases_without_one_debit"] == final["debits_without_release"] == 0
         assert final["spent"] == Decimal(budget_end["spent"]["epsilon"]) == Decimal(1)
     finally:
-        server.stop()
+        server.close()
 
 
 # --------------------------------------------------------------------------- 3. outage
@@ -532,5 +532,5 @@ def test_database_outage_gives_503_and_recovers() -> None:
         assert figures["spent"] == Decimal("0.01") * len(answered)
         assert Decimal(budget["spent"]["epsilon"]) == figures["spent"]
     finally:
-        server.stop()
+        server.close()
         pg.destroy()
