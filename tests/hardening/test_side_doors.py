@@ -75,7 +75,16 @@ def leaks(text: str) -> list[str]:
 @pytest.fixture
 def live(hdb_url: str) -> Iterator[tuple[str, Any]]:
     """(base URL, app) of a uvicorn server in a thread, all loggers at DEBUG."""
-    app = create_app(settings_for(hdb_url, log_level="DEBUG"))
+    app = create_app(
+        settings_for(
+            hdb_url,
+            log_level="DEBUG",
+            max_upload_bytes=100_000,
+            max_body_bytes=200_000,
+            rate_limit_per_minute=600,
+            rate_limit_burst=150,
+        )
+    )
     port = free_port()
     config = uvicorn.Config(
         app,
@@ -308,6 +317,31 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                 headers=ADMIN,
             )
             call("patch", "PATCH", f"/v1/datasets/{did}", headers=ADMIN)
+
+            # limits: oversized upload and body (413), a key over its rate (429)
+            many = json.dumps(SECRETS * 3000)  # ~ 300 KB of values
+            r = call(
+                "upload too large",
+                "PUT",
+                up,
+                content=many,
+                headers=ADMIN | {"content-type": "application/json"},
+            )
+            assert r.status_code == 413
+            r = call(
+                "body too large",
+                "POST",
+                "/v1/datasets",
+                content='{"name": "x", "description": ' + json.dumps(many * 4) + "}",
+                headers=ADMIN | {"content-type": "application/json"},
+            )
+            assert r.status_code == 413
+            flood = keys["analyst-other"]
+            for _ in range(200):
+                r = call("flood", "GET", f"/v1/datasets/{other['id']}/budget", headers=flood)
+                if r.status_code == 429:
+                    break
+            assert r.status_code == 429 and "retry-after" in r.headers
 
             # injected failures whose messages quote a data value
             secret_msg = f"value {SECRETS[0]!r} and {SECRETS[1]!r}"
