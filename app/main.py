@@ -31,6 +31,7 @@ from app.ledger.router import router as ledger_router
 from app.ops.router import router as ops_router
 from app.ratelimit import RateLimitMiddleware
 from app.releases.router import router as releases_router
+from app.timing import ReleaseTimingMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -93,14 +94,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(releases_router)
     app.include_router(keys_router)
     # Hardening (issue 5): admission control against thread/connection-pool starvation,
-    # the request body limit, then the per-key rate limit (app/concurrency.py,
-    # app/bodylimit.py, app/ratelimit.py).
+    # uniform timing of quantile queries, the request body limit, then the per-key rate
+    # limit (app/concurrency.py, app/timing.py, app/bodylimit.py, app/ratelimit.py).
     settings = app.state.settings
     app.add_middleware(
         AdmissionMiddleware,
         connections=settings.pool_size + settings.max_overflow,
         queue_timeout_s=settings.pool_timeout_s,
     )
+    app.add_middleware(ReleaseTimingMiddleware, min_release_ms=settings.min_release_ms)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     if settings.rate_limit_per_minute > 0:
         app.add_middleware(
