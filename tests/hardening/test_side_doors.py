@@ -437,7 +437,38 @@ def test_min_release_ms_pads_release_timing(make_app: Callable[..., Any]) -> Non
         "9 min release ms",
         setting_ms=pad_ms,
         padded_min_ms=f"{1000 * min(timings['padded']):.0f}",
-        unpadded_max_ms=f"{1000 * max(timings['unpadded']):.0f}",
+        unpadded_min_ms=f"{1000 * min(timings['unpadded']):.0f}",
     )
     assert min(timings["padded"]) >= pad_ms / 1000
-    assert max(timings["unpadded"]) < pad_ms / 1000
+    assert min(timings["unpadded"]) < pad_ms / 1000  # the padding is what makes it slow
+
+
+def test_min_release_ms_also_pads_every_error_of_the_quantile_endpoint(
+    make_app: Callable[..., Any],
+) -> None:
+    """A fast refusal must not be distinguishable from a slow release by its timing."""
+    pad_ms = 300
+    with make_app(min_release_ms=pad_ms) as client:
+        api = Api(client)
+        ds = api.dataset(values=[float(v) for v in range(100)], epsilon="0.2")
+        outcomes: dict[int, float] = {}
+        for body in (
+            {"quantiles": [0.5], "epsilon": "0.1", "method": "indexp"},  # 201
+            {"quantiles": [0.5], "epsilon": "5", "method": "indexp"},  # 409 budget
+            {"quantiles": [0.9, 0.1], "epsilon": "0.1"},  # 422
+        ):
+            t0 = time.perf_counter()
+            r = client.post(f"/v1/datasets/{ds['id']}/quantiles", json=body, headers=ADMIN)
+            outcomes[r.status_code] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        r = client.get(f"/v1/datasets/{ds['id']}/budget", headers=ADMIN)
+        other = time.perf_counter() - t0
+    report(
+        "9 uniform quantile timing",
+        setting_ms=pad_ms,
+        **{f"status_{k}_ms": f"{1000 * v:.0f}" for k, v in sorted(outcomes.items())},
+        budget_read_ms=f"{1000 * other:.0f}",
+    )
+    assert set(outcomes) == {201, 409, 422}
+    assert all(v >= pad_ms / 1000 for v in outcomes.values()), outcomes
+    assert other < pad_ms / 1000  # other endpoints are not slowed down
