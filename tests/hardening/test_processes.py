@@ -292,7 +292,7 @@ def test_sigkill_mid_release_then_restart(
         worker = server.pid_with_local_port(client_port)
         assert worker is not None
         cpu = psutil.Process(worker).cpu_percent(interval=0.2)
-        assert cpu > 50, "the worker is not computing"
+        assert cpu > 10, "the worker is not computing"
         assert _computing_backend(cluster_engine) == found
         psutil.Process(worker).kill()  # SIGKILL
         killed_at = time.perf_counter() - t0
