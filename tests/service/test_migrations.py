@@ -48,3 +48,25 @@ def test_migration_files_are_static_and_dated() -> None:
         source = f.read_text()
         assert "def downgrade()" in source and "def upgrade()" in source
         assert "metadata.create_all" not in source
+
+
+def test_readyz_reports_an_unmigrated_database(make_schema: Callable[[], str]) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    from .conftest import make_settings
+
+    url = make_schema()  # empty: never migrated
+    settings = make_settings(url, bootstrap_admin_key=None)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").status_code == 200
+        r = client.get("/readyz")
+        assert r.status_code == 503
+        assert r.json()["type"] == "not_ready"
+        upgrade_database(url)
+        assert client.get("/readyz").json() == {
+            "status": "ready",
+            "database": "ok",
+            "migrations": "current",
+        }
