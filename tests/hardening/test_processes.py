@@ -142,32 +142,46 @@ def test_many_processes_one_budget(cluster: ThrowawayPostgres, cluster_engine: E
         ds, analyst = _setup_dataset(
             server.base_url, epsilon="1.0", values=rng.uniform(0, 100, 1000)
         )
-        clients, stagger = 200, 0.002
-        grant_after = 70  # the grant is sent between client 70 and client 71
+        clients = 200
+        # "Midway": the first 100 clients fire at once; the admin's grant is sent while they
+        # are in flight; the other 100 clients fire as soon as the grant is acknowledged
+        # (while the first wave may still be running). Whatever the scheduling, at most 100
+        # budget checks precede the grant's commit, so exactly 150 must succeed.
+        wave = clients // 2
 
-        async def run() -> tuple[list[tuple[int, dict[str, Any], float]], int, float]:
+        async def run() -> tuple[list[tuple[int, dict[str, Any], float]], int, float, int]:
             limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=0)
+            granted = asyncio.Event()
+            finished: list[float] = []
+            grant_done: list[float] = []
             async with httpx.AsyncClient(
                 base_url=server.base_url, timeout=120.0, limits=limits
             ) as c:
 
                 async def one(i: int) -> tuple[int, dict[str, Any], float]:
-                    await asyncio.sleep(i * stagger)
+                    if i >= wave:
+                        await granted.wait()
                     t0 = time.perf_counter()
                     r = await c.post(
                         f"/v1/datasets/{ds}/quantiles",
                         json={"quantiles": [0.5], "epsilon": "0.01", "method": "indexp"},
                         headers=analyst,
                     )
+                    if i < wave:
+                        finished.append(time.perf_counter())
                     return r.status_code, r.json(), time.perf_counter() - t0
 
                 async def grant() -> int:
-                    await asyncio.sleep(grant_after * stagger + stagger / 2)
-                    r = await c.post(
-                        f"/v1/datasets/{ds}/grants",
-                        json={"epsilon": "0.5", "reason": "midway grant under load"},
-                        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                    )
+                    await asyncio.sleep(0.05)  # the first wave is on the wire
+                    try:
+                        r = await c.post(
+                            f"/v1/datasets/{ds}/grants",
+                            json={"epsilon": "0.5", "reason": "midway grant under load"},
+                            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                        )
+                    finally:
+                        grant_done.append(time.perf_counter())
+                        granted.set()
                     return r.status_code
 
                 t0 = time.perf_counter()
@@ -175,9 +189,10 @@ def test_many_processes_one_budget(cluster: ThrowawayPostgres, cluster_engine: E
                 elapsed = time.perf_counter() - t0
             grant_status = results[0]
             assert isinstance(grant_status, int)
-            return list(results[1:]), grant_status, elapsed  # type: ignore[arg-type]
+            overlapping = sum(t > grant_done[0] for t in finished)
+            return list(results[1:]), grant_status, elapsed, overlapping  # type: ignore[arg-type]
 
-        results, grant_status, elapsed = asyncio.run(run())
+        results, grant_status, elapsed, overlapping = asyncio.run(run())
         statuses = Counter(status for status, _, _ in results)
         fivexx = sum(n for s, n in statuses.items() if s >= 500)
         latencies = sorted(lat for _, _, lat in results)
@@ -193,6 +208,7 @@ def test_many_processes_one_budget(cluster: ThrowawayPostgres, cluster_engine: E
             fivexx=fivexx,
             other=sum(n for s, n in statuses.items() if s not in (201, 409)),
             grant_status=grant_status,
+            first_wave_still_running_at_grant=overlapping,
             granted=budget["granted"]["epsilon"],
             spent=budget["spent"]["epsilon"],
             db_releases=figures["releases"],
