@@ -123,7 +123,8 @@ class _Forward:
     ) -> None:
         self.logw = logw
         self.keep = keep
-        self.suf_logw = np.maximum.accumulate(logw[::-1])[::-1].copy()
+        # suffix maxima of the log widths bound the log pass's geometric tails (log pass only)
+        self.suf_logw = np.maximum.accumulate(logw[::-1])[::-1].copy() if log_space else logw
         self.gaps = gaps
         self.c = c
         self.log_space = log_space
