@@ -1,1 +1,68 @@
-"""Shared pytest configuration. Service fixtures (PostgreSQL) live in tests/service/conftest.py."""
+"""Shared test fixtures: one real PostgreSQL for the whole test session, fresh schemas on it.
+
+PostgreSQL comes from ``DPQUANT_TEST_DATABASE_URL`` when set, otherwise from an embedded
+``pgserver`` started once per session in a temporary directory. Suites take fresh, empty
+schemas from ``schema_factory`` (dropped at the end of the session), so runs never collide on
+a shared server; they build them with the Alembic migrations, never with ``create_all``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app.db import normalize_url
+
+
+def with_schema(url: str, schema: str) -> str:
+    """``url`` with ``search_path`` set to ``schema`` through libpq's ``options``."""
+    parsed = make_url(normalize_url(url))
+    return parsed.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+        hide_password=False
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A PostgreSQL server URL (external or embedded), without a schema."""
+    external = os.environ.get("DPQUANT_TEST_DATABASE_URL")
+    if external:
+        yield normalize_url(external)
+        return
+    import pgserver
+
+    tmp = tempfile.mkdtemp(prefix="dpquant-test-pg-")
+    server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
+    try:
+        yield normalize_url(server.get_uri())
+    finally:
+        server.cleanup()  # stop PostgreSQL before its directory disappears
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def schema_factory(pg_server_url: str) -> Iterator[Callable[[], str]]:
+    """Factory of fresh, empty schemas (dropped at the end of the session); returns URLs."""
+    created: list[str] = []
+    admin = create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
+
+    def factory() -> str:
+        name = "dpq_test_" + uuid.uuid4().hex[:12]
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{name}"'))
+        created.append(name)
+        return with_schema(pg_server_url, name)
+
+    yield factory
+    with admin.connect() as conn:
+        for name in created:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+    admin.dispose()

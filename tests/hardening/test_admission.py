@@ -104,8 +104,14 @@ def test_the_deadlock_is_real_without_admission(
     hdb_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(concurrency, "admission_limit", lambda connections: 10_000)
+    # Starvation depends on thread scheduling: a lucky burst can slip through, so up to three
+    # bursts are sent and one that starves (503s or a wait for the pool timeout) suffices.
+    seen = []
     for b in _serve(hdb_url):
-        statuses, elapsed = _burst(b)
-    report("1 without admission (control)", statuses=dict(statuses), wall_s=f"{elapsed:.2f}")
-    # Starved: requests wait for the pool timeout and some fail with 503.
-    assert statuses[503] > 0 or elapsed >= POOL["pool_timeout_s"], (statuses, elapsed)
+        for _ in range(3):
+            statuses, elapsed = _burst(b)
+            seen.append((dict(statuses), round(elapsed, 2)))
+            if statuses[503] > 0 or elapsed >= POOL["pool_timeout_s"]:
+                break
+    report("1 without admission (control)", bursts=seen)
+    assert statuses[503] > 0 or elapsed >= POOL["pool_timeout_s"], seen

@@ -9,74 +9,29 @@ own datasets and keys (names carry a random suffix) instead of truncating tables
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine, create_engine
 
 from app.config import Settings
-from app.db import normalize_url, upgrade_database
+from app.db import upgrade_database
 from app.main import create_app
 
 ADMIN_KEY = "dpq_test-admin-" + secrets.token_urlsafe(32)
 
 
-def with_schema(url: str, schema: str) -> str:
-    """``url`` with ``search_path`` set to ``schema`` through libpq's ``options``."""
-    parsed = make_url(normalize_url(url))
-    return parsed.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-        hide_password=False
-    )
-
-
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
-    """A PostgreSQL server URL (external or embedded), without a schema."""
-    external = os.environ.get("DPQUANT_TEST_DATABASE_URL")
-    if external:
-        yield normalize_url(external)
-        return
-    import pgserver
-
-    tmp = tempfile.mkdtemp(prefix="dpquant-test-pg-")
-    server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
-    try:
-        yield normalize_url(server.get_uri())
-    finally:
-        server.cleanup()  # stop PostgreSQL before its directory disappears
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def make_schema(server_url: str) -> Iterator[Callable[[], str]]:
-    """Factory of fresh, empty schemas (dropped at the end of the session); returns URLs."""
-    created: list[str] = []
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-
-    def factory() -> str:
-        name = "dpq_test_" + uuid.uuid4().hex[:12]
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{name}"'))
-        created.append(name)
-        return with_schema(server_url, name)
-
-    yield factory
-    with admin.connect() as conn:
-        for name in created:
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
-    admin.dispose()
+def make_schema(schema_factory: Callable[[], str]) -> Callable[[], str]:
+    """Fresh, empty schemas on the session's PostgreSQL (see tests/conftest.py)."""
+    return schema_factory
 
 
 @pytest.fixture(scope="session")
