@@ -373,78 +373,233 @@ def uniform_in_intervals(
     return out
 
 
+# --------------------------------------------------------------------------- single-quantile EM
+# One implementation of the single-quantile exponential mechanism (Smith 2011) over the
+# intervals of a *node*: the sorted points ``edges[lo:hi]`` inside the domain [left, right].
+# IndExp and AppIndExp use it on the whole data set, AQ on the nodes of its recursion.
+
+#: Weights below ``2**-1000`` (widths normalised by the node's domain, so every weight <= 1)
+#: are not formed; the row maximum must then be at least ``2**-900`` (else the exact log-domain
+#: path is used), so every dropped weight is below ``2**-100`` times the row maximum — far
+#: inside the package's exactness standard (each weight within ``2**-50`` x row max).
+_LOG_CUT = 1000.0 * math.log(2.0)
+_MIN_TOP = 2.0**-900
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _width(edges: FloatArray, lo: int, k: int, j: int, left: float, right: float) -> float:
+    """Width of interval j of the node (points ``edges[lo:lo+k]``, domain [left, right])."""
+    a = left if j == 0 else edges[lo + j - 1]
+    b = right if j == k else edges[lo + j]
+    return b - a
+
+
 @numba.njit(cache=True, nogil=True)
-def _exp_mech_weights(log_widths: FloatArray, target: float, c: float, out: FloatArray) -> None:
-    """out[i] = exp(log_widths[i] - c|i - target| - max_k(...)): max-normalised weights."""
-    n1 = log_widths.size
+def _fill_weights(  # pragma: no cover - compiled
+    edges: FloatArray,
+    lo: int,
+    hi: int,
+    left: float,
+    right: float,
+    target: float,
+    c: float,
+    buf: FloatArray,
+) -> tuple[int, int, float]:
+    """Linear-domain weights ``(width_j / (right - left)) e^{-c |j - target|}`` near the target.
+
+    Writes the weights of intervals ``j0 .. j0 + cnt - 1`` into ``buf[0:cnt]`` and returns
+    ``(j0, cnt, row_max)``. No transcendental per point: ``e^{-c d}`` for integer distances
+    ``d = 64 h + l`` is the product of two tabulated exponentials (``A[h] B[l]``) and a
+    fractional factor, so each weight carries at most ~5 roundings (< 2**-50 relative).
+    Intervals whose factor is below ``2**-1000`` are outside ``[j0, j0 + cnt)``.
+    """
+    k = hi - lo
+    inv = 1.0 / (right - left)
+    ti = math.floor(target)
+    if ti > k:
+        ti = k
+    fl = target - ti
+    span = _LOG_CUT / c
+    dmax = k + 1 if span >= k + 1 else int(span)
+    j0 = ti - dmax if ti - dmax > 0 else 0
+    j1 = ti + 1 + dmax if ti + 1 + dmax < k else k
+    na = dmax // 64 + 2
+    tab_a = np.empty(na, dtype=np.float64)
+    for h in range(na):
+        tab_a[h] = math.exp(-c * 64.0 * h)
+    tab_b = np.empty(64, dtype=np.float64)
+    for h in range(64):
+        tab_b[h] = math.exp(-c * h)
+    f_left = math.exp(-c * fl)  # j <= ti: |j - target| = fl + (ti - j)
+    f_right = math.exp(-c * (1.0 - fl))  # j > ti: |j - target| = (1 - fl) + (j - ti - 1)
+    # Interior intervals (1 <= j <= k - 1) read two adjacent data points; the end intervals
+    # j = 0 and j = k (bounded by the node's domain) are patched in afterwards. Distances are
+    # walked in blocks of 64 so that the inner loop is a contiguous multiply by tab_b.
+    top = 0.0
+    jl_lo = max(j0, 1)
+    jl_hi = min(ti, k - 1)  # left side: d = ti - j in [ti - jl_hi, ti - jl_lo]
+    if jl_hi >= jl_lo:
+        d = ti - jl_hi
+        while d <= ti - jl_lo:
+            h = d >> 6
+            base = inv * f_left * tab_a[h]
+            stop = min((h + 1) << 6, ti - jl_lo + 1)
+            for dd in range(d, stop):
+                j = ti - dd
+                w = (edges[lo + j] - edges[lo + j - 1]) * base * tab_b[dd & 63]
+                buf[j - j0] = w
+                top = max(top, w)
+            d = stop
+    jr_lo = max(ti + 1, 1)
+    jr_hi = min(j1, k - 1)  # right side: d = j - ti - 1
+    if jr_hi >= jr_lo:
+        d = jr_lo - ti - 1
+        while d <= jr_hi - ti - 1:
+            h = d >> 6
+            base = inv * f_right * tab_a[h]
+            stop = min((h + 1) << 6, jr_hi - ti)
+            off = lo + ti + 1
+            for dd in range(d, stop):
+                w = (edges[off + dd] - edges[off + dd - 1]) * base * tab_b[dd & 63]
+                buf[ti + 1 + dd - j0] = w
+                top = max(top, w)
+            d = stop
+    sl = inv * f_left
+    sr = inv * f_right
+    for j in (0, k):
+        if j0 <= j <= j1:
+            if j <= ti:
+                d = ti - j
+                w = _width(edges, lo, k, j, left, right) * sl * tab_a[d >> 6] * tab_b[d & 63]
+            else:
+                d = j - ti - 1
+                w = _width(edges, lo, k, j, left, right) * sr * tab_a[d >> 6] * tab_b[d & 63]
+            buf[j - j0] = w
+            top = max(top, w)
+    return j0, j1 - j0 + 1, top
+
+
+@numba.njit(cache=True, nogil=True)
+def _fill_weights_log(  # pragma: no cover - compiled
+    edges: FloatArray,
+    lo: int,
+    hi: int,
+    left: float,
+    right: float,
+    target: float,
+    c: float,
+    buf: FloatArray,
+) -> tuple[int, int, float]:
+    """Exact fallback: all k + 1 weights formed in log space and max-normalised (max = 1)."""
+    k = hi - lo
     top = -np.inf
-    for i in range(n1):
-        s = log_widths[i] - c * abs(i - target)
-        out[i] = s
+    for j in range(k + 1):
+        w = _width(edges, lo, k, j, left, right)
+        s = (math.log(w) if w > 0.0 else -np.inf) - c * abs(j - target)
+        buf[j] = s
         if s > top:
             top = s
-    for i in range(n1):
-        s = out[i]
-        out[i] = math.exp(s - top) if s > -np.inf else 0.0
-
-
-def log_widths(edges: FloatArray) -> FloatArray:
-    """Natural log of the interval widths; zero-width intervals get -inf (never sampled)."""
-    w = np.diff(edges)
-    with np.errstate(divide="ignore"):
-        return np.log(w)
+    for j in range(k + 1):
+        s = buf[j]
+        buf[j] = math.exp(s - top) if s > -np.inf else 0.0
+    return 0, k + 1, 1.0 if top > -np.inf else 0.0
 
 
 @numba.njit(cache=True, nogil=True)
-def _exp_mech_window(w: FloatArray, target: float, c: float, lo: int, out: FloatArray) -> float:
-    """out[v] = w[lo + v] * exp(-c |lo + v - target|) over the window; returns the max."""
-    top = 0.0
-    for v in range(out.size):
-        x = w[lo + v] * math.exp(-c * abs(lo + v - target))
-        out[v] = x
-        if x > top:
-            top = x
-    return top
+def _node_pick(  # pragma: no cover - compiled
+    edges: FloatArray,
+    lo: int,
+    hi: int,
+    left: float,
+    right: float,
+    target: float,
+    c: float,
+    u: float,
+    buf: FloatArray,
+) -> int:
+    """Sample interval j in 0..k of the node with probability proportional to its weight.
+
+    Interval j is ``[L_j, R_j)`` with ``L_0 = left``, ``L_j = edges[lo + j - 1]``,
+    ``R_j = edges[lo + j]``, ``R_k = right``; its weight is ``width_j e^{-c |j - target|}``.
+    Zero widths have weight 0 and are never returned. One uniform ``u``, inverse CDF.
+    Returns -1 only if every weight is zero (impossible when right > left).
+    """
+    j0, cnt, top = _fill_weights(edges, lo, hi, left, right, target, c, buf)
+    if not top >= _MIN_TOP:
+        j0, cnt, top = _fill_weights_log(edges, lo, hi, left, right, target, c, buf)
+    # Inverse CDF in two stages: block sums of 64 weights (a reassociated, vectorisable
+    # reduction: positive terms, so the error bound is that of sequential summation), then a
+    # scan over blocks and one scan inside the chosen block.
+    nb = (cnt + 63) >> 6
+    sums = np.empty(nb, dtype=np.float64)
+    _block_sums(buf, cnt, sums)
+    total = 0.0
+    for b in range(nb):
+        total += sums[b]
+    goal = u * total
+    acc = 0.0
+    before = 0.0  # sum of the blocks preceding the chosen one
+    chosen = -1
+    for b in range(nb):
+        sb = sums[b]
+        if sb > 0.0:
+            chosen = b
+            before = acc
+            if acc + sb > goal:
+                break
+            acc += sb
+    if chosen < 0:
+        return -1
+    # If no block crossed the goal (u * total rounded up to total) the last positive block is
+    # chosen and its last positive weight returned below.
+    acc = before
+    last = -1
+    for i in range(chosen << 6, min(cnt, (chosen + 1) << 6)):
+        w = buf[i]
+        if w > 0.0:
+            acc += w
+            last = i
+            if acc > goal:
+                return j0 + i
+    # Rounding between the block sum and its elements: the block's last positive weight.
+    return j0 + last
 
 
-EM_GUARD = 2.0**-100  # a window whose best weight is below this falls back to log space
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _block_sums(buf: FloatArray, cnt: int, out: FloatArray) -> None:  # pragma: no cover
+    """out[b] = sum(buf[64 b : min(cnt, 64 b + 64)])."""
+    for b in range(out.size):
+        s = 0.0
+        for i in range(b << 6, min(cnt, (b + 1) << 6)):
+            s += buf[i]
+        out[b] = s
 
 
 def exponential_mechanism_interval(
-    logw: FloatArray,
+    edges: FloatArray,
     target: float,
     c: float,
     rng: np.random.Generator,
-    w: FloatArray | None = None,
+    buf: FloatArray | None = None,
 ) -> int:
     """Sample interval ``i`` with probability proportional to ``width_i * exp(-c|i - target|)``.
 
-    This is the single-quantile exponential mechanism of Smith (2011) over the ``n + 1``
-    intervals between sorted, clamped data points: score ``-|i - target|`` where ``i`` is the
-    number of points below the output, and ``c = epsilon / (2 * sensitivity)``. ``logw`` is
-    :func:`log_widths` of the edges; ``w`` (optional, for repeated calls) is
-    ``exp(logw - max(logw))``.
-
-    Fast path: with widths scaled to at most 1, every weight farther than ``746 / c`` from the
-    target is exactly 0.0 in double precision, so only that window is formed, in linear space.
-    If the window's best weight is below 2^-100 (tiny widths or a long run of ties near the
-    target), the weights are formed in log space over all intervals and max-normalised, which
-    is exact for any range. One uniform draw either way. O(min(n, 1/c)) time on the fast path.
+    The single-quantile exponential mechanism of Smith (2011) over the ``n + 1`` intervals of
+    ``edges = [a, x_1..x_n, b]``: score ``-|i - target|`` where ``i`` is the number of points
+    below the output, ``c = epsilon / (2 * sensitivity)``. Weights are formed only where they
+    exceed 2^-1000 of the best possible one (linear domain, tabulated exponentials); if the
+    best formed weight is below 2^-900 they are formed in log space over all intervals. One
+    uniform draw; zero-width intervals are never returned. O(min(n, 700 / c)) time.
     """
-    if w is None:
-        w = np.exp(logw - float(np.max(logw)))
-    n1 = logw.size
-    reach = math.ceil(746.0 / c) + 1
-    lo = max(0, math.floor(target) - reach)
-    hi = min(n1, math.ceil(target) + reach + 1)
-    if hi > lo:
-        out = np.empty(hi - lo)
-        top = _exp_mech_window(w, float(target), float(c), lo, out)
-        if top >= EM_GUARD:
-            return lo + sample_index(out, rng)
-    full = np.empty_like(logw)
-    _exp_mech_weights(logw, float(target), float(c), full)
-    return sample_index(full, rng)
+    n = edges.size - 2
+    if buf is None:
+        buf = np.empty(n + 1, dtype=np.float64)
+    j = int(
+        _node_pick(edges, 1, n + 1, edges[0], edges[-1], float(target), float(c), rng.random(), buf)
+    )
+    if j < 0:
+        raise FloatingPointError("exponential-mechanism weights are all zero")
+    return j
 
 
 def as_list(values: Sequence[float] | FloatArray) -> list[float]:

@@ -11,7 +11,6 @@ from app.mechanisms.base import (
     Prepared,
     PrivacyNotion,
     exponential_mechanism_interval,
-    log_widths,
     make_rng,
     prepare,
     uniform_in_intervals,
@@ -31,13 +30,12 @@ def independent_exponential(
     Shared by IndExp (epsilon/m each, basic composition) and AppIndExp (epsilon from the
     bounded-range composition bound). O(m n) time after the O(n log n) sort.
     """
-    logw = log_widths(prep.edges)
-    w = np.exp(logw - float(np.max(logw)))
+    buf = np.empty(prep.n + 1, dtype=np.float64)
     n = prep.n
     idx = np.empty(prep.quantiles.size, dtype=np.int64)
     for j, q in enumerate(prep.quantiles):
         c = per_quantile_epsilon / (2.0 * indexp_sensitivity(float(q), prep.neighbors))
-        idx[j] = exponential_mechanism_interval(logw, float(q) * n, c, rng, w)
+        idx[j] = exponential_mechanism_interval(prep.edges, float(q) * n, c, rng, buf)
     return uniform_in_intervals(prep.edges, idx, rng)
 
 

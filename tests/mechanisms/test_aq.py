@@ -13,8 +13,14 @@ from scipy import stats
 
 import app.mechanisms.aq as aqmod
 from app.mechanisms import MECHANISMS
-from app.mechanisms.aq import _fill_weights, _fill_weights_log, aq, recursion_depth
-from app.mechanisms.base import MechanismInputError, PrivacyNotion, prepare
+from app.mechanisms.aq import aq, recursion_depth
+from app.mechanisms.base import (
+    MechanismInputError,
+    PrivacyNotion,
+    _fill_weights,
+    _fill_weights_log,
+    prepare,
+)
 
 # --------------------------------------------------------------------- helpers
 
