@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.text import StorableText
+
 Role = Literal["admin", "analyst", "viewer"]
 
 
@@ -20,7 +22,7 @@ class KeyCreate(BaseModel):
     dataset_id: uuid.UUID | None = Field(
         default=None, description="Restrict the key to one dataset (analyst and viewer keys)."
     )
-    name: str = Field(default="", max_length=200, description="A label for humans.")
+    name: StorableText = Field(default="", max_length=200, description="A label for humans.")
 
 
 class KeyPublic(BaseModel):

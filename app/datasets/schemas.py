@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.ledger.schemas import AmountPublic, BudgetDecimal
+from app.text import StorableText
 
 Neighbors = Literal["swap", "add_remove"]
 
@@ -20,8 +21,8 @@ class DatasetCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
-    description: str = Field(default="", max_length=2000)
+    name: StorableText = Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
+    description: StorableText = Field(default="", max_length=2000)
     lower: float = Field(allow_inf_nan=False, description="Public lower bound (not from data).")
     upper: float = Field(allow_inf_nan=False, description="Public upper bound, > lower.")
     neighbors: Neighbors = Field(

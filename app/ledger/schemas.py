@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.ledger.service import Amount, Budget
+from app.text import StorableText
 
 #: A non-negative budget figure: at most 40 digits, 30 of them after the point.
 BudgetDecimal = Annotated[Decimal, Field(ge=0, max_digits=40, decimal_places=30)]
@@ -53,7 +54,7 @@ class GrantCreate(BaseModel):
 
     epsilon: BudgetDecimal = Decimal(0)
     delta: BudgetDecimal = Decimal(0)
-    reason: str = Field(min_length=1, max_length=1000, description="Why the budget grows.")
+    reason: StorableText = Field(min_length=1, max_length=1000, description="Why the budget grows.")
 
     @model_validator(mode="after")
     def _something(self) -> GrantCreate:

@@ -17,6 +17,7 @@ operation are bounded so the whole file runs in well under the 5 minutes CI allo
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -35,7 +36,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from app.mechanisms import MECHANISMS
 
@@ -186,3 +187,39 @@ def test_regression_non_utf8_json_body_is_422_not_400(hclient: TestClient) -> No
     )
     assert r.status_code == 422 and r.json()["type"] == "validation_error", r.text
     assert "body" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        # schemathesis on PostgreSQL 15, POST /v1/datasets: a NUL in the name reached the
+        # database (DataError) and answered 503 instead of a 422 naming the field.
+        ("/v1/datasets", {"name": "ab\u0000W", "lower": 0, "upper": 1}, "body.name"),
+        (
+            "/v1/datasets",
+            {"name": "ok", "description": "\ud800", "lower": 0, "upper": 1},
+            "body.description",
+        ),
+        ("/v1/keys", {"role": "viewer", "name": "x\u0000"}, "body.name"),
+    ],
+)
+def test_regression_text_postgres_cannot_store_is_422(
+    hclient: TestClient, hdb: Engine, path: str, body: dict[str, Any], field: str
+) -> None:
+    before = _row_counts(hdb)
+    r = hclient.post(
+        path,
+        content=json.dumps(body).encode(),  # json.dumps escapes NUL and lone surrogates
+        headers=ADMIN | {"content-type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["type"] == "validation_error" and field in r.json()["detail"], r.text
+    assert _row_counts(hdb) == before  # nothing stored
+
+
+def _row_counts(engine: Engine) -> tuple[int, ...]:
+    with engine.connect() as conn:
+        return tuple(
+            conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("dataset", "api_key", "ledger_entry", "release")
+        )
