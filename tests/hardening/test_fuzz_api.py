@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -82,7 +83,8 @@ def fuzz_world(happ: FastAPI) -> dict[str, Any]:
     max_examples=EXAMPLES_PER_OPERATION,
     deadline=None,
     suppress_health_check=list(HealthCheck),
-    derandomize=False,
+    # Deterministic in CI (the same examples every run); DPQUANT_FUZZ_RANDOM=1 explores anew.
+    derandomize=not os.environ.get("DPQUANT_FUZZ_RANDOM"),
 )
 def test_schemathesis_every_operation(
     case: Any, role: str, happ: FastAPI, fuzz_world: dict[str, Any]
@@ -108,7 +110,12 @@ _epsilon = st.one_of(
 _delta = st.sampled_from(["1e-12", "0.000001", "0.1", "0.999999"])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=not os.environ.get("DPQUANT_FUZZ_RANDOM"),
+)
 @given(
     method=st.sampled_from(sorted(MECHANISMS)),
     quantiles=_quantiles,
