@@ -28,6 +28,7 @@ from sqlalchemy import Engine, create_engine, text
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
+from tests.support import app_settings
 
 ADMIN_KEY = "dpq_hardening-admin-" + secrets.token_urlsafe(32)
 
@@ -81,21 +82,10 @@ def hdb(hdb_url: str) -> Iterator[Engine]:
 
 
 def settings_for(database_url: str, **overrides: Any) -> Settings:
-    """Explicit settings for a test app (the caller's environment cannot leak in)."""
-    values: dict[str, Any] = {
-        "database_url": database_url,
-        "bootstrap_admin_key": ADMIN_KEY,
-        "max_upload_bytes": 64 * 1024 * 1024,
-        "max_values": 10_000_000,
-        "max_quantiles": 1000,
-        "max_page_size": 500,
-        "min_release_ms": 0,
-        "pool_size": 5,
-        "max_overflow": 20,
-        "log_level": "WARNING",
-    }
-    values.update(overrides)
-    return Settings(**values)
+    """Explicit settings for a hardening app: a smaller pool than the service suite's."""
+    return app_settings(
+        database_url, admin_key=ADMIN_KEY, **({"pool_size": 5, "max_overflow": 20} | overrides)
+    )
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from sqlalchemy import Engine, create_engine
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
+from tests.support import app_settings
 
 ADMIN_KEY = "dpq_test-admin-" + secrets.token_urlsafe(32)
 
@@ -52,20 +53,7 @@ def db_engine(database_url: str) -> Iterator[Engine]:
 
 def make_settings(database_url: str, **overrides: Any) -> Settings:
     """Settings for a test app (explicit values; the caller's environment cannot leak in)."""
-    values: dict[str, Any] = {
-        "database_url": database_url,
-        "bootstrap_admin_key": ADMIN_KEY,
-        "max_upload_bytes": 64 * 1024 * 1024,
-        "max_values": 10_000_000,
-        "max_quantiles": 1000,
-        "max_page_size": 500,
-        "min_release_ms": 0,
-        "pool_size": 10,
-        "max_overflow": 50,
-        "log_level": "WARNING",
-    }
-    values.update(overrides)
-    return Settings(**values)
+    return app_settings(database_url, admin_key=ADMIN_KEY, **overrides)
 
 
 @pytest.fixture(scope="session")
