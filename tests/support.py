@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
+
+from fastapi.testclient import TestClient
 
 from app.config import Settings
 
@@ -23,3 +27,76 @@ def app_settings(database_url: str, *, admin_key: str, **overrides: Any) -> Sett
     }
     values.update(overrides)
     return Settings(**values)
+
+
+def auth(key: str) -> dict[str, str]:
+    """The Authorization header for ``key``."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+@dataclass
+class ApiBase:
+    """Small helpers over the HTTP API, so tests read as scenarios (``admin``: its headers)."""
+
+    client: TestClient
+    admin: dict[str, str]
+    label: str = field(default="test")
+
+    def dataset(
+        self,
+        *,
+        values: list[float] | None = None,
+        epsilon: str | float = "1.0",
+        delta: str | float = "0",
+        lower: float = 0.0,
+        upper: float = 100.0,
+        neighbors: str = "swap",
+        **extra: Any,
+    ) -> dict[str, Any]:
+        body = {
+            "name": f"{self.label}-" + uuid.uuid4().hex[:10],
+            "lower": lower,
+            "upper": upper,
+            "neighbors": neighbors,
+            "epsilon": epsilon,
+            "delta": delta,
+            **extra,
+        }
+        r = self.client.post("/v1/datasets", json=body, headers=self.admin)
+        assert r.status_code == 201, r.text
+        ds: dict[str, Any] = r.json()
+        if values is not None:
+            self.upload(ds["id"], values)
+        return ds
+
+    def upload(self, dataset_id: str, values: list[float]) -> dict[str, Any]:
+        r = self.client.put(f"/v1/datasets/{dataset_id}/values", json=values, headers=self.admin)
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    def new_key(self, role: str, dataset_id: str | None = None) -> tuple[str, dict[str, str]]:
+        """A new key: its id and its Authorization header."""
+        body: dict[str, Any] = {"role": role, "name": f"{self.label} {role}"}
+        if dataset_id is not None:
+            body["dataset_id"] = dataset_id
+        r = self.client.post("/v1/keys", json=body, headers=self.admin)
+        assert r.status_code == 201, r.text
+        return r.json()["id"], auth(r.json()["key"])
+
+    def query(self, dataset_id: str, headers: dict[str, str] | None = None, **body: Any) -> Any:
+        payload: dict[str, Any] = {
+            "quantiles": [0.25, 0.5, 0.75],
+            "epsilon": "0.1",
+            "method": "indexp",
+        }
+        payload.update(body)
+        return self.client.post(
+            f"/v1/datasets/{dataset_id}/quantiles", json=payload, headers=headers or self.admin
+        )
+
+    def budget(self, dataset_id: str) -> dict[str, Any]:
+        r = self.client.get(f"/v1/datasets/{dataset_id}/budget", headers=self.admin)
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out

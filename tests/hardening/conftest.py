@@ -13,10 +13,8 @@ The tests that start real server processes and their own throwaway PostgreSQL cl
 from __future__ import annotations
 
 import secrets
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -28,7 +26,7 @@ from sqlalchemy import Engine, create_engine, text
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
-from tests.support import app_settings
+from tests.support import ApiBase, app_settings, auth
 
 ADMIN_KEY = "dpq_hardening-admin-" + secrets.token_urlsafe(32)
 
@@ -115,78 +113,18 @@ def make_app(hdb_url: str) -> Callable[..., Any]:
     return factory
 
 
-def auth(key: str) -> dict[str, str]:
-    """The Authorization header for ``key``."""
-    return {"Authorization": f"Bearer {key}"}
-
-
 ADMIN = auth(ADMIN_KEY)
 
 
-@dataclass
-class Api:
-    """Small helpers over the HTTP API, so tests read as scenarios."""
+class Api(ApiBase):
+    """Scenario helpers with this suite's admin key."""
 
-    client: TestClient
-
-    def dataset(
-        self,
-        *,
-        values: list[float] | None = None,
-        epsilon: str = "1.0",
-        delta: str = "0",
-        lower: float = 0.0,
-        upper: float = 100.0,
-        neighbors: str = "swap",
-        **extra: Any,
-    ) -> dict[str, Any]:
-        body = {
-            "name": "hds-" + uuid.uuid4().hex[:10],
-            "lower": lower,
-            "upper": upper,
-            "neighbors": neighbors,
-            "epsilon": epsilon,
-            "delta": delta,
-            **extra,
-        }
-        r = self.client.post("/v1/datasets", json=body, headers=ADMIN)
-        assert r.status_code == 201, r.text
-        ds: dict[str, Any] = r.json()
-        if values is not None:
-            self.upload(ds["id"], values)
-        return ds
-
-    def upload(self, dataset_id: str, values: list[float]) -> dict[str, Any]:
-        r = self.client.put(f"/v1/datasets/{dataset_id}/values", json=values, headers=ADMIN)
-        assert r.status_code == 200, r.text
-        out: dict[str, Any] = r.json()
-        return out
+    def __init__(self, client: TestClient) -> None:
+        super().__init__(client, ADMIN, "hds")
 
     def key(self, role: str, dataset_id: str | None = None) -> tuple[str, dict[str, str]]:
         """A new key: its id and its Authorization header."""
-        body: dict[str, Any] = {"role": role, "name": f"hardening {role}"}
-        if dataset_id is not None:
-            body["dataset_id"] = dataset_id
-        r = self.client.post("/v1/keys", json=body, headers=ADMIN)
-        assert r.status_code == 201, r.text
-        return r.json()["id"], auth(r.json()["key"])
-
-    def query(self, dataset_id: str, headers: dict[str, str] | None = None, **body: Any) -> Any:
-        payload: dict[str, Any] = {
-            "quantiles": [0.25, 0.5, 0.75],
-            "epsilon": "0.1",
-            "method": "indexp",
-        }
-        payload.update(body)
-        return self.client.post(
-            f"/v1/datasets/{dataset_id}/quantiles", json=payload, headers=headers or ADMIN
-        )
-
-    def budget(self, dataset_id: str) -> dict[str, Any]:
-        r = self.client.get(f"/v1/datasets/{dataset_id}/budget", headers=ADMIN)
-        assert r.status_code == 200, r.text
-        out: dict[str, Any] = r.json()
-        return out
+        return self.new_key(role, dataset_id)
 
 
 @pytest.fixture

@@ -10,9 +10,7 @@ own datasets and keys (names carry a random suffix) instead of truncating tables
 from __future__ import annotations
 
 import secrets
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -24,7 +22,7 @@ from sqlalchemy import Engine, create_engine
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
-from tests.support import app_settings
+from tests.support import ApiBase, app_settings, auth
 
 ADMIN_KEY = "dpq_test-admin-" + secrets.token_urlsafe(32)
 
@@ -70,78 +68,18 @@ def client(app: FastAPI) -> TestClient:
     return TestClient(app, raise_server_exceptions=False)
 
 
-def auth(key: str) -> dict[str, str]:
-    """The Authorization header for ``key``."""
-    return {"Authorization": f"Bearer {key}"}
-
-
 ADMIN = auth(ADMIN_KEY)
 
 
-@dataclass
-class Api:
-    """Small helpers over the HTTP API, so tests read as scenarios."""
+class Api(ApiBase):
+    """Scenario helpers with this suite's admin key."""
 
-    client: TestClient
-
-    def dataset(
-        self,
-        *,
-        values: list[float] | None = None,
-        epsilon: str | float = "1.0",
-        delta: str | float = "0",
-        lower: float = 0.0,
-        upper: float = 100.0,
-        neighbors: str = "swap",
-        **extra: Any,
-    ) -> dict[str, Any]:
-        body = {
-            "name": "ds-" + uuid.uuid4().hex[:10],
-            "lower": lower,
-            "upper": upper,
-            "neighbors": neighbors,
-            "epsilon": epsilon,
-            "delta": delta,
-            **extra,
-        }
-        r = self.client.post("/v1/datasets", json=body, headers=ADMIN)
-        assert r.status_code == 201, r.text
-        ds: dict[str, Any] = r.json()
-        if values is not None:
-            self.upload(ds["id"], values)
-        return ds
-
-    def upload(self, dataset_id: str, values: list[float]) -> dict[str, Any]:
-        r = self.client.put(f"/v1/datasets/{dataset_id}/values", json=values, headers=ADMIN)
-        assert r.status_code == 200, r.text
-        out: dict[str, Any] = r.json()
-        return out
+    def __init__(self, client: TestClient) -> None:
+        super().__init__(client, ADMIN, "ds")
 
     def key(self, role: str, dataset_id: str | None = None) -> dict[str, str]:
-        body: dict[str, Any] = {"role": role, "name": f"test {role}"}
-        if dataset_id is not None:
-            body["dataset_id"] = dataset_id
-        r = self.client.post("/v1/keys", json=body, headers=ADMIN)
-        assert r.status_code == 201, r.text
-        return auth(r.json()["key"])
-
-    def query(
-        self,
-        dataset_id: str,
-        headers: dict[str, str] | None = None,
-        **body: Any,
-    ) -> Any:
-        payload = {"quantiles": [0.25, 0.5, 0.75], "epsilon": "0.1", "method": "indexp"}
-        payload.update(body)
-        return self.client.post(
-            f"/v1/datasets/{dataset_id}/quantiles", json=payload, headers=headers or ADMIN
-        )
-
-    def budget(self, dataset_id: str) -> dict[str, Any]:
-        r = self.client.get(f"/v1/datasets/{dataset_id}/budget", headers=ADMIN)
-        assert r.status_code == 200, r.text
-        out: dict[str, Any] = r.json()
-        return out
+        """A new key's Authorization header."""
+        return self.new_key(role, dataset_id)[1]
 
 
 @pytest.fixture
