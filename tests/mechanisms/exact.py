@@ -90,3 +90,23 @@ def chi_square_p(observed: dict[object, int], probs: dict[object, float], draws:
     exp_arr = np.asarray(exp)
     exp_arr *= sum(obs) / exp_arr.sum()
     return float(stats.chisquare(obs, exp_arr).pvalue)
+
+
+def assert_rejects(fn: object, overrides: dict[str, object], param: str) -> None:
+    """Call mechanism ``fn`` on a small valid input with ``overrides``; it must refuse ``param``."""
+    import pytest
+
+    from app.mechanisms import MechanismInputError
+
+    args: dict[str, object] = {
+        "data": [1.0, 2.0],
+        "quantiles": [0.5],
+        "epsilon": 1.0,
+        "lower": 0.0,
+        "upper": 4.0,
+    }
+    args.update(overrides)
+    data, quantiles = args.pop("data"), args.pop("quantiles")
+    with pytest.raises(MechanismInputError) as info:
+        fn(data, quantiles, **args)  # type: ignore[operator]
+    assert info.value.parameter == param

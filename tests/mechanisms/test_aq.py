@@ -15,12 +15,12 @@ import app.mechanisms.aq as aqmod
 from app.mechanisms import MECHANISMS
 from app.mechanisms.aq import aq, recursion_depth
 from app.mechanisms.base import (
-    MechanismInputError,
     PrivacyNotion,
     _fill_weights,
     _fill_weights_log,
     prepare,
 )
+from tests.mechanisms.exact import assert_rejects
 
 # --------------------------------------------------------------------- helpers
 
@@ -462,15 +462,4 @@ def test_registry_entry() -> None:
     ],
 )
 def test_validation_names_parameter(kwargs: dict[str, object], param: str) -> None:
-    args: dict[str, object] = {
-        "data": [1.0, 2.0],
-        "quantiles": [0.5],
-        "epsilon": 1.0,
-        "lower": 0.0,
-        "upper": 4.0,
-    }
-    args.update(kwargs)
-    data, quantiles = args.pop("data"), args.pop("quantiles")
-    with pytest.raises(MechanismInputError) as info:
-        aq(data, quantiles, **args)  # type: ignore[arg-type]
-    assert info.value.parameter == param
+    assert_rejects(aq, kwargs, param)

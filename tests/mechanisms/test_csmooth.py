@@ -15,6 +15,7 @@ from app.mechanisms.accounting import cdp_cost
 from app.mechanisms.base import MechanismInputError, PrivacyNotion, prepare
 from app.mechanisms.csmooth import csmooth, lln_parameters, lln_sigma, tuned_t
 from app.mechanisms.smooth import quantile_index, smooth_sensitivity
+from tests.mechanisms.exact import assert_rejects
 
 
 @pytest.mark.parametrize("eps", [0.05, 0.3, 1.0, 4.0])
@@ -162,15 +163,4 @@ def test_add_remove_is_refused() -> None:
     ],
 )
 def test_validation_names_parameter(kwargs: dict[str, object], param: str) -> None:
-    args: dict[str, object] = {
-        "data": [1.0, 2.0],
-        "quantiles": [0.5],
-        "epsilon": 1.0,
-        "lower": 0.0,
-        "upper": 4.0,
-    }
-    args.update(kwargs)
-    data, quantiles = args.pop("data"), args.pop("quantiles")
-    with pytest.raises(MechanismInputError) as info:
-        csmooth(data, quantiles, **args)  # type: ignore[arg-type]
-    assert info.value.parameter == param
+    assert_rejects(csmooth, kwargs, param)

@@ -12,6 +12,7 @@ from scipy import stats
 from app.mechanisms import MECHANISMS
 from app.mechanisms.base import MechanismInputError, PrivacyNotion, prepare
 from app.mechanisms.smooth import quantile_index, smooth, smooth_sensitivity
+from tests.mechanisms.exact import assert_rejects
 
 
 def brute_smooth_sensitivity(edges: np.ndarray, j: int, t: float) -> float:
@@ -193,15 +194,4 @@ def test_registry_entry() -> None:
     ],
 )
 def test_validation_names_parameter(kwargs: dict[str, object], param: str) -> None:
-    args: dict[str, object] = {
-        "data": [1.0, 2.0],
-        "quantiles": [0.5],
-        "epsilon": 1.0,
-        "lower": 0.0,
-        "upper": 4.0,
-    }
-    args.update(kwargs)
-    data, quantiles = args.pop("data"), args.pop("quantiles")
-    with pytest.raises(MechanismInputError) as info:
-        smooth(data, quantiles, **args)  # type: ignore[arg-type]
-    assert info.value.parameter == param
+    assert_rejects(smooth, kwargs, param)
