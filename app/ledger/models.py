@@ -35,3 +35,29 @@ class LedgerEntry(Base):
     release_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("release.id"), unique=True)
     api_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_key.id"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BudgetBalance(Base):
+    """Granted and spent (epsilon, delta) of one dataset: the ledger's running totals.
+
+    Written only by the ``ledger_entry_apply`` trigger, in the transaction that inserts the
+    ledger row, so it always equals the sums of the dataset's ledger rows (direct writes are
+    refused by ``budget_balance_guard``). ``no_overdraft`` makes PostgreSQL itself refuse any
+    debit that would spend more than was granted, whoever inserts it and under any isolation
+    level (migration 0003).
+    """
+
+    __tablename__ = "budget_balance"
+    __table_args__ = (
+        CheckConstraint(
+            "spent_epsilon <= granted_epsilon AND spent_delta <= granted_delta",
+            name="no_overdraft",
+        ),
+        CheckConstraint("spent_epsilon >= 0 AND spent_delta >= 0", name="nonnegative"),
+    )
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("dataset.id"), primary_key=True)
+    granted_epsilon: Mapped[Decimal] = mapped_column(Numeric)
+    granted_delta: Mapped[Decimal] = mapped_column(Numeric)
+    spent_epsilon: Mapped[Decimal] = mapped_column(Numeric)
+    spent_delta: Mapped[Decimal] = mapped_column(Numeric)

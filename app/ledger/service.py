@@ -1,7 +1,10 @@
-"""Budget accounting: every figure is a sum over the append-only ledger, computed by PostgreSQL.
+"""Budget accounting over the append-only ledger.
 
 Basic composition: the cost of a sequence of releases is the sum of their (epsilon, delta)
-costs. ``remaining = sum(grants) - sum(debits)``, both exact ``NUMERIC`` sums.
+costs. ``remaining = granted - spent``, read in O(1) from the dataset's ``budget_balance``
+row, which PostgreSQL keeps equal to the sums of the ledger rows (a trigger updates it in the
+same transaction as each ledger insert) and which refuses an overdraft by a CHECK constraint
+(migration 0003) — so even a code path that forgot the dataset lock cannot overspend.
 """
 
 from __future__ import annotations
@@ -13,11 +16,10 @@ from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal, localcontext
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import InstrumentedAttribute, Session
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.orm import Session
 
 from app.datasets.models import Dataset
-from app.ledger.models import LedgerEntry
+from app.ledger.models import BudgetBalance, LedgerEntry
 
 #: Costs computed in floating point (e.g. a zCDP conversion) are rounded UP to this quantum.
 COST_QUANTUM = Decimal("1e-12")
@@ -56,7 +58,7 @@ class Budget:
 
 
 def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
-    """Sum the dataset's ledger rows in one statement; None when the dataset does not exist.
+    """The dataset's budget (O(1): its balance row); None when the dataset does not exist.
 
     Call with the dataset row locked to get an answer that cannot change before commit.
     """
@@ -66,26 +68,22 @@ def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
 def budgets(session: Session, *, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, Budget]:
     """Granted and spent budget of each existing dataset in ``dataset_ids``, one statement.
 
-    ``spent`` is the sum of the debit rows, ``granted`` the sum of the grant rows (exact
-    ``NUMERIC`` sums computed by PostgreSQL); unknown ids are absent from the result.
+    Read from the balance rows (a dataset that was never granted anything has none: zero);
+    unknown ids are absent from the result.
     """
     if not dataset_ids:
         return {}
-
-    def total(column: InstrumentedAttribute[Decimal], kind: str) -> ColumnElement[Decimal]:
-        return func.coalesce(func.sum(column).filter(LedgerEntry.kind == kind), 0)
-
+    zero = Decimal(0)
     rows = session.execute(
         select(
             Dataset.id,
-            total(LedgerEntry.epsilon, "grant"),
-            total(LedgerEntry.delta, "grant"),
-            total(LedgerEntry.epsilon, "debit"),
-            total(LedgerEntry.delta, "debit"),
+            func.coalesce(BudgetBalance.granted_epsilon, zero),
+            func.coalesce(BudgetBalance.granted_delta, zero),
+            func.coalesce(BudgetBalance.spent_epsilon, zero),
+            func.coalesce(BudgetBalance.spent_delta, zero),
         )
-        .outerjoin(LedgerEntry, LedgerEntry.dataset_id == Dataset.id)
+        .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
         .where(Dataset.id.in_(dataset_ids))
-        .group_by(Dataset.id)
     )
     return {
         ds: Budget(granted=Amount(Decimal(ge), Decimal(gd)), spent=Amount(Decimal(se), Decimal(sd)))
@@ -101,18 +99,33 @@ def budget(session: Session, *, dataset_id: uuid.UUID) -> Budget:
     return found
 
 
+def mechanism_float(value: Decimal) -> float:
+    """The largest double that is <= ``value``: what the mechanism runs with.
+
+    The ledger debits the exact decimal the analyst asked for; running the mechanism with a
+    float at most that large means its guarantee (monotone in epsilon and delta) is never
+    weaker than the one that was paid for. ``float(Decimal)`` rounds to nearest and can be
+    half an ulp larger.
+    """
+    out = float(value)
+    if Decimal(out) > value:
+        out = math.nextafter(out, -math.inf)
+    return out
+
+
 def price(requested: Decimal | None, computed: float) -> Decimal:
     """The decimal to debit for a cost the mechanism computed as ``computed``.
 
-    When the mechanism charges exactly the requested figure (pure and approximate DP), the
-    requested decimal is debited as is. Anything else (a converted guarantee) is rounded up
-    to :data:`COST_QUANTUM`, so the ledger never undercounts.
+    The mechanism is priced at the float it runs with (:func:`mechanism_float` of the
+    request). When it charges exactly that float (pure and approximate DP), the requested
+    decimal is debited as is: it is at least as large. Anything else (a converted guarantee)
+    is rounded up to :data:`COST_QUANTUM`, so the ledger never undercounts.
     """
     if not math.isfinite(computed) or computed < 0:
         raise ValueError("mechanism returned an invalid cost")
     if computed == 0.0:
         return ZERO
-    if requested is not None and float(requested) == computed:
+    if requested is not None and mechanism_float(requested) == computed:
         return requested
     return Decimal(computed).quantize(COST_QUANTUM, rounding=ROUND_CEILING)
 

@@ -8,30 +8,47 @@ from decimal import Decimal
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     DateTime,
     Double,
     ForeignKey,
     Identity,
+    Index,
+    Integer,
     Numeric,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
 
+#: The states of a release (migration 0003): reserved and paid, answered, or failed (paid).
+PENDING, DONE, FAILED = "pending", "done", "failed"
+
 
 class Release(Base):
-    """A stored release: parameters, snapped estimates, cost and the budget left after it.
+    """A stored release: parameters, cost, the budget left after it, state and estimates.
 
     ``seq`` orders releases (newest first in listings). ``(api_key_id, dataset_id,
     idempotency_key)`` is unique, so one key can never buy two releases.
+
+    A release is inserted ``pending`` together with its debit (the reservation); a worker
+    holding the lease (``lease_token`` until ``lease_until``) runs the mechanism and sets
+    ``done`` with the estimates, or ``failed`` with a reason. ``attempts`` counts mechanism
+    runs started. PostgreSQL keeps a done release immutable and the priced parameters fixed
+    (trigger ``release_guard``).
     """
 
     __tablename__ = "release"
     __table_args__ = (
         UniqueConstraint("api_key_id", "dataset_id", "idempotency_key", name="uq_release_idem"),
+        CheckConstraint("status IN ('pending', 'done', 'failed')", name="status"),
+        CheckConstraint("(status = 'done') = (estimates IS NOT NULL)", name="estimates_iff_done"),
+        CheckConstraint("(status = 'failed') = (failure IS NOT NULL)", name="failure_iff_failed"),
+        Index("ix_release_pending", "seq", postgresql_where=text("status = 'pending'")),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
@@ -40,7 +57,7 @@ class Release(Base):
     api_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_key.id"))
     method: Mapped[str] = mapped_column(String(64))
     quantiles: Mapped[list[float]] = mapped_column(ARRAY(Double))
-    estimates: Mapped[list[float]] = mapped_column(ARRAY(Double))
+    estimates: Mapped[list[float] | None] = mapped_column(ARRAY(Double))
     epsilon: Mapped[Decimal] = mapped_column(Numeric)
     delta: Mapped[Decimal | None] = mapped_column(Numeric)
     cost_epsilon: Mapped[Decimal] = mapped_column(Numeric)
@@ -50,3 +67,9 @@ class Release(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(16))
+    failure: Mapped[str | None] = mapped_column(String(32))
+    attempts: Mapped[int] = mapped_column(Integer)
+    lease_token: Mapped[uuid.UUID | None] = mapped_column()
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
