@@ -2,44 +2,36 @@
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session, sessionmaker
 
+from app.auth.principal import Principal
 from app.auth.service import authenticate
-from app.db import SessionDep
 from app.errors import forbidden, unauthorized
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 
 
-@dataclass(frozen=True)
-class Principal:
-    """The authenticated key: its id, role and optional dataset scope."""
-
-    key_id: uuid.UUID
-    role: str
-    scope: uuid.UUID | None
-
-    def can_see(self, dataset_id: uuid.UUID) -> bool:
-        """True when the dataset lies inside this key's scope."""
-        return self.scope is None or self.scope == dataset_id
-
-
 def get_principal(
-    session: SessionDep,
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """Authenticate the bearer key; 401 when missing, unknown or revoked."""
+    """Authenticate the bearer key; 401 when missing, unknown or revoked.
+
+    Uses its own short transaction, closed before the endpoint runs, so that an endpoint
+    that waits (a release waiting for its worker) holds no connection while it waits.
+    """
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise unauthorized()
-    key = authenticate(session, raw=credentials.credentials)
-    if key is None:
-        raise unauthorized()
-    return Principal(key_id=key.id, role=key.role, scope=key.dataset_id)
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    with factory() as session, session.begin():
+        key = authenticate(session, raw=credentials.credentials)
+        if key is None:
+            raise unauthorized()
+        return Principal(key_id=key.id, role=key.role, scope=key.dataset_id)
 
 
 def _requires(*roles: str) -> object:

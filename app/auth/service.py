@@ -8,7 +8,7 @@ import secrets
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -19,6 +19,8 @@ from app.errors import invalid, not_found
 KEY_PREFIX = "dpq_"
 #: Characters of a key shown in listings (``dpq_`` plus 8 of the random part).
 PUBLIC_PREFIX_LENGTH = 12
+#: Name of the key registered from ``DPQUANT_BOOTSTRAP_ADMIN_KEY``.
+BOOTSTRAP_NAME = "bootstrap admin (DPQUANT_BOOTSTRAP_ADMIN_KEY)"
 
 
 def generate_key() -> str:
@@ -60,28 +62,54 @@ def create_key(
         name=name,
         created_at=datetime.now(UTC),
         revoked_at=None,
+        bootstrap=False,
     )
     session.add(key)
     session.flush()
     return key, raw
 
 
-def ensure_bootstrap_key(session: Session, *, raw: str) -> None:
-    """Make ``raw`` a valid admin key (idempotent; a revoked bootstrap key stays revoked)."""
+def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
+    """Make ``raw`` the bootstrap admin key; returns how many earlier bootstrap keys it revoked.
+
+    Idempotent. The bootstrap key is tied to ``DPQUANT_BOOTSTRAP_ADMIN_KEY``: a key registered
+    from an earlier value of the variable is revoked here, and a bootstrap key an admin
+    revoked stays revoked.
+    """
+    digest = hash_key(raw)
     stmt = (
         insert(ApiKey)
         .values(
             id=uuid.uuid4(),
             prefix=raw[:PUBLIC_PREFIX_LENGTH] if raw.startswith(KEY_PREFIX) else "bootstrap",
-            key_hash=hash_key(raw),
+            key_hash=digest,
             role="admin",
             dataset_id=None,
-            name="bootstrap admin (DPQUANT_BOOTSTRAP_ADMIN_KEY)",
+            name=BOOTSTRAP_NAME,
             created_at=datetime.now(UTC),
+            bootstrap=True,
         )
         .on_conflict_do_nothing(index_elements=["key_hash"])
     )
     session.execute(stmt)
+    return _revoke_bootstrap(session, keep=digest)
+
+
+def retire_bootstrap_keys(session: Session) -> int:
+    """Revoke every bootstrap key (the variable is unset); returns how many were live."""
+    return _revoke_bootstrap(session, keep=None)
+
+
+def _revoke_bootstrap(session: Session, *, keep: str | None) -> int:
+    stmt = (
+        update(ApiKey)
+        .where(ApiKey.bootstrap.is_(True), ApiKey.revoked_at.is_(None))
+        .values(revoked_at=datetime.now(UTC))
+    )
+    if keep is not None:
+        stmt = stmt.where(ApiKey.key_hash != keep)
+    result = session.execute(stmt)
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def list_keys(session: Session) -> list[ApiKey]:

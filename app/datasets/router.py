@@ -7,14 +7,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from app.auth.deps import AdminDep, Principal, ReaderDep
+from app.auth.deps import AdminDep, ReaderDep
+from app.auth.principal import Principal
 from app.datasets import service
 from app.datasets.models import Dataset
 from app.datasets.schemas import DatasetAdmin, DatasetCreate, DatasetPage, DatasetPublic
 from app.db import SessionDep
 from app.errors import DpquantError, error_responses
 from app.ledger.schemas import AmountPublic
-from app.ledger.service import Budget, budget, budgets
+from app.ledger.service import Budget, add_grant, budget, budgets
 from app.ops.http import DecimalJSONRoute, decode_cursor, encode_cursor
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=DecimalJSONRoute)
@@ -58,7 +59,16 @@ def present(
 )
 def create_dataset(body: DatasetCreate, session: SessionDep, principal: AdminDep) -> DatasetPublic:
     """Create a dataset with public bounds, neighbour relation, grid and initial budget."""
-    dataset = service.create_dataset(session, body=body, api_key_id=principal.key_id)
+    dataset = service.create_dataset(session, body=body)
+    if body.epsilon > 0 or body.delta > 0:
+        add_grant(
+            session,
+            dataset_id=dataset.id,
+            epsilon=body.epsilon,
+            delta=body.delta,
+            reason="initial budget",
+            api_key_id=principal.key_id,
+        )
     return present(session, dataset, principal)
 
 

@@ -19,11 +19,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.auth.deps import Principal
+from app.auth.principal import Principal
 from app.datasets.models import Dataset, DatasetData
 from app.datasets.schemas import DatasetCreate
 from app.errors import DpquantError, invalid, not_found
-from app.ledger.service import add_grant
 
 FloatArray = NDArray[np.float64]
 
@@ -80,10 +79,9 @@ def snap_to_grid(
 # --------------------------------------------------------------------------- create and read
 
 
-def create_dataset(
-    session: Session, *, body: DatasetCreate, api_key_id: uuid.UUID | None
-) -> Dataset:
-    """Insert the dataset and, when non-zero, its initial grant."""
+def create_dataset(session: Session, *, body: DatasetCreate) -> Dataset:
+    """Insert the dataset (its initial grant is the caller's: the ledger depends on datasets,
+    not the other way round)."""
     if body.granularity is None:
         granularity = default_granularity(body.lower, body.upper)
     else:
@@ -114,15 +112,6 @@ def create_dataset(
         session.flush()
     except IntegrityError:
         raise DpquantError(409, "name_taken", "a dataset with this name already exists") from None
-    if body.epsilon > 0 or body.delta > 0:
-        add_grant(
-            session,
-            dataset_id=dataset.id,
-            epsilon=body.epsilon,
-            delta=body.delta,
-            reason="initial budget",
-            api_key_id=api_key_id,
-        )
     return dataset
 
 

@@ -1,0 +1,23 @@
+"""Who is calling: a plain value that routers build and services take (no FastAPI here).
+
+Services receive a :class:`Principal` instead of reading a request, so the same service
+functions serve HTTP requests, background workers and the command line.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated key: its id, role and optional dataset scope."""
+
+    key_id: uuid.UUID
+    role: str
+    scope: uuid.UUID | None
+
+    def can_see(self, dataset_id: uuid.UUID) -> bool:
+        """True when the dataset lies inside this key's scope."""
+        return self.scope is None or self.scope == dataset_id
