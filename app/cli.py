@@ -1,4 +1,4 @@
-"""The ``dpquant`` command: serve, migrate, create-key, openapi, experiments."""
+"""The ``dpquant`` command: serve, worker, migrate, create-key, openapi, experiments."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
@@ -37,8 +38,29 @@ def _exit_normally(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def start_release_workers(concurrency: int) -> subprocess.Popen[bytes] | None:
+    """``dpquant worker`` as a child process (it inherits the environment and the URL)."""
+    if concurrency <= 0:
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency)]
+    )
+
+
+def stop_release_workers(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM the worker supervisor and wait for it (it lets runs finish, then stops)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    """Start the embedded database if needed, migrate it, then run uvicorn."""
+    """Start the embedded database if needed, migrate it, start release workers, run uvicorn."""
     import uvicorn
 
     from app.db import resolve_database_url, upgrade_database
@@ -46,8 +68,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     url, embedded = resolve_database_url(settings)
     if embedded:
         upgrade_database(url)
-        # Workers inherit the URL, so the embedded server is started once, here.
+        # Web and worker processes inherit the URL, so the embedded server starts once, here.
         os.environ["DPQUANT_DATABASE_URL"] = url
+    release_workers = settings.workers if args.release_workers is None else args.release_workers
     base = f"http://{args.host}:{args.port}"
     _write(f"dpquant listening on {base} (API docs: {base}/docs)")
     _write(
@@ -59,23 +82,48 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         )
     )
     _write(
-        "admin key: set DPQUANT_BOOTSTRAP_ADMIN_KEY before starting, or run "
+        "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is set (registered as the bootstrap admin key)"
+        if settings.bootstrap_admin_key is not None
+        else "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is not set; create one with "
         "`dpquant create-key --role admin`"
+    )
+    _write(
+        f"release workers: {release_workers} process(es) on this machine"
+        + ("" if release_workers else " (run `dpquant worker` elsewhere, or releases wait)")
     )
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, through whatever handler
     # was installed before it started. Ours turns it into a normal exit so that atexit hooks
     # run and the embedded PostgreSQL is stopped with the last process that uses it.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_normally)
-    uvicorn.run(
-        "app.main:create_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level=settings.log_level.lower(),
-    )
+    workers_proc = start_release_workers(release_workers)
+    try:
+        uvicorn.run(
+            "app.main:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=settings.log_level.lower(),
+        )
+    finally:
+        stop_release_workers(workers_proc)
     return 0
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    """Run release workers (a supervisor and ``--concurrency`` worker processes)."""
+    from app.db import resolve_database_url
+    from app.worker import Supervisor
+
+    url, _ = resolve_database_url(settings)
+    concurrency = args.concurrency if args.concurrency is not None else max(1, settings.workers)
+    logger.info(
+        "release workers: %d process(es), run time limit %.0f s",
+        concurrency,
+        settings.run_timeout_s,
+    )
+    return Supervisor(url, settings, concurrency).run()
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -151,7 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the API (embedded PostgreSQL if no URL is set)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--workers", type=int, default=1, help="web (uvicorn) processes")
+    serve.add_argument(
+        "--release-workers",
+        type=int,
+        default=None,
+        help="release worker processes to start beside the API (default DPQUANT_WORKERS=2)",
+    )
+
+    worker = sub.add_parser("worker", help="run release workers (mechanism runs)")
+    worker.add_argument(
+        "--concurrency", type=int, default=None, help="worker processes (default DPQUANT_WORKERS)"
+    )
 
     sub.add_parser("migrate", help="apply database migrations")
 
@@ -179,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level)
     handlers = {
         "serve": cmd_serve,
+        "worker": cmd_worker,
         "migrate": cmd_migrate,
         "create-key": cmd_create_key,
         "openapi": cmd_openapi,

@@ -11,6 +11,9 @@ resources always sufficient for everyone admitted; the others wait here, asynchr
 holding neither. A request that cannot be admitted within ``queue_timeout_s`` gets 503.
 
 ``/healthz`` bypasses the gate (it touches no database and must answer under load).
+
+A request that goes on to wait without holding a thread or a connection (a release waiting
+for its worker, issue 8) gives its slot back early through ``scope[ADMISSION_RELEASE]()``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 logger = logging.getLogger(__name__)
 
 BYPASS_PATHS = frozenset({"/healthz"})
+
+#: Scope key of the callable that gives the request's admission slot back early (idempotent).
+ADMISSION_RELEASE = "dpquant.admission.release"
 
 
 def admission_limit(connections: int) -> int:
@@ -61,10 +67,19 @@ class AdmissionMiddleware:
             logger.warning("request not admitted within %.1f s", self.queue_timeout_s)
             await _overloaded(send)
             return
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                semaphore.release()
+
+        scope[ADMISSION_RELEASE] = release
         try:
             await self.app(scope, receive, send)
         finally:
-            semaphore.release()
+            release()
 
 
 async def _overloaded(send: Send) -> None:

@@ -73,6 +73,39 @@ class Settings(BaseSettings):
         description="Longest statement or lock wait before a 503 (0 = unbounded).",
     )
 
+    # Release workers (issue 8).
+    workers: int = Field(
+        default=2,
+        ge=0,
+        description="Release worker processes `dpquant serve` starts beside the API (0 = none).",
+    )
+    run_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Hard time limit of one mechanism run; past it the release is failed.",
+    )
+    lease_margin_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A worker's lease on a release lasts run_timeout_s plus this margin.",
+    )
+    max_runs: int = Field(
+        default=3, ge=1, description="Mechanism runs one release may start in all (retries)."
+    )
+    sync_wait_s: float = Field(
+        default=150.0,
+        ge=0,
+        description="How long a synchronous query waits for its run before answering 202.",
+    )
+    worker_poll_s: float = Field(
+        default=1.0, gt=0, description="Idle workers look for runnable releases this often."
+    )
+    chaos_run_delay_ms: int = Field(
+        default=0,
+        ge=0,
+        description="Fault injection for tests: workers sleep this long before each run.",
+    )
+
     @field_validator("bootstrap_admin_key")
     @classmethod
     def _refuse_placeholder(cls, value: SecretStr | None) -> SecretStr | None:

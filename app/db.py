@@ -3,20 +3,31 @@
 Transactions: one session per request (:data:`SessionDep`). The dependency commits when the
 endpoint returns and rolls back when it raises; it is declared with ``scope="function"`` so
 the commit happens *before* the response is sent, and a failed commit becomes an error
-response instead of a success that was never stored.
+response instead of a success that was never stored. Code that must commit at a precise
+point (the release reservation) uses :func:`transaction`, which also retries serialization
+failures and deadlocks.
+
+Isolation: every connection the service opens runs its transactions at READ COMMITTED,
+whatever ``default_transaction_isolation`` the database or role sets (issue 8). The ledger's
+locking protocol (lock the dataset row, then read the balance) relies on each statement
+seeing what was committed before it; under REPEATABLE READ a read after the lock would see
+the transaction's older snapshot. The balance row's CHECK constraint holds at any level.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine, MetaData, create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.config import Settings
@@ -50,6 +61,9 @@ def load_models() -> MetaData:
 
 
 # --------------------------------------------------------------------------- URLs and engines
+
+#: Pinned on every connection (see the module docstring).
+ISOLATION_LEVEL = "READ COMMITTED"
 
 
 def normalize_url(url: str) -> str:
@@ -94,6 +108,7 @@ def make_engine(url: str, settings: Settings) -> Engine:
     hide_result_rows()  # issue 5: no data value in logs, even with SQL logging at DEBUG
     engine = create_engine(
         normalize_url(url),
+        isolation_level=ISOLATION_LEVEL,
         hide_parameters=True,
         pool_size=settings.pool_size,
         max_overflow=settings.max_overflow,
@@ -114,13 +129,33 @@ def redact_url(url: str) -> str:
 # --------------------------------------------------------------------------- sessions
 
 
+#: SQLSTATEs after which the whole transaction can simply be run again.
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error, if there is one."""
+    orig = getattr(exc, "orig", None)
+    state = getattr(orig, "sqlstate", None)
+    return str(state) if state else None
+
+
+class CommitOutcomeUnknown(Exception):
+    """The COMMIT was sent but its result never arrived: it may or may not have happened."""
+
+
 def get_session(request: Request) -> Iterator[Session]:
     """One session per request: commit on success, roll back on error, always close."""
     factory: sessionmaker[Session] = request.app.state.session_factory
     session = factory()
     try:
         yield session
-        session.commit()
+        try:
+            session.commit()
+        except DBAPIError as exc:
+            if exc.connection_invalidated or sqlstate(exc) is None:
+                raise CommitOutcomeUnknown() from None
+            raise
     except BaseException:
         session.rollback()
         raise
@@ -129,6 +164,50 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+T = TypeVar("T")
+
+
+def transaction(
+    factory: sessionmaker[Session],
+    work: Callable[[Session], T],
+    *,
+    attempts: int = 8,
+) -> T:
+    """Run ``work`` in its own transaction and commit; retry serialization failures.
+
+    ``work`` is run again from the start (in a new transaction) after a serialization
+    failure or a deadlock, at most ``attempts`` times in all, with jittered backoff; any other
+    exception rolls back and propagates. A connection lost *during* the commit raises
+    :class:`CommitOutcomeUnknown`, since the transaction may have committed.
+    """
+    for attempt in range(1, attempts + 1):
+        session = factory()
+        try:
+            session.begin()
+            result = work(session)
+            try:
+                session.commit()
+            except DBAPIError as exc:
+                if sqlstate(exc) in RETRYABLE_SQLSTATES:
+                    raise
+                if exc.connection_invalidated or sqlstate(exc) is None:
+                    raise CommitOutcomeUnknown() from None
+                raise
+            return result
+        except DBAPIError as exc:
+            session.rollback()
+            if sqlstate(exc) in RETRYABLE_SQLSTATES and attempt < attempts:
+                logger.info("transaction retried after SQLSTATE %s", sqlstate(exc))
+                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+                continue
+            raise
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 # --------------------------------------------------------------------------- migrations

@@ -17,6 +17,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.db import CommitOutcomeUnknown
+
 logger = logging.getLogger(__name__)
 
 
@@ -75,6 +77,23 @@ def invalid(field: str, problem: str) -> DpquantError:
     return DpquantError(422, "validation_error", f"{field}: {problem}")
 
 
+def outcome_unknown(has_idempotency_key: bool = True) -> DpquantError:
+    """503 when a commit was sent but its result was lost: it may or may not have happened."""
+    advice = (
+        "retry with the same Idempotency-Key: it returns the release if it exists and creates "
+        "none twice"
+        if has_idempotency_key
+        else "list the dataset's releases before retrying (send an Idempotency-Key to make "
+        "retries safe)"
+    )
+    return DpquantError(
+        503,
+        "outcome_unknown",
+        f"the database connection was lost while committing; the outcome is unknown: {advice}",
+        headers={"Retry-After": "1"},
+    )
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses=`` entries documenting error statuses with :class:`ErrorBody`."""
     descriptions = {
@@ -86,7 +105,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "Upload too large",
         415: "Unsupported Content-Type",
         422: "Invalid input; the detail names the field",
-        503: "Database or mechanism unavailable; nothing was charged",
+        503: "Database unavailable or overloaded; the detail says whether anything was "
+        "charged (outcome_unknown: retry with the same Idempotency-Key)",
     }
     out: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
@@ -139,6 +159,11 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
+
+    @app.exception_handler(CommitOutcomeUnknown)
+    async def _outcome_unknown(request: Request, exc: CommitOutcomeUnknown) -> JSONResponse:
+        err = outcome_unknown(has_idempotency_key="idempotency-key" in request.headers)
+        return JSONResponse(_body(err.type, err.detail), status_code=503, headers=err.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

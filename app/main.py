@@ -18,19 +18,27 @@ from starlette.concurrency import run_in_threadpool
 
 from app import __version__
 from app.auth.router import router as keys_router
-from app.auth.service import ensure_bootstrap_key
+from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys
 from app.bodylimit import BodyLimitMiddleware
 from app.concurrency import AdmissionMiddleware
 from app.config import Settings
 from app.datasets.router import router as datasets_router
 from app.datasets.service import VALUES_CACHE
-from app.db import head_revisions, make_engine, redact_url, resolve_database_url, upgrade_database
+from app.db import (
+    current_revisions,
+    head_revisions,
+    make_engine,
+    redact_url,
+    resolve_database_url,
+    upgrade_database,
+)
 from app.errors import install_error_handlers
 from app.guard import GuardMiddleware
 from app.ledger.router import router as ledger_router
 from app.ops.router import router as ops_router
 from app.ratelimit import RateLimitMiddleware
 from app.releases.router import router as releases_router
+from app.releases.waiter import CompletionHub
 from app.timing import ReleaseTimingMiddleware
 
 logger = logging.getLogger(__name__)
@@ -57,23 +65,43 @@ def _start(app: FastAPI) -> None:
     if embedded:
         upgrade_database(url)
     engine = make_engine(url, settings)
+    app.state.database_url = url
     app.state.engine = engine
     app.state.session_factory = sessionmaker(engine, expire_on_commit=False)
     app.state.migration_heads = head_revisions()
     logger.info("database: %s", "embedded PostgreSQL" if embedded else redact_url(url))
-    if settings.bootstrap_admin_key is not None:
-        with app.state.session_factory.begin() as session:
-            ensure_bootstrap_key(session, raw=settings.bootstrap_admin_key.get_secret_value())
-        logger.info("bootstrap admin key registered (stored hashed)")
+    if current_revisions(engine) != app.state.migration_heads:
+        logger.error("the database is not migrated (run `dpquant migrate`); /readyz says so")
+        return
+    with app.state.session_factory.begin() as session:
+        if settings.bootstrap_admin_key is not None:
+            revoked = ensure_bootstrap_key(
+                session, raw=settings.bootstrap_admin_key.get_secret_value()
+            )
+            logger.info(
+                "bootstrap admin key registered from DPQUANT_BOOTSTRAP_ADMIN_KEY (stored hashed)"
+                + (f"; {revoked} earlier bootstrap key(s) revoked" if revoked else "")
+            )
+        else:
+            revoked = retire_bootstrap_keys(session)
+            if revoked:
+                logger.warning(
+                    "DPQUANT_BOOTSTRAP_ADMIN_KEY is unset: %d earlier bootstrap key(s) revoked",
+                    revoked,
+                )
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Connect at startup, dispose of the pool at shutdown."""
+    """Connect at startup (and listen for finished releases); dispose of the pool at shutdown."""
     await run_in_threadpool(_start, app)
+    hub = CompletionHub(app.state.database_url)
+    app.state.completion_hub = hub
+    hub.start()
     try:
         yield
     finally:
+        await hub.stop()
         app.state.engine.dispose()
 
 

@@ -75,6 +75,10 @@ def conditional_json(request: Request, model: BaseModel, status_code: int = 200)
     return Response(body, status_code=status_code, media_type="application/json", headers=headers)
 
 
+#: Cursor positions are PostgreSQL ``bigint`` keys (identity columns start at 1).
+MAX_CURSOR_POSITION = 2**63
+
+
 def encode_cursor(position: int) -> str:
     """An opaque cursor for keyset pagination."""
     return base64.urlsafe_b64encode(f"v1:{position}".encode()).decode().rstrip("=")
@@ -87,8 +91,11 @@ def decode_cursor(cursor: str | None) -> int | None:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         tag, _, number = raw.partition(":")
-        if tag != "v1":
+        if tag != "v1" or not number.isdigit():
             raise ValueError
-        return int(number)
+        position = int(number)
+        if not 0 < position < MAX_CURSOR_POSITION:
+            raise ValueError
+        return position
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise invalid("query.cursor", "is not a cursor returned by this API") from None

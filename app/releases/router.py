@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
 
 from app.auth.deps import AnalystDep, ReaderDep
-from app.db import SessionDep
-from app.errors import ErrorBody, error_responses
+from app.concurrency import ADMISSION_RELEASE
+from app.db import CommitOutcomeUnknown, SessionDep, transaction
+from app.errors import ErrorBody, error_responses, outcome_unknown
 from app.ledger.schemas import AmountPublic
 from app.ops.http import (
     DecimalJSONRoute,
     conditional_json,
     decode_cursor,
     encode_cursor,
+    etag_of,
     json_bytes,
 )
 from app.releases import service
 from app.releases.models import Release
 from app.releases.schemas import BudgetExhausted, QuantileQuery, ReleasePage, ReleasePublic
+from app.releases.waiter import wait_until
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute)
 
@@ -31,24 +34,59 @@ def present(release: Release) -> ReleasePublic:
     return ReleasePublic(
         id=release.id,
         dataset_id=release.dataset_id,
+        status=release.status,
         method=release.method,
         quantiles=list(release.quantiles),
-        estimates=list(release.estimates),
+        estimates=None if release.estimates is None else list(release.estimates),
+        failure=release.failure,
         epsilon=release.epsilon,
         delta=release.delta,
         cost=AmountPublic(epsilon=release.cost_epsilon, delta=release.cost_delta),
         remaining=AmountPublic(epsilon=release.remaining_epsilon, delta=release.remaining_delta),
         created_at=release.created_at,
+        finished_at=release.finished_at,
     )
 
 
 QUERY_ERRORS = error_responses(401, 403, 404, 422, 503) | {
+    202: {
+        "model": ReleasePublic,
+        "description": "Accepted: the release is reserved and paid, its mechanism has not "
+        "answered yet (`Prefer: respond-async`, or a synchronous wait that ran out). Poll "
+        "`Location` until `status` is `done` or `failed`.",
+        "headers": {"Location": {"description": "/v1/releases/{id}", "schema": {"type": "string"}}},
+    },
     409: {
         "model": BudgetExhausted | ErrorBody,
         "description": "budget_exhausted (with the requested and remaining figures), "
         "idempotency_conflict, or no_values",
-    }
+    },
 }
+
+
+def parse_prefer(header: str | None) -> tuple[bool, float | None]:
+    """``respond-async`` and ``wait=N`` from a ``Prefer`` header (RFC 7240)."""
+    if not header:
+        return False, None
+    respond_async, wait = False, None
+    for item in header.split(","):
+        token = item.split(";")[0].strip()
+        name, _, value = token.partition("=")
+        name = name.strip().lower()
+        if name == "respond-async":
+            respond_async = True
+        elif name == "wait":
+            try:
+                wait = max(0.0, float(value.strip().strip('"')))
+            except ValueError:
+                continue
+    return respond_async, wait
+
+
+def _release_admission(request: Request) -> None:
+    hook = request.scope.get(ADMISSION_RELEASE)
+    if callable(hook):
+        hook()
 
 
 @router.post(
@@ -58,38 +96,85 @@ QUERY_ERRORS = error_responses(401, 403, 404, 422, 503) | {
     responses=QUERY_ERRORS,
     summary="Release differentially private quantiles (debits the budget)",
 )
-def create_release(
+async def create_release(
     dataset_id: uuid.UUID,
     body: QuantileQuery,
     request: Request,
-    session: SessionDep,
     principal: AnalystDep,
     idempotency_key: Annotated[
         str | None,
         Header(
             min_length=1,
             max_length=255,
-            description="Retry-safe key: the same key and body return the original release.",
+            description="Retry-safe key: the same key and body return (or resume) the original "
+            "release without a new debit.",
+        ),
+    ] = None,
+    prefer: Annotated[
+        str | None,
+        Header(
+            max_length=200,
+            description="`respond-async` answers 202 at once; `wait=N` bounds a synchronous "
+            "wait to N seconds (then 202).",
         ),
     ] = None,
 ) -> Response:
-    """Price the query, debit the budget and store the release, all in one transaction."""
-    started = time.monotonic()
+    """Reserve and pay for the release, then wait for its mechanism run (or answer 202).
+
+    201: the release finished (`done` with estimates, or `failed`, still charged). 202: it is
+    reserved and paid and still running; poll `Location`. Refusals (409) never run a
+    mechanism and read no data value.
+    """
     settings = request.app.state.settings
-    outcome = service.create_release(
-        session,
-        principal=principal,
-        dataset_id=dataset_id,
-        query=body,
-        idempotency_key=idempotency_key,
-        max_quantiles=settings.max_quantiles,
+    factory = request.app.state.session_factory
+
+    def reserve() -> service.Outcome:
+        try:
+            return transaction(
+                factory,
+                lambda session: service.reserve_release(
+                    session,
+                    principal=principal,
+                    dataset_id=dataset_id,
+                    query=body,
+                    idempotency_key=idempotency_key,
+                    max_quantiles=settings.max_quantiles,
+                    max_runs=settings.max_runs,
+                ),
+            )
+        except CommitOutcomeUnknown:
+            raise outcome_unknown(idempotency_key is not None) from None
+
+    outcome = await anyio.to_thread.run_sync(reserve)
+    release = outcome.release
+    respond_async, wait_s = parse_prefer(prefer)
+    if not service.is_finished(release) and not respond_async:
+        # Paid and queued: wait for the worker holding nothing (no thread, connection, lock
+        # or admission slot).
+        _release_admission(request)
+        timeout = settings.sync_wait_s if wait_s is None else min(wait_s, settings.sync_wait_s)
+
+        def read() -> Release:
+            with factory() as session:
+                return service.get_release(session, principal=principal, release_id=release.id)
+
+        release = await wait_until(
+            request.app.state.completion_hub,
+            release.id,
+            read=read,
+            finished=service.is_finished,
+            timeout_s=timeout,
+        )
+    content = json_bytes(present(release))
+    headers = {"Location": f"/v1/releases/{release.id}", "ETag": etag_of(content)}
+    if outcome.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    if respond_async:
+        headers["Preference-Applied"] = "respond-async"
+    status_code = 201 if service.is_finished(release) else 202
+    return Response(
+        content, status_code=status_code, media_type="application/json", headers=headers
     )
-    content = json_bytes(present(outcome.release))
-    pad = settings.min_release_ms / 1000.0 - (time.monotonic() - started)
-    if pad > 0:
-        time.sleep(pad)
-    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
-    return Response(content, status_code=201, media_type="application/json", headers=headers)
 
 
 @router.get(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -39,22 +39,32 @@ class QuantileQuery(BaseModel):
         return value
 
 
-class ReleasePublic(BaseModel):
-    """A stored release. Reading it again is free and returns the same bytes.
+ReleaseStatus = Literal["pending", "done", "failed"]
+FailureReason = Literal["timeout", "mechanism_error", "worker_lost"]
 
-    ``remaining`` is the dataset's budget right after this release was made.
+
+class ReleasePublic(BaseModel):
+    """A stored release. Reading it again is free; a finished release reads as the same bytes.
+
+    ``status`` is ``pending`` (paid, the mechanism has not answered yet), ``done``
+    (``estimates`` holds the answer) or ``failed`` (``failure`` says why; the cost stays
+    debited, because whether and when a run fails may depend on the data). ``cost`` was
+    debited when the release was reserved; ``remaining`` is the budget right after that.
     """
 
     id: uuid.UUID
     dataset_id: uuid.UUID
+    status: ReleaseStatus
     method: str
     quantiles: list[float]
-    estimates: list[float]
+    estimates: list[float] | None = Field(description="The answer; null unless status is done.")
+    failure: FailureReason | None = Field(description="Why the release failed; null otherwise.")
     epsilon: Decimal
     delta: Decimal | None
     cost: AmountPublic
     remaining: AmountPublic
     created_at: datetime
+    finished_at: datetime | None
 
 
 class ReleasePage(BaseModel):

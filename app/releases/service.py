@@ -1,50 +1,50 @@
-"""The release transaction (DESIGN.md section 3).
+"""Releases: reserve, then sample (issue 8; DESIGN.md section 3).
 
-``create_release`` keeps the ledger invariants by construction:
+A release is a small state machine stored in PostgreSQL: ``pending -> done | failed``.
 
-1. Outside the lock: validate and price the query, load the values (binary fetch), refuse
-   early when the budget is already too small, run the mechanism and snap its output to the
-   public grid. Nothing computed here is visible to anyone yet.
-2. In the request's single transaction: ``SELECT ... FOR UPDATE`` on the dataset row, the
-   idempotency check, ``remaining = sum(grants) - sum(debits)``, refusal (409) when the cost
-   does not fit, then the release row, its debit and the freeze mark.
-3. The caller commits once (before the response is sent); any exception before that rolls
-   everything back, so a release never exists without its debit and a failed mechanism
-   costs nothing.
+1. **Reservation** (:func:`reserve_release`, one short transaction): lock the dataset row,
+   look the ``Idempotency-Key`` up, check the budget from the balance row, insert the release
+   as ``pending`` together with the debit of its full cost, freeze the dataset, commit. Nothing
+   here reads a data value, so every refusal (404, 409, 422) depends on public figures only
+   and takes the same time whatever the size of the dataset.
+2. **Run** (:mod:`app.releases.runner`, in a worker process): the mechanism runs outside any
+   transaction on the frozen values; its snapped estimates are stored with ``done`` in a
+   second transaction, or the release is marked ``failed``.
 
-Sampling before the lock (rather than inside it, as DESIGN.md sketches) is equivalent for
-privacy: an estimate leaves the service only through the transaction that debits it, and
-the decision to release depends on budget figures alone. It keeps the lock, which every
-writer of the dataset's ledger must take, held only for a few statements and the commit, so
-large datasets do not serialise their mechanism runs.
+Every mechanism run is therefore paid before it starts, refusals never start one, and a
+failure keeps its debit: whether a run fails, and when, may depend on the data, so a failure
+is itself an observable outcome of the mechanism and is charged like one. A retry with the
+same key resumes a ``pending`` or ``failed`` release without a new debit (no output of it was
+ever released), up to ``max_runs`` runs in all.
 
-Because every writer of a dataset's ledger holds the row lock, the sum of debits can never
-exceed the sum of grants, whatever the number of processes.
+The ledger cannot be overspent even by code that forgets the lock: the balance row's CHECK
+constraint refuses an overdraft inside PostgreSQL (migration 0003).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from app.auth.deps import Principal
-from app.datasets.models import Dataset
-from app.datasets.service import FloatArray, get_visible, load_values, snap_to_grid
+from app.auth.principal import Principal
+from app.datasets.service import get_visible
 from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
-from app.ledger.service import Amount, add_debit, budget, price
+from app.ledger.service import Amount, add_debit, budget, mechanism_float, price
 from app.mechanisms import Mechanism, MechanismInputError, get_mechanism
-from app.releases.models import Release
+from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.schemas import QuantileQuery
 
-logger = logging.getLogger(__name__)
+#: Channel on which a reservation wakes the workers (payload: the release id).
+PENDING_CHANNEL = "dpquant_release_pending"
+#: Channel on which a worker announces a finished release (payload: the release id).
+FINISHED_CHANNEL = "dpquant_release_finished"
 
 
 @dataclass(frozen=True)
@@ -55,23 +55,33 @@ class Outcome:
     replayed: bool
 
 
-def _mechanism_error(exc: MechanismInputError) -> DpquantError:
-    if exc.parameter == "data":
-        # Never relay a data-dependent message; the data were validated at upload.
-        return DpquantError(503, "mechanism_unavailable", "the mechanism could not run")
+@dataclass(frozen=True)
+class Priced:
+    """A validated query: its mechanism, exact cost and fingerprint."""
+
+    mechanism: Mechanism
+    cost: Amount
+    fingerprint: str
+
+
+def _parameter_error(exc: MechanismInputError) -> DpquantError:
     return invalid(f"body.{exc.parameter}", exc.problem)
 
 
 def quote(mech: Mechanism, query: QuantileQuery) -> Amount:
-    """Validate the privacy parameters with the mechanism and price the release exactly."""
+    """Validate the privacy parameters with the mechanism and price the release exactly.
+
+    The mechanism will run with :func:`~app.ledger.service.mechanism_float` of the requested
+    figures (never above them); its declared cost at those floats is what is priced.
+    """
     try:
         eps_cost, delta_cost = mech.dp_cost(
-            epsilon=float(query.epsilon),
-            delta=None if query.delta is None else float(query.delta),
+            epsilon=mechanism_float(query.epsilon),
+            delta=None if query.delta is None else mechanism_float(query.delta),
         )
         return Amount(price(query.epsilon, eps_cost), price(query.delta, delta_cost))
     except MechanismInputError as exc:
-        raise _mechanism_error(exc) from None
+        raise _parameter_error(exc) from None
     except ValueError:
         raise invalid("body.epsilon", "these privacy parameters have no finite cost") from None
 
@@ -87,15 +97,28 @@ def request_fingerprint(query: QuantileQuery) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
+def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
+    """Everything about a query that needs no database: limits, method, cost, fingerprint."""
+    if len(query.quantiles) > max_quantiles:
+        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
+    try:
+        mech = get_mechanism(query.method)
+    except MechanismInputError as exc:
+        raise invalid("body.method", exc.problem) from None
+    return Priced(mech, quote(mech, query), request_fingerprint(query))
+
+
 def _find_idempotent(
     session: Session, *, principal: Principal, dataset_id: uuid.UUID, key: str, fingerprint: str
 ) -> Release | None:
     existing = session.scalars(
-        select(Release).where(
+        select(Release)
+        .where(
             Release.api_key_id == principal.key_id,
             Release.dataset_id == dataset_id,
             Release.idempotency_key == key,
         )
+        .execution_options(populate_existing=True)
     ).first()
     if existing is None:
         return None
@@ -106,43 +129,6 @@ def _find_idempotent(
             "this Idempotency-Key was already used with a different request body",
         )
     return existing
-
-
-def _sample(
-    mech: Mechanism, query: QuantileQuery, dataset: Dataset, values: FloatArray
-) -> FloatArray:
-    """Run the mechanism and snap its output to the dataset's public grid.
-
-    The result is not released by this function: it only leaves the service if the locked
-    transaction that debits its cost commits.
-    """
-    try:
-        raw = mech.run(
-            values,
-            query.quantiles,
-            epsilon=float(query.epsilon),
-            delta=None if query.delta is None else float(query.delta),
-            lower=dataset.lower,
-            upper=dataset.upper,
-            neighbors=dataset.neighbors,
-        )
-    except MechanismInputError as exc:
-        raise _mechanism_error(exc) from None
-    except Exception as exc:
-        # Log the failure class only: a message could in principle carry a data value.
-        logger.error("mechanism %s failed with %s", mech.name, type(exc).__name__)
-        raise DpquantError(
-            503, "mechanism_unavailable", "the mechanism failed; nothing was charged"
-        ) from None
-    estimates = snap_to_grid(
-        raw, lower=dataset.lower, upper=dataset.upper, granularity=dataset.granularity
-    )
-    if estimates.shape != (len(query.quantiles),):
-        logger.error("mechanism %s returned a wrongly shaped result", mech.name)
-        raise DpquantError(
-            503, "mechanism_unavailable", "the mechanism failed; nothing was charged"
-        )
-    return estimates
 
 
 def _refuse_if_unaffordable(remaining: Amount, cost: Amount) -> None:
@@ -158,7 +144,15 @@ def _refuse_if_unaffordable(remaining: Amount, cost: Amount) -> None:
         )
 
 
-def create_release(
+def _wake_workers(session: Session, release_id: uuid.UUID) -> None:
+    # Delivered at commit; a worker that misses it still finds the row by polling.
+    session.execute(
+        text("SELECT pg_notify(:channel, :payload)"),
+        {"channel": PENDING_CHANNEL, "payload": str(release_id)},
+    )
+
+
+def reserve_release(
     session: Session,
     *,
     principal: Principal,
@@ -166,93 +160,94 @@ def create_release(
     query: QuantileQuery,
     idempotency_key: str | None,
     max_quantiles: int,
+    max_runs: int,
 ) -> Outcome:
-    """Run one priced, debited, stored quantile release (see the module docstring)."""
-    dataset = get_visible(session, principal=principal, dataset_id=dataset_id)
-    if len(query.quantiles) > max_quantiles:
-        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
-    try:
-        mech = get_mechanism(query.method)
-    except MechanismInputError as exc:
-        raise invalid("body.method", exc.problem) from None
-    cost = quote(mech, query)
-    fingerprint = request_fingerprint(query)
+    """The reservation transaction (see the module docstring); the caller commits.
 
-    def replay() -> Release | None:
-        if idempotency_key is None:
-            return None
-        return _find_idempotent(
+    Returns the new ``pending`` release, or the earlier release with the same key and body
+    (resumed when it failed and may still run). Reads no data value.
+    """
+    if not principal.can_see(dataset_id):
+        raise not_found("dataset")
+    priced = price_query(query, max_quantiles=max_quantiles)
+    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    if idempotency_key is not None:
+        earlier = _find_idempotent(
             session,
             principal=principal,
             dataset_id=dataset_id,
             key=idempotency_key,
-            fingerprint=fingerprint,
+            fingerprint=priced.fingerprint,
         )
-
-    earlier = replay()
-    if earlier is not None:
-        return Outcome(earlier, replayed=True)
-
-    # ---- outside the lock: load the values, pre-check the budget, sample.
-    loaded = load_values(session, dataset_id=dataset_id)
-    if loaded is None:
+        if earlier is not None:
+            if earlier.status == FAILED and earlier.attempts < max_runs:
+                _resume(session, earlier)
+            return Outcome(earlier, replayed=True)
+    if dataset.values_uploaded_at is None:
         raise DpquantError(409, "no_values", "this dataset has no values yet")
-    _refuse_if_unaffordable(budget(session, dataset_id=dataset_id).remaining, cost)
-    estimates = _sample(mech, query, dataset, loaded[1])
-
-    # ---- critical section: the dataset row stays locked until the caller commits.
-    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
-    earlier = replay()
-    if earlier is not None:
-        return Outcome(earlier, replayed=True)
-    if loaded[0] != dataset.data_version:
-        # Values were replaced between the read and the lock (only possible before the
-        # first release): sample again from the current values.
-        loaded = load_values(session, dataset_id=dataset_id)
-        if loaded is None:
-            raise DpquantError(409, "no_values", "this dataset has no values yet")
-        estimates = _sample(mech, query, dataset, loaded[1])
     remaining = budget(session, dataset_id=dataset_id).remaining
-    _refuse_if_unaffordable(remaining, cost)
+    _refuse_if_unaffordable(remaining, priced.cost)
 
+    # The reservation may be lost in a crash without harm (no output exists yet): the commit
+    # that stores the estimates follows it in the WAL and is the one made durable before any
+    # answer leaves (app.releases.runner.complete).
+    session.execute(text("SET LOCAL synchronous_commit = off"))
     now = datetime.now(UTC)
-    after = remaining.minus(cost)
+    after = remaining.minus(priced.cost)
     release = Release(
         id=uuid.uuid4(),
         dataset_id=dataset_id,
         api_key_id=principal.key_id,
-        method=mech.name,
+        method=priced.mechanism.name,
         quantiles=[float(q) for q in query.quantiles],
-        estimates=[float(e) for e in estimates],
+        estimates=None,
         epsilon=query.epsilon,
         delta=query.delta,
-        cost_epsilon=cost.epsilon,
-        cost_delta=cost.delta,
+        cost_epsilon=priced.cost.epsilon,
+        cost_delta=priced.cost.delta,
         remaining_epsilon=after.epsilon,
         remaining_delta=after.delta,
         idempotency_key=idempotency_key,
-        request_hash=fingerprint,
+        request_hash=priced.fingerprint,
         created_at=now,
+        status=PENDING,
+        failure=None,
+        attempts=0,
+        lease_token=None,
+        lease_until=None,
+        finished_at=None,
     )
     session.add(release)
     session.flush()
     add_debit(
         session,
         dataset_id=dataset_id,
-        cost=cost,
+        cost=priced.cost,
         release_id=release.id,
         api_key_id=principal.key_id,
         created_at=now,
     )
     if dataset.frozen_at is None:
-        dataset.frozen_at = now
+        dataset.frozen_at = now  # values never change once a run has been paid for
+    _wake_workers(session, release.id)
     session.flush()
     return Outcome(release, replayed=False)
 
 
+def _resume(session: Session, release: Release) -> None:
+    """Put a failed release back in the queue (no new debit: it never released an output)."""
+    session.execute(
+        update(Release)
+        .where(Release.id == release.id, Release.status == FAILED)
+        .values(status=PENDING, failure=None, lease_token=None, lease_until=None, finished_at=None)
+    )
+    session.refresh(release)
+    _wake_workers(session, release.id)
+
+
 def get_release(session: Session, *, principal: Principal, release_id: uuid.UUID) -> Release:
     """A release inside the key's scope; 404 otherwise."""
-    release = session.get(Release, release_id)
+    release = session.get(Release, release_id, populate_existing=True)
     if release is None or not principal.can_see(release.dataset_id):
         raise not_found("release")
     return release
@@ -267,3 +262,23 @@ def list_releases(
     if before is not None:
         stmt = stmt.where(Release.seq < before)
     return list(session.scalars(stmt.order_by(Release.seq.desc()).limit(limit)))
+
+
+def is_finished(release: Release) -> bool:
+    """True once the release is ``done`` or ``failed`` (for now: it may be resumed)."""
+    return release.status in (DONE, FAILED)
+
+
+__all__ = [
+    "FINISHED_CHANNEL",
+    "PENDING_CHANNEL",
+    "Outcome",
+    "Priced",
+    "get_release",
+    "is_finished",
+    "list_releases",
+    "price_query",
+    "quote",
+    "request_fingerprint",
+    "reserve_release",
+]

@@ -1,0 +1,230 @@
+"""Running reserved releases: claim one, run its mechanism outside any transaction, store it.
+
+The ``release`` table is the task queue: a ``pending`` row *is* the job, inserted in the
+same transaction as its debit, so a paid run can never be lost between two systems and a
+job can never exist without its payment. Workers claim rows with
+``SELECT ... FOR UPDATE SKIP LOCKED`` and hold a lease (``lease_token`` until
+``lease_until``); a worker that dies loses its lease, and the row is claimed again once the
+lease has expired. ``attempts`` counts mechanism runs started; a release whose runs keep
+dying is marked ``failed`` (``worker_lost``) after ``max_runs``.
+
+Completion is guarded by the lease token: a worker whose lease was taken over cannot store
+its output, so one release gets at most one output, however many runs were started.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy import text, update
+from sqlalchemy.orm import Session
+
+from app.datasets.models import Dataset
+from app.datasets.service import load_values, snap_to_grid
+from app.ledger.service import mechanism_float
+from app.mechanisms import get_mechanism
+from app.releases.models import DONE, FAILED, PENDING, Release
+from app.releases.service import FINISHED_CHANNEL, PENDING_CHANNEL
+
+logger = logging.getLogger(__name__)
+
+FloatArray = NDArray[np.float64]
+
+#: Why a release failed (public: shown on the release). Each may depend on the data, which
+#: is why a failed release keeps its debit.
+FAILURE_TIMEOUT = "timeout"  # the run exceeded the hard time limit
+FAILURE_ERROR = "mechanism_error"  # the mechanism raised
+FAILURE_LOST = "worker_lost"  # the worker running it died max_runs times
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A release this worker holds the lease of."""
+
+    release_id: uuid.UUID
+    token: uuid.UUID
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything one run needs, read in one short transaction."""
+
+    claim: Claim
+    method: str
+    quantiles: list[float]
+    epsilon: Decimal
+    delta: Decimal | None
+    lower: float
+    upper: float
+    granularity: float
+    neighbors: str
+    values: FloatArray
+
+
+class RunFailed(Exception):
+    """The mechanism could not produce an answer (the reason is public, the cause is not)."""
+
+
+def _notify_finished(session: Session, release_id: uuid.UUID) -> None:
+    session.execute(
+        text("SELECT pg_notify(:channel, :payload)"),
+        {"channel": FINISHED_CHANNEL, "payload": str(release_id)},
+    )
+
+
+def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | None:
+    """Lease the oldest runnable release (pending, lease free or expired); None when idle.
+
+    A release that already started ``max_runs`` runs is marked failed instead (its workers
+    kept dying) and the next one is tried.
+    """
+    while True:
+        row = session.execute(
+            text(
+                """
+                UPDATE release AS r
+                SET lease_token = :token,
+                    lease_until = clock_timestamp() + make_interval(secs => :lease),
+                    attempts = r.attempts + 1
+                FROM (SELECT id FROM release
+                      WHERE status = 'pending'
+                        AND (lease_until IS NULL OR lease_until < clock_timestamp())
+                      ORDER BY seq
+                      LIMIT 1
+                      FOR UPDATE SKIP LOCKED) AS next
+                WHERE r.id = next.id
+                RETURNING r.id, r.lease_token, r.attempts
+                """
+            ),
+            {"token": uuid.uuid4(), "lease": float(lease_s)},
+        ).first()
+        if row is None:
+            return None
+        claim = Claim(release_id=row[0], token=row[1], attempts=int(row[2]))
+        if claim.attempts <= max_runs:
+            return claim
+        logger.warning(
+            "release %s failed: %d runs started, none finished", claim.release_id, max_runs
+        )
+        fail(session, claim=claim, reason=FAILURE_LOST)
+
+
+def load_job(session: Session, claim: Claim) -> Job | None:
+    """The release's parameters and its dataset's frozen values; None if the lease was lost."""
+    release = session.get(Release, claim.release_id, populate_existing=True)
+    if release is None or release.status != PENDING or release.lease_token != claim.token:
+        return None
+    dataset = session.get(Dataset, release.dataset_id)
+    loaded = load_values(session, dataset_id=release.dataset_id)
+    if dataset is None or loaded is None:
+        raise RunFailed("dataset or values missing")
+    return Job(
+        claim=claim,
+        method=release.method,
+        quantiles=list(release.quantiles),
+        epsilon=release.epsilon,
+        delta=release.delta,
+        lower=dataset.lower,
+        upper=dataset.upper,
+        granularity=dataset.granularity,
+        neighbors=dataset.neighbors,
+        values=loaded[1],
+    )
+
+
+def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
+    """Run the mechanism (no database involved) and snap its output to the public grid.
+
+    ``rng=None`` draws from the OS CSPRNG. Raises :class:`RunFailed` on any failure; its
+    message never carries a data value.
+    """
+    try:
+        mech = get_mechanism(job.method)
+        raw = mech.run(
+            job.values,
+            job.quantiles,
+            epsilon=mechanism_float(job.epsilon),
+            delta=None if job.delta is None else mechanism_float(job.delta),
+            lower=job.lower,
+            upper=job.upper,
+            neighbors=job.neighbors,
+            rng=rng,
+        )
+        estimates = snap_to_grid(raw, lower=job.lower, upper=job.upper, granularity=job.granularity)
+    except Exception as exc:
+        # The class only: a message could in principle quote a data value.
+        raise RunFailed(type(exc).__name__) from None
+    if estimates.shape != (len(job.quantiles),):
+        raise RunFailed("wrongly shaped result")
+    return [float(e) for e in estimates]
+
+
+def complete(session: Session, *, claim: Claim, estimates: list[float]) -> bool:
+    """Store the estimates with ``done`` (durably) if the lease is still ours; notify waiters."""
+    # This commit must reach the disk before any answer leaves, whatever the database's
+    # default: it also makes the (asynchronously committed) reservation before it durable.
+    session.execute(text("SET LOCAL synchronous_commit = on"))
+    result = session.execute(
+        update(Release)
+        .where(
+            Release.id == claim.release_id,
+            Release.lease_token == claim.token,
+            Release.status == PENDING,
+        )
+        .values(
+            status=DONE,
+            estimates=estimates,
+            finished_at=text("clock_timestamp()"),
+            lease_until=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    stored = int(getattr(result, "rowcount", 0) or 0) == 1
+    if stored:
+        _notify_finished(session, claim.release_id)
+    return stored
+
+
+def fail(session: Session, *, claim: Claim, reason: str) -> bool:
+    """Mark the release ``failed`` (it keeps its debit) if the lease is still ``claim``'s."""
+    stmt = update(Release).where(
+        Release.id == claim.release_id,
+        Release.lease_token == claim.token,
+        Release.status == PENDING,
+    )
+    result = session.execute(
+        stmt.values(
+            status=FAILED,
+            failure=reason,
+            finished_at=text("clock_timestamp()"),
+            lease_until=None,
+        ).execution_options(synchronize_session=False)
+    )
+    failed = int(getattr(result, "rowcount", 0) or 0) == 1
+    if failed:
+        _notify_finished(session, claim.release_id)
+    return failed
+
+
+def expire_lease(session: Session, *, claim: Claim) -> None:
+    """Give a claimed release back to the queue at once (its run was interrupted)."""
+    session.execute(
+        update(Release)
+        .where(
+            Release.id == claim.release_id,
+            Release.lease_token == claim.token,
+            Release.status == PENDING,
+        )
+        .values(lease_until=text("clock_timestamp()"))
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        text("SELECT pg_notify(:channel, :payload)"),
+        {"channel": PENDING_CHANNEL, "payload": str(claim.release_id)},
+    )

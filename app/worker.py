@@ -1,0 +1,257 @@
+"""Release workers: a supervisor and its worker processes (``dpquant worker``).
+
+Each worker process loops: claim the oldest runnable release (``FOR UPDATE SKIP LOCKED`` on
+the ``release`` table, :mod:`app.releases.runner`), run its mechanism outside any
+transaction, store ``done`` or ``failed``; when idle it sleeps on ``LISTEN`` for new
+reservations (and polls every ``worker_poll_s`` for expired leases).
+
+The supervisor enforces the hard time limit, which a thread cannot: each worker publishes
+the release it is running and its deadline in shared memory; past the deadline the
+supervisor kills the worker (SIGKILL), marks the release ``failed`` (``timeout``, the debit
+stays) and starts a new worker. A worker that dies by itself gives its release back to the
+queue at once. If the whole machine dies, the releases' leases expire and workers elsewhere
+claim them again; ``max_runs`` bounds the runs one release can start.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.context import SpawnContext, SpawnProcess
+from multiprocessing.sharedctypes import Synchronized
+from types import FrameType
+from typing import Any
+
+import psycopg
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import Settings
+from app.db import make_engine, transaction
+from app.releases.runner import (
+    FAILURE_ERROR,
+    FAILURE_TIMEOUT,
+    Claim,
+    RunFailed,
+    claim_next,
+    complete,
+    expire_lease,
+    fail,
+    load_job,
+    run_job,
+)
+from app.releases.service import PENDING_CHANNEL
+from app.releases.waiter import libpq_conninfo
+
+logger = logging.getLogger("dpquant.worker")
+
+
+class Slot:
+    """What one worker is running, shared with the supervisor (release, lease, deadline)."""
+
+    def __init__(self, ctx: SpawnContext) -> None:
+        self.lock = ctx.Lock()
+        # ctypes char arrays (``.raw`` is their bytes); guarded by ``lock``.
+        self.release: Any = ctx.Array("c", 16, lock=False)
+        self.token: Any = ctx.Array("c", 16, lock=False)
+        self.deadline: Synchronized[float] = ctx.Value("d", 0.0, lock=False)
+
+    def set(self, claim: Claim, deadline: float) -> None:
+        with self.lock:
+            self.release.raw = claim.release_id.bytes
+            self.token.raw = claim.token.bytes
+            self.deadline.value = deadline
+
+    def clear(self) -> None:
+        with self.lock:
+            self.deadline.value = 0.0
+
+    def read(self) -> tuple[Claim, float] | None:
+        with self.lock:
+            if self.deadline.value == 0.0:
+                return None
+            claim = Claim(
+                release_id=uuid.UUID(bytes=bytes(self.release.raw)),
+                token=uuid.UUID(bytes=bytes(self.token.raw)),
+                attempts=0,
+            )
+            return claim, float(self.deadline.value)
+
+
+# --------------------------------------------------------------------------- worker process
+
+
+@dataclass
+class _Stop:
+    requested: bool = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+
+def process_one(
+    factory: sessionmaker[Session], settings: Settings, slot: Slot | None = None
+) -> bool:
+    """Claim and run one release; False when there was nothing to run."""
+    lease_s = settings.run_timeout_s + settings.lease_margin_s
+    claim = transaction(
+        factory, lambda s: claim_next(s, lease_s=lease_s, max_runs=settings.max_runs)
+    )
+    if claim is None:
+        return False
+    if slot is not None:
+        slot.set(claim, time.monotonic() + settings.run_timeout_s)
+    try:
+        try:
+            job = transaction(factory, lambda s: load_job(s, claim))
+            if job is None:
+                return True  # the lease was taken over: someone else runs it
+            if settings.chaos_run_delay_ms:
+                time.sleep(settings.chaos_run_delay_ms / 1000.0)
+            estimates = run_job(job)
+        except RunFailed as exc:
+            logger.error("release %s failed: %s", claim.release_id, exc)
+            transaction(factory, lambda s: fail(s, claim=claim, reason=FAILURE_ERROR))
+            return True
+        transaction(factory, lambda s: complete(s, claim=claim, estimates=estimates))
+        return True
+    finally:
+        if slot is not None:
+            slot.clear()
+
+
+def worker_main(url: str, slot: Slot, log_level: str) -> None:
+    """Entry point of one worker process (spawned by the supervisor)."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
+    settings = Settings(database_url=url)
+    engine = make_engine(url, settings.model_copy(update={"pool_size": 2, "max_overflow": 2}))
+    factory = sessionmaker(engine, expire_on_commit=False)
+    listener: psycopg.Connection[Any] | None = None
+    try:
+        while not stop.requested:
+            try:
+                if listener is None:
+                    listener = psycopg.connect(libpq_conninfo(url), autocommit=True)
+                    listener.execute(f"LISTEN {PENDING_CHANNEL}")
+                if process_one(factory, settings, slot):
+                    continue
+                for _ in listener.notifies(timeout=settings.worker_poll_s, stop_after=1):
+                    pass
+            except (psycopg.Error, OSError) as exc:
+                logger.warning("worker database error (%s); retrying", type(exc).__name__)
+                if listener is not None:
+                    listener.close()
+                    listener = None
+                time.sleep(1.0)
+            except Exception as exc:
+                logger.error("worker error %s; retrying", type(exc).__name__)
+                time.sleep(1.0)
+    finally:
+        if listener is not None:
+            listener.close()
+        engine.dispose()
+
+
+# --------------------------------------------------------------------------- supervisor
+
+
+class Supervisor:
+    """Starts ``concurrency`` worker processes and enforces the hard time limit."""
+
+    def __init__(self, url: str, settings: Settings, concurrency: int) -> None:
+        self.url = url
+        self.settings = settings
+        self.ctx = multiprocessing.get_context("spawn")
+        self.slots = [Slot(self.ctx) for _ in range(concurrency)]
+        self.procs: list[SpawnProcess | None] = [None] * concurrency
+        engine = make_engine(url, settings.model_copy(update={"pool_size": 1, "max_overflow": 1}))
+        self.engine = engine
+        self.factory = sessionmaker(engine, expire_on_commit=False)
+        self.stop = _Stop()
+
+    def _spawn(self, i: int) -> None:
+        proc = self.ctx.Process(
+            target=worker_main,
+            args=(self.url, self.slots[i], self.settings.log_level),
+            name=f"dpquant-worker-{i}",
+            daemon=False,
+        )
+        proc.start()
+        self.procs[i] = proc
+        logger.info("worker %d started (pid %s)", i, proc.pid)
+
+    def _settle(self, claim: Claim, *, timed_out: bool) -> None:
+        try:
+            if timed_out:
+                transaction(self.factory, lambda s: fail(s, claim=claim, reason=FAILURE_TIMEOUT))
+            else:
+                transaction(self.factory, lambda s: expire_lease(s, claim=claim))
+        except Exception as exc:
+            logger.error("could not settle release %s (%s)", claim.release_id, type(exc).__name__)
+
+    def check(self) -> None:
+        """One supervision round: enforce deadlines, replace dead workers."""
+        now = time.monotonic()
+        for i, proc in enumerate(self.procs):
+            if proc is None:
+                continue
+            running = self.slots[i].read()
+            if running is not None and now > running[1]:
+                proc.kill()
+                proc.join()
+                self.slots[i].clear()
+                logger.warning(
+                    "release %s exceeded the %.0f s time limit: failed (charged)",
+                    running[0].release_id,
+                    self.settings.run_timeout_s,
+                )
+                self._settle(running[0], timed_out=True)
+                self._spawn(i)
+            elif not proc.is_alive():
+                self.slots[i].clear()
+                logger.warning("worker %d died (exit code %s)", i, proc.exitcode)
+                if running is not None:
+                    self._settle(running[0], timed_out=False)
+                time.sleep(0.5)  # no tight crash loop
+                self._spawn(i)
+
+    def run(self) -> int:
+        """Supervise until SIGTERM or SIGINT; then stop the workers (they finish their run)."""
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        for i in range(len(self.procs)):
+            self._spawn(i)
+        try:
+            while not self.stop.requested:
+                self.check()
+                time.sleep(0.1)
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        for proc in self.procs:
+            if proc is not None and proc.is_alive():
+                proc.terminate()
+        grace = time.monotonic() + 10.0
+        for i, proc in enumerate(self.procs):
+            if proc is None:
+                continue
+            proc.join(timeout=max(0.0, grace - time.monotonic()))
+            if proc.is_alive():
+                running = self.slots[i].read()
+                proc.kill()
+                proc.join()
+                if running is not None:
+                    self._settle(running[0], timed_out=False)
+        self.engine.dispose()
+        logger.info("workers stopped (supervisor pid %s)", os.getpid())
