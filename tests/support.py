@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +33,49 @@ def app_settings(database_url: str, *, admin_key: str, **overrides: Any) -> Sett
     }
     values.update(overrides)
     return Settings(**values)
+
+
+@contextmanager
+def release_workers(
+    database_url: str, *, concurrency: int = 1, **env: Any
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Real release workers (``dpquant worker``) on ``database_url`` while the block runs.
+
+    ``env`` sets ``DPQUANT_*`` variables of the workers, e.g. ``run_timeout_s=2``.
+    """
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DPQUANT_")}
+    environ["DPQUANT_DATABASE_URL"] = database_url
+    environ["DPQUANT_LOG_LEVEL"] = "WARNING"
+    environ["DPQUANT_WORKER_POLL_S"] = "0.2"
+    for name, value in env.items():
+        environ[f"DPQUANT_{name.upper()}"] = str(value)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency)],
+        env=environ,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_for(predicate: Any, *, timeout: float = 30.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate()`` until it returns something truthy; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
 
 
 def auth(key: str) -> dict[str, str]:

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, create_engine, text
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
-from tests.support import ApiBase, app_settings, auth
+from tests.support import ApiBase, app_settings, auth, release_workers
 
 ADMIN_KEY = "dpq_hardening-admin-" + secrets.token_urlsafe(32)
 
@@ -87,7 +87,14 @@ def settings_for(database_url: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def happ(hdb_url: str) -> Iterator[FastAPI]:
+def hworkers(hdb_url: str) -> Iterator[None]:
+    """Real release workers on the session schema for the whole session."""
+    with release_workers(hdb_url, concurrency=2):
+        yield
+
+
+@pytest.fixture(scope="session")
+def happ(hdb_url: str, hworkers: None) -> Iterator[FastAPI]:
     """One application with the default limits for the whole session, lifespan started."""
     application = create_app(settings_for(hdb_url))
     with TestClient(application):
@@ -101,7 +108,7 @@ def hclient(happ: FastAPI) -> TestClient:
 
 
 @pytest.fixture
-def make_app(hdb_url: str) -> Callable[..., Any]:
+def make_app(hdb_url: str, hworkers: None) -> Callable[..., Any]:
     """``with make_app(max_quantiles=3) as client:`` — an app with overridden settings."""
 
     @contextmanager

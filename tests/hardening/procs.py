@@ -177,6 +177,29 @@ class DpquantServer:
             time.sleep(0.1)
         raise RuntimeError(f"server did not become ready:\n{self.log_text()}")
 
+    def _release_supervisor(self) -> psutil.Process | None:
+        if self.proc is None:
+            return None
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=False)
+        except psutil.NoSuchProcess:
+            return None
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if "worker" in child.cmdline() and "app.cli" in child.cmdline():
+                    return child
+        return None
+
+    def release_worker_pids(self) -> list[int]:
+        """PIDs of the release worker supervisor and its worker processes."""
+        supervisor = self._release_supervisor()
+        if supervisor is None:
+            return []
+        try:
+            return [supervisor.pid] + [c.pid for c in supervisor.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
     def worker_pids(self) -> list[int]:
         """PIDs of the uvicorn worker processes (children that hold the app)."""
         if self.proc is None:
@@ -185,7 +208,12 @@ class DpquantServer:
             children = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
-        return [c.pid for c in children if "multiprocessing" in " ".join(c.cmdline())]
+        release_workers = set(self.release_worker_pids())
+        return [
+            c.pid
+            for c in children
+            if c.pid not in release_workers and "multiprocessing" in " ".join(c.cmdline())
+        ]
 
     def pid_with_local_port(self, port: int) -> int | None:
         """The server process that owns a TCP connection from local port ``port``."""

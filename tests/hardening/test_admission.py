@@ -84,7 +84,7 @@ def _burst(base: str) -> tuple[Counter[int], float]:
 
 
 @pytest.fixture
-def base(hdb_url: str) -> Iterator[str]:
+def base(hdb_url: str, hworkers: None) -> Iterator[str]:
     yield from _serve(hdb_url)
 
 

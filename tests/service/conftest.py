@@ -22,7 +22,7 @@ from sqlalchemy import Engine, create_engine
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
-from tests.support import ApiBase, app_settings, auth
+from tests.support import ApiBase, app_settings, auth, release_workers
 
 ADMIN_KEY = "dpq_test-admin-" + secrets.token_urlsafe(32)
 
@@ -55,7 +55,14 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def app(database_url: str) -> Iterator[FastAPI]:
+def workers(database_url: str) -> Iterator[None]:
+    """Real release workers on the session schema for the whole session."""
+    with release_workers(database_url, concurrency=2):
+        yield
+
+
+@pytest.fixture(scope="session")
+def app(database_url: str, workers: None) -> Iterator[FastAPI]:
     """One application for the whole session, lifespan started."""
     application = create_app(make_settings(database_url))
     with TestClient(application):

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from app import cli
 
-from .conftest import auth
+from .conftest import ADMIN_KEY, auth
 
 
 def test_create_key_prints_a_working_key_once(
@@ -115,11 +115,17 @@ def run_server(env: dict[str, str], port: int) -> tuple[httpx.Response, str]:
 
 def test_serve_with_two_workers_answers_health_and_readiness(database_url: str) -> None:
     port = free_port()
-    env = os.environ | {"DPQUANT_DATABASE_URL": database_url, "DPQUANT_LOG_LEVEL": "WARNING"}
+    # The session's bootstrap key: a server started without it would revoke it (issue 8).
+    env = os.environ | {
+        "DPQUANT_DATABASE_URL": database_url,
+        "DPQUANT_LOG_LEVEL": "WARNING",
+        "DPQUANT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+    }
     ready, output = run_server(env, port)
     assert ready.status_code == 200 and ready.json()["migrations"] == "current"
     assert f"listening on http://127.0.0.1:{port}" in output
-    assert "create-key" in output
+    assert "DPQUANT_BOOTSTRAP_ADMIN_KEY is set" in output
+    assert "release workers: 2" in output
 
 
 def test_serve_with_embedded_postgres_and_two_workers(tmp_path: Path) -> None:
@@ -130,3 +136,4 @@ def test_serve_with_embedded_postgres_and_two_workers(tmp_path: Path) -> None:
     assert ready.status_code == 200, ready.text
     assert "embedded PostgreSQL" in output
     assert (tmp_path / "state" / "pgdata" / "PG_VERSION").is_file()
+    assert "DPQUANT_BOOTSTRAP_ADMIN_KEY is not set" in output and "create-key" in output

@@ -16,7 +16,15 @@ from app.db import (
     upgrade_database,
 )
 
-TABLES = {"alembic_version", "api_key", "dataset", "dataset_data", "ledger_entry", "release"}
+TABLES = {
+    "alembic_version",
+    "api_key",
+    "budget_balance",
+    "dataset",
+    "dataset_data",
+    "ledger_entry",
+    "release",
+}
 
 
 def test_upgrade_downgrade_upgrade_and_models_match(make_schema: Callable[[], str]) -> None:

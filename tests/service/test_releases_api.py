@@ -60,9 +60,10 @@ def test_release_response_shape(api: Api) -> None:
     ds = api.dataset(values=SAMPLE)
     rel = api.query(ds["id"]).json()
     assert set(rel) == {
-        "id", "dataset_id", "method", "quantiles", "estimates", "epsilon", "delta", "cost",
-        "remaining", "created_at",
+        "id", "dataset_id", "status", "method", "quantiles", "estimates", "failure", "epsilon",
+        "delta", "cost", "remaining", "created_at", "finished_at",
     }  # fmt: skip
+    assert rel["status"] == "done" and rel["failure"] is None and rel["finished_at"]
     assert rel["cost"] == {"epsilon": "0.1", "delta": "0"}
     assert rel["remaining"] == {"epsilon": "0.9", "delta": "0"}
     assert rel["quantiles"] == [0.25, 0.5, 0.75]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 
 import numpy as np
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 from app.config import Settings
 from app.datasets.service import default_granularity, snap_to_grid
 from app.errors import DpquantError
-from app.ledger.service import COST_QUANTUM, price
+from app.ledger.service import COST_QUANTUM, mechanism_float, price
 from app.ops.http import decode_cursor, encode_cursor
 
 
@@ -55,7 +56,16 @@ def test_neighbouring_inputs_share_one_output_lattice() -> None:
 
 
 def test_price_charges_requested_decimal_when_exact_and_rounds_up_otherwise() -> None:
-    assert price(Decimal("0.1"), 0.1) == Decimal("0.1")
+    # The mechanism runs with the largest double <= the decimal and charges exactly that:
+    # the ledger debits the decimal itself (never less than what the mechanism used).
+    below = mechanism_float(Decimal("0.1"))
+    assert below < 0.1 and Decimal(below) <= Decimal("0.1") < Decimal(math.nextafter(below, 1))
+    assert price(Decimal("0.1"), below) == Decimal("0.1")
+    # A cost above the decimal (0.1 as a double is 0.1000000000000000055...) rounds up.
+    assert price(Decimal("0.1"), 0.1) == Decimal("0.100000000001")
+    for text in ("0.5", "1", "1e-7", "0.3", "2.000000000000000000001"):
+        f = mechanism_float(Decimal(text))
+        assert Decimal(f) <= Decimal(text) < Decimal(math.nextafter(f, math.inf))
     assert price(None, 0.0) == 0
     computed = 1.2345678901234567
     converted = price(Decimal("1"), computed)

@@ -1,0 +1,141 @@
+"""Issue 8: the ledger holds whatever ``default_transaction_isolation`` the database sets.
+
+For each of READ COMMITTED, REPEATABLE READ and SERIALIZABLE, a fresh database in a
+throwaway cluster gets ``ALTER DATABASE ... SET default_transaction_isolation``; a real
+``dpquant serve --workers 2`` (two web processes, plus its release workers) serves it. One
+release of 0.1, then 30 concurrent queries of 0.1 on the 0.9 left: exactly 9 succeed, 21 are
+refused with 409, no 5xx, and the ledger, the balance row and the releases agree exactly.
+(Before issue 8, REPEATABLE READ spent 3.1 of 1.0 and SERIALIZABLE answered 503s.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from decimal import Decimal
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from .conftest import report
+from .procs import DpquantServer, ThrowawayPostgres, migrate
+
+pytestmark = pytest.mark.processes
+
+ADMIN_KEY = "dpq_iso-admin-" + secrets.token_urlsafe(32)
+LEVELS = ["read committed", "repeatable read", "serializable"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ThrowawayPostgres]:
+    pg = ThrowawayPostgres()
+    try:
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def _database_with_default(cluster: ThrowawayPostgres, level: str) -> str:
+    name = "iso_" + uuid.uuid4().hex[:8]
+    admin = create_engine(cluster.url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        conn.execute(
+            text(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{level}'")
+        )
+    admin.dispose()
+    url = cluster.url.rsplit("/", 1)[0] + "/" + name
+    check = create_engine(url)
+    with check.connect() as conn:
+        assert conn.execute(text("SHOW default_transaction_isolation")).scalar_one() == level
+    check.dispose()
+    migrate(url)
+    return url
+
+
+async def _burst(base: str, ds: str, headers: dict[str, str], n: int) -> Counter[int]:
+    async with httpx.AsyncClient(base_url=base, timeout=120.0) as c:
+        rs = await asyncio.gather(
+            *(
+                c.post(
+                    f"/v1/datasets/{ds}/quantiles",
+                    json={"quantiles": [0.25, 0.5, 0.75], "epsilon": "0.1", "method": "indexp"},
+                    headers=headers,
+                )
+                for _ in range(n)
+            )
+        )
+    return Counter(r.status_code for r in rs)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_exactly_the_affordable_releases_succeed_at_every_isolation_level(
+    cluster: ThrowawayPostgres, level: str
+) -> None:
+    url = _database_with_default(cluster, level)
+    server = DpquantServer(url, ADMIN_KEY, workers=2)
+    server.start()
+    try:
+        admin = server.headers()
+        with httpx.Client(base_url=server.base_url, timeout=60.0) as c:
+            ds = c.post(
+                "/v1/datasets",
+                json={"name": "iso-" + uuid.uuid4().hex[:8], "lower": 0, "upper": 100,
+                      "epsilon": "1.0"},
+                headers=admin,
+            ).json()["id"]  # fmt: skip
+            assert (
+                c.put(
+                    f"/v1/datasets/{ds}/values", json=[float(v) for v in range(100)], headers=admin
+                ).status_code
+                == 200
+            )
+            key = c.post("/v1/keys", json={"role": "analyst", "dataset_id": ds}, headers=admin)
+            analyst = {"Authorization": f"Bearer {key.json()['key']}"}
+            first = c.post(
+                f"/v1/datasets/{ds}/quantiles",
+                json={"quantiles": [0.5], "epsilon": "0.1", "method": "indexp"},
+                headers=analyst,
+            )
+            assert first.status_code == 201, first.text
+        statuses = asyncio.run(_burst(server.base_url, ds, analyst, 30))
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            ledger = conn.execute(
+                text(
+                    "SELECT coalesce(sum(epsilon) FILTER (WHERE kind = 'debit'), 0),"
+                    " count(*) FILTER (WHERE kind = 'debit') FROM ledger_entry"
+                    " WHERE dataset_id = :d"
+                ),
+                {"d": ds},
+            ).one()
+            balance = conn.execute(
+                text(
+                    "SELECT spent_epsilon, granted_epsilon FROM budget_balance"
+                    " WHERE dataset_id = :d"
+                ),
+                {"d": ds},
+            ).one()
+            releases = conn.execute(
+                text("SELECT status, count(*), sum(attempts) FROM release WHERE dataset_id = :d "
+                     "GROUP BY status"),
+                {"d": ds},
+            ).all()  # fmt: skip
+        engine.dispose()
+        report(
+            f"isolation {level}",
+            statuses=dict(statuses),
+            spent=ledger[0],
+            debits=ledger[1],
+            balance_spent=balance[0],
+        )
+        assert statuses == Counter({201: 9, 409: 21}), statuses
+        assert Decimal(ledger[0]) == Decimal(balance[0]) == Decimal(balance[1]) == Decimal("1.0")
+        assert ledger[1] == 10
+        assert [(s, n, runs) for s, n, runs in releases] == [("done", 10, 10)]
+    finally:
+        server.close()

@@ -1,0 +1,592 @@
+"""Issue 8: reserve, then sample — the release state machine, the queue and the balance row.
+
+Most tests here run on their own fresh schema with *no* worker attached ("quiet"), so that
+each step of a release (reservation, claim, run, completion) can be driven and observed
+one at a time, in process, with the real runner functions the workers use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import Settings
+from app.db import make_engine, upgrade_database
+from app.main import create_app
+from app.mechanisms import MECHANISMS
+from app.ops.http import encode_cursor
+from app.worker import process_one
+from tests.support import ApiBase, app_settings, auth, release_workers, wait_for
+
+from .conftest import ADMIN, ADMIN_KEY, SAMPLE
+
+
+@dataclasses.dataclass
+class Quiet:
+    """A schema without workers: an app, a raw engine and a session factory for the runner."""
+
+    url: str
+    client: TestClient
+    api: ApiBase
+    engine: Engine
+    factory: sessionmaker[Session]
+    settings: Settings
+
+    def run_one(self) -> bool:
+        """What one worker iteration does, in this process."""
+        return process_one(self.factory, self.settings)
+
+    def release_row(self, release_id: str) -> dict[str, Any]:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT status, attempts, failure FROM release WHERE id = :i"),
+                {"i": release_id},
+            ).one()
+        return {"status": row[0], "attempts": row[1], "failure": row[2]}
+
+    def ledger(self, dataset_id: str) -> dict[str, Any]:
+        with self.engine.connect() as conn:
+            sums = conn.execute(
+                text(
+                    "SELECT count(*) FILTER (WHERE kind = 'debit'),"
+                    " coalesce(sum(epsilon) FILTER (WHERE kind = 'debit'), 0),"
+                    " coalesce(sum(epsilon) FILTER (WHERE kind = 'grant'), 0)"
+                    " FROM ledger_entry WHERE dataset_id = :d"
+                ),
+                {"d": dataset_id},
+            ).one()
+            balance = conn.execute(
+                text(
+                    "SELECT granted_epsilon, spent_epsilon FROM budget_balance "
+                    "WHERE dataset_id = :d"
+                ),
+                {"d": dataset_id},
+            ).one()
+        return {
+            "debits": int(sums[0]),
+            "spent": Decimal(sums[1]),
+            "granted": Decimal(sums[2]),
+            "balance_granted": Decimal(balance[0]),
+            "balance_spent": Decimal(balance[1]),
+        }
+
+
+@pytest.fixture(scope="module")
+def quiet(make_schema: Callable[[], str]) -> Iterator[Quiet]:
+    url = make_schema()
+    upgrade_database(url)
+    settings = app_settings(url, admin_key=ADMIN_KEY, sync_wait_s=0.5)
+    engine = make_engine(url, settings)
+    raw = create_engine(url)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        yield Quiet(
+            url=url,
+            client=client,
+            api=ApiBase(client, ADMIN, "quiet"),
+            engine=raw,
+            factory=sessionmaker(engine, expire_on_commit=False),
+            settings=settings,
+        )
+    engine.dispose()
+    raw.dispose()
+
+
+def _query(
+    q: Quiet, ds: str, *, key: str | None = None, prefer: str | None = None, **body: Any
+) -> Any:
+    headers = dict(ADMIN)
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    if prefer is not None:
+        headers["Prefer"] = prefer
+    payload = {"quantiles": [0.25, 0.5, 0.75], "epsilon": "0.1", "method": "indexp"} | body
+    return q.client.post(f"/v1/datasets/{ds}/quantiles", json=payload, headers=headers)
+
+
+# --------------------------------------------------------------------------- reserve, then run
+
+
+def test_reservation_debits_first_and_the_run_completes_it(quiet: Quiet) -> None:
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    r = _query(quiet, ds, prefer="respond-async")
+    assert r.status_code == 202, r.text
+    assert r.headers["location"] == f"/v1/releases/{r.json()['id']}"
+    assert r.headers["preference-applied"] == "respond-async"
+    pending = r.json()
+    assert pending["status"] == "pending" and pending["estimates"] is None
+    # Paid before any run: the debit exists, the dataset is frozen, nothing ran yet.
+    assert quiet.ledger(ds)["debits"] == 1 and quiet.ledger(ds)["spent"] == Decimal("0.1")
+    assert quiet.release_row(pending["id"]) == {"status": "pending", "attempts": 0, "failure": None}
+    frozen = quiet.client.get(f"/v1/datasets/{ds}", headers=ADMIN).json()["frozen_at"]
+    assert frozen is not None
+    poll = quiet.client.get(r.headers["location"], headers=ADMIN)
+    assert poll.status_code == 200 and poll.json()["status"] == "pending"
+    etag = poll.headers["etag"]
+    assert (
+        quiet.client.get(r.headers["location"], headers=ADMIN | {"If-None-Match": etag}).status_code
+        == 304
+    )
+
+    assert quiet.run_one() is True
+    assert quiet.run_one() is False  # nothing left
+    done = quiet.client.get(r.headers["location"], headers=ADMIN | {"If-None-Match": etag})
+    assert done.status_code == 200  # the ETag changed with the state
+    body = done.json()
+    assert body["status"] == "done" and len(body["estimates"]) == 3 and body["finished_at"]
+    again = quiet.client.get(r.headers["location"], headers=ADMIN)
+    assert again.content == done.content  # byte-identical from now on
+    assert quiet.release_row(pending["id"])["attempts"] == 1
+    assert quiet.ledger(ds)["debits"] == 1
+
+
+def test_a_synchronous_query_without_a_worker_answers_202_after_its_wait(quiet: Quiet) -> None:
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    t0 = time.monotonic()
+    r = _query(quiet, ds, key="sync-" + uuid.uuid4().hex)
+    assert r.status_code == 202, r.text  # sync_wait_s=0.5 ran out: paid, queued, pollable
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert r.json()["status"] == "pending"
+    assert quiet.run_one()
+    # The retry with the same key returns the finished release, no new debit.
+    retry = _query(quiet, ds, key=r.request.headers["idempotency-key"])
+    assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true"
+    assert retry.json()["status"] == "done" and retry.json()["id"] == r.json()["id"]
+    assert quiet.ledger(ds)["debits"] == 1
+
+
+def test_a_failed_run_keeps_its_debit_and_a_retry_resumes_it_without_a_new_one(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    key = "fails-once-" + uuid.uuid4().hex
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise FloatingPointError("injected failure 42.5")  # a message a value could be in
+
+    monkeypatch.setitem(MECHANISMS, "indexp", dataclasses.replace(MECHANISMS["indexp"], fn=boom))
+    first = _query(quiet, ds, key=key, prefer="respond-async")
+    assert first.status_code == 202
+    assert quiet.run_one()
+    failed = quiet.client.get(f"/v1/releases/{first.json()['id']}", headers=ADMIN).json()
+    assert failed["status"] == "failed" and failed["failure"] == "mechanism_error"
+    assert failed["estimates"] is None and "42.5" not in str(failed)
+    assert failed["cost"] == {"epsilon": "0.1", "delta": "0"}
+    assert quiet.ledger(ds)["debits"] == 1 and quiet.ledger(ds)["spent"] == Decimal("0.1")
+
+    monkeypatch.undo()
+    retry = _query(quiet, ds, key=key, prefer="respond-async")
+    assert retry.status_code == 202 and retry.headers["idempotent-replayed"] == "true"
+    assert retry.json()["id"] == first.json()["id"] and retry.json()["status"] == "pending"
+    assert quiet.run_one()
+    done = quiet.client.get(f"/v1/releases/{first.json()['id']}", headers=ADMIN).json()
+    assert done["status"] == "done" and len(done["estimates"]) == 3
+    assert quiet.release_row(first.json()["id"])["attempts"] == 2
+    assert quiet.ledger(ds)["debits"] == 1 and quiet.ledger(ds)["spent"] == Decimal("0.1")
+    # A different body with the same key is still refused.
+    assert _query(quiet, ds, key=key, epsilon="0.2").json()["type"] == "idempotency_conflict"
+
+
+def test_runs_per_release_are_bounded_by_max_runs(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    key = "always-fails-" + uuid.uuid4().hex
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError
+
+    monkeypatch.setitem(MECHANISMS, "indexp", dataclasses.replace(MECHANISMS["indexp"], fn=boom))
+    rid = _query(quiet, ds, key=key, prefer="respond-async").json()["id"]
+    for _ in range(quiet.settings.max_runs):
+        assert quiet.run_one()
+        _query(quiet, ds, key=key, prefer="respond-async")  # resumes while runs remain
+    assert quiet.release_row(rid) == {
+        "status": "failed",
+        "attempts": quiet.settings.max_runs,
+        "failure": "mechanism_error",
+    }
+    assert quiet.run_one() is False  # no further run: the last retry did not resume it
+    assert quiet.ledger(ds)["debits"] == 1
+
+
+def test_a_lost_lease_is_claimed_again_and_attempts_are_capped(quiet: Quiet) -> None:
+    """A worker that died mid-run: its lease expires, another worker runs the release."""
+    from app.db import transaction
+    from app.releases.runner import claim_next
+
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    rid = _query(quiet, ds, prefer="respond-async").json()["id"]
+    # A worker claims with a 0.2 s lease and dies without a word.
+    claim = transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.2, max_runs=3))
+    assert claim is not None and str(claim.release_id) == rid
+    assert transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.2, max_runs=3)) is None
+    time.sleep(0.3)
+    assert quiet.run_one()  # the lease expired: claimed again and completed
+    assert quiet.release_row(rid) == {"status": "done", "attempts": 2, "failure": None}
+    # The dead worker's late completion is refused by the lease token.
+    from app.releases.runner import complete
+
+    assert transaction(quiet.factory, lambda s: complete(s, claim=claim, estimates=[1.0])) is False
+    assert quiet.ledger(ds)["debits"] == 1
+
+
+def test_releases_whose_workers_keep_dying_end_failed_with_one_debit(quiet: Quiet) -> None:
+    from app.db import transaction
+    from app.releases.runner import claim_next
+
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    rid = _query(quiet, ds, prefer="respond-async").json()["id"]
+    for _ in range(3):
+        assert transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.05, max_runs=3))
+        time.sleep(0.1)
+    assert transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.05, max_runs=3)) is None
+    assert quiet.release_row(rid) == {"status": "failed", "attempts": 4, "failure": "worker_lost"}
+    assert quiet.ledger(ds)["debits"] == 1
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_refusals_read_no_value(quiet: Quiet) -> None:
+    """With the values table locked exclusively, refusals still answer (and fast)."""
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="0.05")["id"]
+    analyst = quiet.api.new_key("analyst", ds)[1]
+    blocker = quiet.engine.connect()
+    tx = blocker.begin()
+    try:
+        blocker.execute(text("LOCK TABLE dataset_data IN ACCESS EXCLUSIVE MODE"))
+        t0 = time.monotonic()
+        r = quiet.client.post(
+            f"/v1/datasets/{ds}/quantiles",
+            json={"quantiles": [0.5], "epsilon": "0.1", "method": "indexp"},
+            headers=analyst,
+        )
+        elapsed = time.monotonic() - t0
+        assert r.status_code == 409 and r.json()["type"] == "budget_exhausted"
+        assert elapsed < 2.0
+        # The reservation itself reads no value either.
+        ok = quiet.client.post(
+            f"/v1/datasets/{ds}/quantiles",
+            json={"quantiles": [0.5], "epsilon": "0.05", "method": "indexp"},
+            headers=analyst | {"Prefer": "respond-async"},
+        )
+        assert ok.status_code == 202
+    finally:
+        tx.rollback()
+        blocker.close()
+    assert quiet.run_one()
+
+
+# --------------------------------------------------------------------------- the balance row
+
+
+def test_the_database_refuses_an_overdrawing_debit_written_by_hand(quiet: Quiet) -> None:
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    rid = _query(quiet, ds, prefer="respond-async", epsilon="0.4").json()["id"]
+    with quiet.engine.begin() as conn:  # a code path that "forgot the lock"
+        key = conn.execute(text("SELECT id FROM api_key LIMIT 1")).scalar_one()
+        conn.execute(
+            text(
+                "INSERT INTO release (id, dataset_id, api_key_id, method, quantiles, epsilon,"
+                " cost_epsilon, cost_delta, remaining_epsilon, remaining_delta, created_at,"
+                " status, failure, attempts) VALUES (:i, :d, :k, 'indexp', '{0.5}', 0.7, 0.7,"
+                " 0, 0, 0, now(), 'failed', 'mechanism_error', 0)"
+            ),
+            {"i": uuid.uuid4(), "d": ds, "k": key},
+        )
+    with quiet.engine.connect() as conn:
+        rogue = conn.execute(
+            text("SELECT id FROM release WHERE dataset_id = :d AND id <> :r"), {"d": ds, "r": rid}
+        ).scalar_one()
+    for amount in ("0.7", "0.600000000000000000001"):
+        with pytest.raises(DBAPIError) as caught, quiet.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, release_id,"
+                    " created_at) VALUES (:d, 'debit', :e, 0, :r, now())"
+                ),
+                {"d": ds, "e": Decimal(amount), "r": rogue},
+            )
+        assert "no_overdraft" in str(caught.value.orig)
+    # Exactly the rest still fits; the balance row equals the ledger sums.
+    with quiet.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, release_id,"
+                " created_at) VALUES (:d, 'debit', 0.6, 0, :r, now())"
+            ),
+            {"d": ds, "r": rogue},
+        )
+    figures = quiet.ledger(ds)
+    assert figures["spent"] == figures["balance_spent"] == figures["granted"] == Decimal(1)
+    assert quiet.run_one()  # the honest reservation still runs
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE budget_balance SET spent_epsilon = 0",
+        "UPDATE budget_balance SET granted_epsilon = granted_epsilon + 5",
+        "DELETE FROM budget_balance",
+        "TRUNCATE budget_balance",
+        "INSERT INTO budget_balance VALUES ('{ds}', 100, 0, 0, 0)",
+    ],
+)
+def test_the_balance_row_refuses_direct_writes(quiet: Quiet, statement: str) -> None:
+    ds = quiet.api.dataset(epsilon="1")["id"]
+    before = quiet.ledger(ds)
+    with pytest.raises(DBAPIError) as caught, quiet.engine.begin() as conn:
+        conn.execute(text(statement.format(ds=ds)))
+    assert "budget_balance is written only by ledger_entry inserts" in str(caught.value.orig)
+    assert quiet.ledger(ds) == before
+
+
+def test_a_done_release_is_immutable_in_the_database(quiet: Quiet) -> None:
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    rid = _query(quiet, ds, prefer="respond-async").json()["id"]
+    with pytest.raises(DBAPIError), quiet.engine.begin() as conn:
+        conn.execute(text("UPDATE release SET cost_epsilon = 0 WHERE id = :i"), {"i": rid})
+    assert quiet.run_one()
+    for statement in (
+        "UPDATE release SET estimates = '{1,2,3}' WHERE id = :i",
+        "UPDATE release SET status = 'pending', estimates = NULL WHERE id = :i",
+        "DELETE FROM release WHERE id = :i",
+    ):
+        with pytest.raises(DBAPIError), quiet.engine.begin() as conn:
+            conn.execute(text(statement), {"i": rid})
+    assert quiet.release_row(rid)["status"] == "done"
+
+
+def test_balance_equals_the_ledger_sums_after_grants_and_releases(quiet: Quiet) -> None:
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="0.3", delta="0.001")["id"]
+    for eps in ("0.1", "0.05", "0.15"):
+        assert _query(quiet, ds, prefer="respond-async", epsilon=eps).status_code == 202
+    r = quiet.client.post(
+        f"/v1/datasets/{ds}/grants",
+        json={"epsilon": "0.7", "delta": "0.000001", "reason": "more"},
+        headers=ADMIN,
+    )
+    assert r.status_code == 201
+    while quiet.run_one():
+        pass
+    figures = quiet.ledger(ds)
+    assert figures["spent"] == figures["balance_spent"] == Decimal("0.3")
+    assert figures["granted"] == figures["balance_granted"] == Decimal("1.0")
+    budget = quiet.api.budget(ds)
+    assert Decimal(budget["remaining"]["epsilon"]) == Decimal("0.7")
+    assert Decimal(budget["granted"]["delta"]) == Decimal("0.001001")
+
+
+# --------------------------------------------------------------------------- small ones
+
+
+@pytest.mark.parametrize("position", ["-1", "99999999999999999999", "0", "1.5", "", " 7"])
+def test_malformed_cursors_are_422_naming_the_field(quiet: Quiet, position: str) -> None:
+    import base64
+
+    ds = quiet.api.dataset(epsilon="1")["id"]
+    cursor = base64.urlsafe_b64encode(f"v1:{position}".encode()).decode().rstrip("=")
+    for path in (f"/v1/datasets/{ds}/releases", f"/v1/datasets/{ds}/ledger"):
+        r = quiet.client.get(path, params={"cursor": cursor}, headers=ADMIN)
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["detail"].startswith("query.cursor")
+    assert (
+        quiet.client.get(
+            f"/v1/datasets/{ds}/ledger", params={"cursor": encode_cursor(2**63 - 1)}, headers=ADMIN
+        ).status_code
+        == 200
+    )
+
+
+def test_the_bootstrap_key_follows_the_environment_variable(
+    make_schema: Callable[[], str],
+) -> None:
+    url = make_schema()
+    upgrade_database(url)
+    first, second = ("dpq_boot-" + uuid.uuid4().hex * 2 for _ in range(2))
+
+    def start(key: str | None) -> Any:
+        settings = app_settings(url, admin_key=first)
+        settings = settings.model_copy(update={"bootstrap_admin_key": None})
+        if key is not None:
+            settings = app_settings(url, admin_key=key)
+        return TestClient(create_app(settings))
+
+    def status(client: TestClient, key: str) -> int:
+        return client.get("/v1/keys", headers=auth(key)).status_code
+
+    with start(first) as c:
+        assert status(c, first) == 200
+    with start(second) as c:  # rotated: the old one is revoked, the new one works
+        assert status(c, first) == 401 and status(c, second) == 200
+        keys = c.get("/v1/keys", headers=auth(second)).json()["items"]
+    assert sum(1 for k in keys if k["revoked_at"] is None and k["role"] == "admin") == 1
+    with start(None) as c:  # removed: no bootstrap key works any more
+        assert status(c, first) == 401 and status(c, second) == 401
+    with start(second) as c:  # an admin's (or the rotation's) revocation sticks
+        assert status(c, second) == 401
+
+
+def test_the_mechanism_runs_with_a_float_at_most_the_paid_decimal(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[float] = []
+    real = MECHANISMS["indexp"]
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["epsilon"])
+        return real.fn(*args, **kwargs)
+
+    monkeypatch.setitem(MECHANISMS, "indexp", dataclasses.replace(real, fn=spy))
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    assert _query(quiet, ds, prefer="respond-async", epsilon="0.1").status_code == 202
+    assert quiet.run_one()
+    assert seen and Decimal(seen[0]) <= Decimal("0.1") and seen[0] < 0.1
+    assert quiet.ledger(ds)["spent"] == Decimal("0.1")
+
+
+# --------------------------------------------------------------------------- with real workers
+
+
+def test_concurrent_whole_budget_queries_run_one_mechanism_and_refuse_at_once(
+    make_schema: Callable[[], str],
+) -> None:
+    url = make_schema()
+    upgrade_database(url)
+    settings = app_settings(url, admin_key=ADMIN_KEY)
+    with (
+        release_workers(url, concurrency=2, chaos_run_delay_ms=1500),
+        TestClient(create_app(settings), raise_server_exceptions=False) as client,
+    ):
+        api = ApiBase(client, ADMIN, "whole")
+        ds = api.dataset(values=SAMPLE, epsilon="0.5")["id"]
+        analyst = api.new_key("analyst", ds)[1]
+        results: list[tuple[int, float]] = []
+        lock = threading.Lock()
+        start = threading.Barrier(4)
+
+        def one() -> None:
+            start.wait()
+            t0 = time.monotonic()
+            r = client.post(
+                f"/v1/datasets/{ds}/quantiles",
+                json={"quantiles": [0.1, 0.5, 0.9], "epsilon": "0.5", "method": "jointexp"},
+                headers=analyst,
+            )
+            with lock:
+                results.append((r.status_code, time.monotonic() - t0))
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        statuses = sorted(s for s, _ in results)
+        assert statuses == [201, 409, 409, 409], results
+        refusal_times = [dt for s, dt in results if s == 409]
+        success_time = next(dt for s, dt in results if s == 201)
+        assert success_time >= 1.5  # the one run, with its injected 1.5 s
+        assert max(refusal_times) < 1.0  # the refusals did not wait for it
+        with create_engine(url).connect() as conn:
+            runs = conn.execute(
+                text("SELECT coalesce(sum(attempts), 0), count(*) FROM release")
+            ).one()
+        assert tuple(runs) == (1, 1)  # exactly one mechanism run for one debit
+
+
+def test_a_run_past_the_time_limit_is_killed_and_failed_with_its_debit(
+    make_schema: Callable[[], str],
+) -> None:
+    url = make_schema()
+    upgrade_database(url)
+    settings = app_settings(url, admin_key=ADMIN_KEY)
+    with (
+        release_workers(url, concurrency=1, chaos_run_delay_ms=30_000, run_timeout_s=1),
+        TestClient(create_app(settings), raise_server_exceptions=False) as client,
+    ):
+        api = ApiBase(client, ADMIN, "slow")
+        ds = api.dataset(values=SAMPLE, epsilon="1")["id"]
+        t0 = time.monotonic()
+        r = api.query(ds)
+        elapsed = time.monotonic() - t0
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert body["status"] == "failed" and body["failure"] == "timeout"
+        assert body["estimates"] is None and body["cost"]["epsilon"] == "0.1"
+        assert 0.9 < elapsed < 10
+        assert Decimal(api.budget(ds)["spent"]["epsilon"]) == Decimal("0.1")
+
+
+def test_killing_a_worker_mid_run_resumes_the_release_once(
+    make_schema: Callable[[], str],
+) -> None:
+    import psutil
+
+    url = make_schema()
+    upgrade_database(url)
+    settings = app_settings(url, admin_key=ADMIN_KEY)
+    raw = create_engine(url)
+    with (
+        release_workers(url, concurrency=1, chaos_run_delay_ms=2000) as supervisor,
+        TestClient(create_app(settings), raise_server_exceptions=False) as client,
+    ):
+        api = ApiBase(client, ADMIN, "kill")
+        ds = api.dataset(values=SAMPLE, epsilon="1")["id"]
+        key = "kill-" + uuid.uuid4().hex
+        first = client.post(
+            f"/v1/datasets/{ds}/quantiles",
+            json={"quantiles": [0.5], "epsilon": "0.2", "method": "indexp"},
+            headers=ADMIN | {"Idempotency-Key": key, "Prefer": "respond-async"},
+        )
+        assert first.status_code == 202
+        rid = first.json()["id"]
+
+        def claimed() -> bool:
+            with raw.connect() as conn:
+                return bool(
+                    conn.execute(
+                        text("SELECT attempts = 1 FROM release WHERE id = :i"), {"i": rid}
+                    ).scalar_one()
+                )
+
+        wait_for(claimed, timeout=30)
+
+        def worker_process() -> list[psutil.Process]:
+            return [
+                child
+                for child in psutil.Process(supervisor.pid).children()
+                if "spawn_main" in " ".join(child.cmdline())
+                and "resource_tracker" not in " ".join(child.cmdline())
+            ]
+
+        (worker,) = wait_for(worker_process, timeout=10)
+        worker.kill()  # SIGKILL between reservation and completion
+        retry = client.post(
+            f"/v1/datasets/{ds}/quantiles",
+            json={"quantiles": [0.5], "epsilon": "0.2", "method": "indexp"},
+            headers=ADMIN | {"Idempotency-Key": key},
+        )
+        assert retry.status_code == 201, retry.text
+        assert retry.json()["id"] == rid and retry.json()["status"] == "done"
+        with raw.connect() as conn:
+            attempts, debits = conn.execute(
+                text(
+                    "SELECT r.attempts, (SELECT count(*) FROM ledger_entry l"
+                    " WHERE l.release_id = r.id) FROM release r WHERE r.id = :i"
+                ),
+                {"i": rid},
+            ).one()
+        assert (attempts, debits) == (2, 1)
+        assert Decimal(api.budget(ds)["spent"]["epsilon"]) == Decimal("0.2")
+    raw.dispose()
