@@ -4,9 +4,10 @@ How long a release takes grows with the dataset and may depend on its values; wh
 query failed early (validation, budget) or late (after sampling) is visible in its timing
 too. With ``min_release_ms > 0`` every answer of ``POST /v1/datasets/{id}/quantiles`` —
 success or error — is held back until that many milliseconds after the request arrived.
-The wait is asynchronous (no worker thread, no database connection is held) and happens
-outside admission control. The endpoint pads its own successes as well; both measure from
-about the same instant, so there is no double wait.
+The wait is asynchronous and happens after the commit, outside admission control: it holds
+no lock, no database connection, no thread and no admission slot (issue 8; before it, the
+endpoint slept inside its transaction, so a grant during a padded release waited for the
+pad and a flood of padded refusals stalled every endpoint).
 """
 
 from __future__ import annotations

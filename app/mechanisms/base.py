@@ -88,6 +88,8 @@ class Mechanism:
     requires_delta: bool = False
     method_params: tuple[str, ...] = ()
     cost_fn: CostFn | None = field(default=None, repr=False)
+    #: Neighbour relations the mechanism's privacy analysis covers.
+    neighbors: tuple[str, ...] = ("swap", "add_remove")
 
     def __call__(
         self,

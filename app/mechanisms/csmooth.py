@@ -162,4 +162,5 @@ CSMOOTH = Mechanism(
     notion=PrivacyNotion.ZCDP,
     summary="Smooth sensitivity, Laplace-log-normal noise, epsilon-CDP (Bun-Steinke), swap only.",
     cost_fn=cdp_cost,
+    neighbors=("swap",),
 )

@@ -252,4 +252,5 @@ SMOOTH = Mechanism(
     summary="Smooth-sensitivity Laplace mechanism (Nissim-Raskhodnikova-Smith), swap only.",
     requires_delta=True,
     method_params=("delta",),
+    neighbors=("swap",),
 )

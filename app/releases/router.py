@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 
 from app.auth.deps import AnalystDep, ReaderDep
 from app.concurrency import ADMISSION_RELEASE
@@ -25,6 +28,8 @@ from app.releases import service
 from app.releases.models import Release
 from app.releases.schemas import BudgetExhausted, QuantileQuery, ReleasePage, ReleasePublic
 from app.releases.waiter import wait_until
+
+logger = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute)
 
@@ -158,13 +163,18 @@ async def create_release(
             with factory() as session:
                 return service.get_release(session, principal=principal, release_id=release.id)
 
-        release = await wait_until(
-            request.app.state.completion_hub,
-            release.id,
-            read=read,
-            finished=service.is_finished,
-            timeout_s=timeout,
-        )
+        try:
+            release = await wait_until(
+                request.app.state.completion_hub,
+                release.id,
+                read=read,
+                finished=service.is_finished,
+                timeout_s=timeout,
+            )
+        except (DBAPIError, SQLAlchemyTimeoutError):
+            # The release is reserved and paid whatever happens now: say so (202 + Location)
+            # rather than a 503 that would invite a retry without the key.
+            logger.warning("lost the database while waiting for release %s", release.id)
     content = json_bytes(present(release))
     headers = {"Location": f"/v1/releases/{release.id}", "ETag": etag_of(content)}
     if outcome.replayed:

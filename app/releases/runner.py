@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from app.datasets.models import Dataset
 from app.datasets.service import load_values, snap_to_grid
 from app.ledger.service import mechanism_float
-from app.mechanisms import get_mechanism
+from app.mechanisms import MechanismInputError, get_mechanism
 from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.service import FINISHED_CHANNEL, PENDING_CHANNEL
 
@@ -157,6 +157,9 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
             rng=rng,
         )
         estimates = snap_to_grid(raw, lower=job.lower, upper=job.upper, granularity=job.granularity)
+    except MechanismInputError as exc:
+        # The parameter name is public; the problem text could in principle quote a value.
+        raise RunFailed(f"{type(exc).__name__} on {exc.parameter}") from None
     except Exception as exc:
         # The class only: a message could in principle quote a data value.
         raise RunFailed(type(exc).__name__) from None

@@ -33,10 +33,11 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from app.auth.principal import Principal
+from app.datasets.models import Dataset
 from app.datasets.service import get_visible
 from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
-from app.ledger.service import Amount, add_debit, budget, mechanism_float, price
+from app.ledger.service import Amount, add_debit, budget, find_budget, mechanism_float, price
 from app.mechanisms import Mechanism, MechanismInputError, get_mechanism
 from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.schemas import QuantileQuery
@@ -108,6 +109,17 @@ def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
     return Priced(mech, quote(mech, query), request_fingerprint(query))
 
 
+def check_runs_on(mech: Mechanism, *, dataset: Dataset) -> None:
+    """Refuse (422, before anything is paid) a method whose analysis does not cover the
+    dataset's neighbour relation (e.g. smooth sensitivity is for fixed-size datasets)."""
+    if dataset.neighbors not in mech.neighbors:
+        raise invalid(
+            "body.method",
+            f"method {mech.name!r} supports only {' and '.join(mech.neighbors)} neighbours; "
+            f"this dataset uses {dataset.neighbors!r}",
+        )
+
+
 def _find_idempotent(
     session: Session, *, principal: Principal, dataset_id: uuid.UUID, key: str, fingerprint: str
 ) -> Release | None:
@@ -170,6 +182,15 @@ def reserve_release(
     if not principal.can_see(dataset_id):
         raise not_found("dataset")
     priced = price_query(query, max_quantiles=max_quantiles)
+    public = get_visible(session, principal=principal, dataset_id=dataset_id)
+    check_runs_on(priced.mechanism, dataset=public)
+    if idempotency_key is None:
+        # Pre-check without the lock: budgets only shrink by debits, so a query that does not
+        # fit now is refused now (figures alone, nothing queued behind the dataset lock).
+        current = find_budget(session, dataset_id=dataset_id)
+        if current is None:
+            raise not_found("dataset")
+        _refuse_if_unaffordable(current.remaining, priced.cost)
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     if idempotency_key is not None:
         earlier = _find_idempotent(

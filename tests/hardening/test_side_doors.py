@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.main import create_app
 from app.mechanisms import MECHANISMS
+from app.releases.runner import Claim, Job, RunFailed, run_job
 
 from .conftest import ADMIN, Api, report, settings_for
 from .procs import free_port
@@ -358,17 +360,29 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                 raise KeyError(secret_msg)
 
             with monkeypatch.context() as m:
+                # Mechanisms run in the workers (issue 8): the text a worker logs for a
+                # failed run is the RunFailed message, built from the class name only.
                 m.setitem(MECHANISMS, "indexp", dataclasses.replace(MECHANISMS["indexp"], fn=boom))
-                r = call(
-                    "mechanism failure",
-                    "POST",
-                    q,
-                    json={"quantiles": [0.5], "epsilon": "0.1", "method": "indexp"},
-                    headers=analyst,
+                job = Job(
+                    claim=Claim(uuid.uuid4(), uuid.uuid4(), 1),
+                    method="indexp",
+                    quantiles=[0.5],
+                    epsilon=Decimal("0.1"),
+                    delta=None,
+                    lower=0.0,
+                    upper=1000.0,
+                    granularity=1.0,
+                    neighbors="swap",
+                    values=np.array([float(v) for v in SECRETS[:3]]),
                 )
-                assert r.status_code == 503, r.text
+                with pytest.raises(RunFailed) as failed:
+                    run_job(job)
+                logging.getLogger("dpquant.worker").error(
+                    "release %s failed: %s (charged)", job.claim.release_id, failed.value
+                )
+                assert secret_msg not in str(failed.value)
             with monkeypatch.context() as m:
-                m.setattr("app.releases.service.load_values", db_down)
+                m.setattr("app.releases.service.find_budget", db_down)
                 r = call(
                     "database failure",
                     "POST",
@@ -378,7 +392,7 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                 )
                 assert r.status_code == 503 and r.json()["type"] == "database_unavailable"
             with monkeypatch.context() as m:
-                m.setattr("app.releases.service.load_values", key_error)
+                m.setattr("app.releases.service.find_budget", key_error)
                 r = call(
                     "programming error",
                     "POST",
