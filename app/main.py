@@ -50,6 +50,15 @@ Every release is priced in (epsilon, delta), debited atomically from the dataset
 append-only ledger and stored; reading releases and budgets is free. Authenticate with
 `Authorization: Bearer <key>`. Errors are `{"type": ..., "detail": ...}`.
 Budget figures are exact decimals, written as JSON strings in responses.
+
+Releases are reserved, then sampled: a query is first stored as `pending` together with the
+debit of its full cost (refusals read no data and run nothing), then a worker runs the
+mechanism and the release becomes `done` (with `estimates`) or `failed` (with `failure`).
+A failed release keeps its debit, because whether and when a run fails may depend on the
+data; a retry with the same `Idempotency-Key` resumes it without a new debit. Send
+`Prefer: respond-async` to get `202 Accepted` with `Location: /v1/releases/{id}` at once and
+poll it (ETag / If-None-Match); without it the call waits and answers `201` with the
+finished release (or `202` if the wait runs out).
 """
 
 
