@@ -58,10 +58,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             else "DPQUANT_DATABASE_URL"
         )
     )
-    _write(
-        "admin key: set DPQUANT_BOOTSTRAP_ADMIN_KEY before starting, or run "
-        "`dpquant create-key --role admin`"
-    )
+    _write(admin_key_banner(settings))
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, through whatever handler
     # was installed before it started. Ours turns it into a normal exit so that atexit hooks
     # run and the embedded PostgreSQL is stopped with the last process that uses it.
@@ -76,6 +73,16 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         log_level=settings.log_level.lower(),
     )
     return 0
+
+
+def admin_key_banner(settings: Settings) -> str:
+    """The banner line about admin keys: whether the bootstrap key is set (never the key)."""
+    if settings.bootstrap_admin_key is not None:
+        return "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is set (registered, stored hashed)"
+    return (
+        "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is not set; set it before starting, or run "
+        "`dpquant create-key --role admin` for a key"
+    )
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.ledger.schemas import AmountPublic
+from app.ledger.schemas import AmountPublic, DecimalText
 
 PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=30)]
 
@@ -33,9 +33,11 @@ class QuantileQuery(BaseModel):
     def _increasing(cls, value: list[float]) -> list[float]:
         for i, q in enumerate(value):
             if not 0.0 < q < 1.0:
-                raise ValueError(f"quantile {i} must lie strictly inside (0, 1)")
+                raise ValueError(f"quantiles[{i}] must lie strictly inside (0, 1)")
             if i and not value[i - 1] < q:
-                raise ValueError("quantiles must be strictly increasing")
+                raise ValueError(
+                    f"quantiles[{i}] must be greater than quantiles[{i - 1}] (strictly increasing)"
+                )
         return value
 
 
@@ -50,8 +52,8 @@ class ReleasePublic(BaseModel):
     method: str
     quantiles: list[float]
     estimates: list[float]
-    epsilon: Decimal
-    delta: Decimal | None
+    epsilon: DecimalText
+    delta: DecimalText | None
     cost: AmountPublic
     remaining: AmountPublic
     created_at: datetime
