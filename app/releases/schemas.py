@@ -5,11 +5,15 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.ledger.schemas import AmountPublic, DecimalText
+from app.mechanisms import MECHANISMS
+
+#: The method names of the OpenAPI enum: the mechanism registry, whatever it holds.
+METHOD_NAMES = tuple(MECHANISMS)
 
 PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=30)]
 
@@ -23,7 +27,13 @@ class QuantileQuery(BaseModel):
         min_length=1, description="Strictly increasing, each strictly inside (0, 1)."
     )
     epsilon: PositiveDecimal = Field(description="Epsilon for the whole m-quantile release.")
-    method: str = Field(default="jointexp", min_length=1, max_length=64)
+    method: str = Field(
+        default="jointexp",
+        min_length=1,
+        max_length=64,
+        json_schema_extra={"enum": list(METHOD_NAMES)},
+        description="A registered mechanism.",
+    )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."
     )
@@ -69,7 +79,7 @@ class ReleasePage(BaseModel):
 class BudgetExhausted(BaseModel):
     """409 body when a query costs more than remains: the figures and nothing else."""
 
-    type: str = "budget_exhausted"
+    type: Literal["budget_exhausted"] = "budget_exhausted"
     detail: str
     requested: AmountPublic
     remaining: AmountPublic
