@@ -61,7 +61,8 @@ function axes(svg, f, xs, ys, xScale, yScale, xFmt, yFmt, labels) {
     if (label === previous) continue; // short time spans: no repeated labels
     previous = label;
     el("line", { x1: px, x2: px, y1: f.m.top + f.h, y2: f.m.top + f.h + 4, class: "tick" }, g);
-    const t = el("text", { x: px, y: f.m.top + f.h + 16, "text-anchor": "middle" }, g);
+    const edge = px > f.m.left + f.w - 20 ? "end" : "middle"; // keep the last label inside
+    const t = el("text", { x: px, y: f.m.top + f.h + 16, "text-anchor": edge }, g);
     t.textContent = label;
   }
   el("line", { x1: f.m.left, x2: f.m.left + f.w, y1: f.m.top + f.h, y2: f.m.top + f.h, class: "axis" }, g);
