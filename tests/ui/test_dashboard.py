@@ -189,6 +189,25 @@ def test_admin_sees_ledger_and_keys_and_creates_dataset_key_and_grant(
     )
     assert me.status_code == 200 and me.json()["role"] == "viewer"
     page.get_by_role("button", name="Hide").click()
+    assert page.locator("#new-key-value").input_value() == ""
+    # upload a CSV into the new dataset through the file input
+    page.locator("#upload-file").set_input_files(
+        files=[{"name": "v.csv", "mimeType": "text/csv", "buffer": b"x,y\n1,5\n2,150\n3,7\n"}]
+    )
+    page.locator("#upload-column").fill("y")
+    page.get_by_role("button", name="Upload").click()
+    page.wait_for_selector("#ds-facts dd:text-is('3 (1 outside bounds)')", timeout=TIMEOUT)
+    # revoke the key made above (confirmed in the dialog); it stops working
+    page.once("dialog", lambda dialog: dialog.accept())
+    prefix = secret[:12]
+    page.get_by_role("button", name=f"Revoke key {prefix}").click()
+    page.wait_for_selector(
+        f"#keys-body tr:has-text('{prefix}') td:nth-child(6):not(:empty)", timeout=TIMEOUT
+    )
+    gone = httpx.get(
+        f"{seed.http.base_url}/v1/keys/me", headers={"Authorization": f"Bearer {secret}"}
+    )
+    assert gone.status_code == 401
     select(watched, ds["name"])
     screenshot(watched, "admin")
     key_never_leaves_the_header(watched, admin_key)

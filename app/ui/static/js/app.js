@@ -24,7 +24,8 @@ const state = {
 const $ = (id) => document.getElementById(id);
 
 function isAdmin() { return state.me && state.me.role === "admin"; }
-function canQuery() { return state.me && (state.me.role === "admin" || state.me.role === "analyst"); }
+// "unknown": a server without GET /v1/keys/me; the form is shown and the server decides.
+function canQuery() { return state.me && ["admin", "analyst", "unknown"].includes(state.me.role); }
 
 // ---------------------------------------------------------------- messages
 
