@@ -214,14 +214,14 @@ def test_keys_lifecycle(admin: Client, server: LiveServer) -> None:
 def test_quote_and_methods_are_guarded(admin: Client) -> None:
     """Before issue 10 lands the server has neither endpoint: NotSupported, not a 404."""
     ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
-    if admin._has("/v1/datasets/{dataset_id}/quote", "post"):
+    if admin._run(admin._has("/v1/datasets/{dataset_id}/quote", "post")):
         admin.upload(ds.id, VALUES)
         quote = admin.quote(ds.id, [0.5], epsilon="0.1")
         assert quote.cost is not None
     else:
         with pytest.raises(NotSupported):
             admin.quote(ds.id, [0.5], epsilon="0.1")
-    if not admin._has("/v1/methods", "get"):
+    if not admin._run(admin._has("/v1/methods", "get")):
         with pytest.raises(NotSupported):
             admin.methods()
     assert admin.budget(ds.id).spent.epsilon == Decimal("0")

@@ -6,6 +6,7 @@
 ...     release.estimates, dpq.budget(dataset_id).remaining.epsilon
 """
 
+from dpquant_client.aio import AsyncClient
 from dpquant_client.client import Client
 from dpquant_client.errors import (
     BudgetExhausted,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Amount",
+    "AsyncClient",
     "Budget",
     "BudgetExhausted",
     "Client",
