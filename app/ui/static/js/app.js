@@ -408,10 +408,11 @@ async function fetchQuote() {
     const { body: q } = await post(`/v1/datasets/${state.selectedId}/quote`, body);
     if (seq !== quoteSeq) return;
     clearChildren(box);
+    const amount = (a) => (a && typeof a === "object" && "epsilon" in a ? `ε ${a.epsilon}, δ ${a.delta}` : a);
     const parts = [
       ["Method", q.method],
-      ["Cost", q.cost ? `ε ${q.cost.epsilon}, δ ${q.cost.delta}` : null],
-      ["Remaining after", q.remaining_after ? `ε ${q.remaining_after.epsilon}, δ ${q.remaining_after.delta}` : null],
+      ["Cost", amount(q.cost)],
+      ["Remaining after", amount(q.remaining_after)],
       ["Affordable", q.affordable === undefined ? null : q.affordable ? "yes" : "no"],
       ["Expected error", q.expected_error === undefined || q.expected_error === null ? null : JSON.stringify(q.expected_error)],
     ];
@@ -433,6 +434,13 @@ async function fetchQuote() {
   } catch (err) {
     if (seq !== quoteSeq) return;
     clearChildren(box);
+    if (err instanceof ApiError && (err.status === 404 || err.status === 405)) {
+      // the server lists the endpoint but does not serve it: stop quoting, quietly
+      state.features.quote = false;
+      box.hidden = true;
+      $("query-submit").disabled = false;
+      return;
+    }
     box.textContent = err instanceof ApiError ? `Quote: ${err.detail}` : "Quote unavailable";
     box.hidden = false;
     $("query-submit").disabled = false;
