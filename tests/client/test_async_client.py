@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from typing import Any
 
 import httpx
 import pytest
@@ -11,6 +14,13 @@ from dpquant_client import AsyncClient, BudgetExhausted, NotFound
 
 from tests.client.conftest import VALUES, name
 from tests.live import LiveServer
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``asyncio.run`` in a thread of its own: Playwright's sync API, when its tests ran
+    first in this process, keeps an event loop running in the main thread."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(scenario())).result()
 
 
 def test_async_client_release_budget_and_errors(server: LiveServer) -> None:
@@ -37,7 +47,7 @@ def test_async_client_release_budget_and_errors(server: LiveServer) -> None:
                 await analyst.release("00000000-0000-0000-0000-000000000000")
             assert len(await analyst.releases(ds.id)) == 2
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 class LoseFirstAnswer(httpx.AsyncBaseTransport):
@@ -72,4 +82,4 @@ def test_async_client_retries_with_the_same_idempotency_key(server: LiveServer) 
             assert release.replayed
             assert (await admin.budget(ds.id)).spent.epsilon == Decimal("0.3")
 
-    asyncio.run(scenario())
+    run(scenario)
