@@ -81,12 +81,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             else "DPQUANT_DATABASE_URL"
         )
     )
-    _write(
-        "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is set (registered as the bootstrap admin key)"
-        if settings.bootstrap_admin_key is not None
-        else "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is not set; create one with "
-        "`dpquant create-key --role admin`"
-    )
+    _write(admin_key_banner(settings))
     _write(
         f"release workers: {release_workers} process(es) on this machine"
         + ("" if release_workers else " (run `dpquant worker` elsewhere, or releases wait)")
@@ -124,6 +119,16 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         settings.run_timeout_s,
     )
     return Supervisor(url, settings, concurrency).run()
+
+
+def admin_key_banner(settings: Settings) -> str:
+    """The banner line about admin keys: whether the bootstrap key is set (never the key)."""
+    if settings.bootstrap_admin_key is not None:
+        return "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is set (registered, stored hashed)"
+    return (
+        "admin key: DPQUANT_BOOTSTRAP_ADMIN_KEY is not set; set it before starting, or run "
+        "`dpquant create-key --role admin` for a key"
+    )
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:

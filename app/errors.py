@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,10 +22,34 @@ from app.db import CommitOutcomeUnknown
 logger = logging.getLogger(__name__)
 
 
+#: Every ``type`` an error body can carry (an enum in the OpenAPI document).
+ERROR_TYPES = (
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "budget_exhausted",
+    "dataset_frozen",
+    "idempotency_conflict",
+    "no_values",
+    "name_taken",
+    "payload_too_large",
+    "unsupported_media_type",
+    "validation_error",
+    "method_not_allowed",
+    "rate_limited",
+    "database_unavailable",
+    "outcome_unknown",
+    "internal_error",
+    "overloaded",
+    "not_ready",
+    "http_error",
+)
+
+
 class ErrorBody(BaseModel):
     """The body of every error response."""
 
-    type: str
+    type: str = Field(json_schema_extra={"enum": list(ERROR_TYPES)})
     detail: str
 
 

@@ -35,11 +35,14 @@ from app.db import (
 from app.errors import install_error_handlers
 from app.guard import GuardMiddleware
 from app.ledger.router import router as ledger_router
+from app.openapi import install_openapi
 from app.ops.router import router as ops_router
 from app.ratelimit import RateLimitMiddleware
 from app.releases.router import router as releases_router
 from app.releases.waiter import CompletionHub
 from app.timing import ReleaseTimingMiddleware
+from app.ui.docs import install_docs
+from app.ui.router import install_dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +125,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        # /docs and /redoc are served from packaged assets below (FastAPI's load a CDN)
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings or Settings()
     install_error_handlers(app)
@@ -130,6 +136,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ledger_router)
     app.include_router(releases_router)
     app.include_router(keys_router)
+    install_docs(app)
+    install_dashboard(app)
+    install_openapi(app)
     # Hardening (issue 5): admission control against thread/connection-pool starvation,
     # uniform timing of quantile queries, the request body limit, then the per-key rate
     # limit (app/concurrency.py, app/timing.py, app/bodylimit.py, app/ratelimit.py).

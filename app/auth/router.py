@@ -7,8 +7,8 @@ import uuid
 from fastapi import APIRouter, Response
 
 from app.auth import service
-from app.auth.deps import AdminDep
-from app.auth.schemas import KeyCreate, KeyCreated, KeyList, KeyPublic
+from app.auth.deps import AdminDep, ReaderDep
+from app.auth.schemas import KeyCreate, KeyCreated, KeyList, KeyPublic, KeySelf
 from app.db import SessionDep
 from app.errors import error_responses
 from app.ops.http import DecimalJSONRoute
@@ -40,6 +40,17 @@ def create_key(body: KeyCreate, session: SessionDep, principal: AdminDep) -> Key
 def list_keys(session: SessionDep, principal: AdminDep) -> KeyList:
     """Every key with its prefix, role, scope and revocation time; never a secret."""
     return KeyList(items=[KeyPublic.model_validate(k) for k in service.list_keys(session)])
+
+
+@router.get(
+    "/me",
+    response_model=KeySelf,
+    responses=error_responses(401, 403, 503),
+    summary="Describe the calling key (role and scope)",
+)
+def read_own_key(principal: ReaderDep) -> KeySelf:
+    """The calling key's id, role and dataset scope, so a dashboard knows what to show."""
+    return KeySelf(id=principal.key_id, role=principal.role, dataset_id=principal.scope)
 
 
 @router.delete(

@@ -49,3 +49,11 @@ class KeyList(BaseModel):
     """All keys, newest first."""
 
     items: list[KeyPublic]
+
+
+class KeySelf(BaseModel):
+    """What the calling key may know about itself (for dashboards and clients)."""
+
+    id: uuid.UUID
+    role: Role
+    dataset_id: uuid.UUID | None = Field(description="The key's dataset scope, if any.")

@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
 from app.ledger.service import Amount, Budget
 from app.text import StorableText
@@ -16,11 +16,32 @@ from app.text import StorableText
 BudgetDecimal = Annotated[Decimal, Field(ge=0, max_digits=40, decimal_places=30)]
 
 
-class AmountPublic(BaseModel):
-    """An (epsilon, delta) pair; both are exact decimals written as strings."""
+def plain_decimal(value: Decimal) -> str:
+    """The one way budget figures are written: plain decimal, no exponent, no trailing zeros.
 
-    epsilon: Decimal
-    delta: Decimal
+    ``Decimal("0E-12")`` -> ``"0"``, ``Decimal("5.000000000000")`` -> ``"5"``,
+    ``Decimal("0.10")`` -> ``"0.1"``, ``Decimal("1E-7")`` -> ``"0.0000001"``,
+    ``Decimal("5E+2")`` -> ``"500"``. Exact: only the notation changes, never the value.
+    """
+    if value == 0:
+        return "0"  # also for -0 and 0E-12
+    return format(value.normalize(), "f")
+
+
+#: A budget figure in a response (epsilon, delta, costs, ledger rows): an exact decimal
+#: written as a JSON string by :func:`plain_decimal`.
+DecimalText = Annotated[
+    Decimal,
+    PlainSerializer(plain_decimal, return_type=str, when_used="json"),
+    Field(json_schema_extra={"pattern": r"^(0|[1-9][0-9]*)(\.[0-9]*[1-9])?$"}),
+]
+
+
+class AmountPublic(BaseModel):
+    """An (epsilon, delta) pair; both are exact decimals written as plain decimal strings."""
+
+    epsilon: DecimalText
+    delta: DecimalText
 
     @classmethod
     def of(cls, amount: Amount) -> AmountPublic:
@@ -71,8 +92,8 @@ class LedgerEntryPublic(BaseModel):
     id: int
     dataset_id: uuid.UUID
     kind: Literal["grant", "debit"]
-    epsilon: Decimal
-    delta: Decimal
+    epsilon: DecimalText
+    delta: DecimalText
     reason: str | None
     release_id: uuid.UUID | None
     api_key_id: uuid.UUID | None

@@ -9,7 +9,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.ledger.schemas import AmountPublic
+from app.ledger.schemas import AmountPublic, DecimalText
+from app.mechanisms import MECHANISMS
+
+#: The method names of the OpenAPI enum: the mechanism registry, whatever it holds.
+METHOD_NAMES = tuple(MECHANISMS)
 
 PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=30)]
 
@@ -23,7 +27,13 @@ class QuantileQuery(BaseModel):
         min_length=1, description="Strictly increasing, each strictly inside (0, 1)."
     )
     epsilon: PositiveDecimal = Field(description="Epsilon for the whole m-quantile release.")
-    method: str = Field(default="jointexp", min_length=1, max_length=64)
+    method: str = Field(
+        default="jointexp",
+        min_length=1,
+        max_length=64,
+        json_schema_extra={"enum": list(METHOD_NAMES)},
+        description="A registered mechanism.",
+    )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."
     )
@@ -33,9 +43,11 @@ class QuantileQuery(BaseModel):
     def _increasing(cls, value: list[float]) -> list[float]:
         for i, q in enumerate(value):
             if not 0.0 < q < 1.0:
-                raise ValueError(f"quantile {i} must lie strictly inside (0, 1)")
+                raise ValueError(f"quantiles[{i}] must lie strictly inside (0, 1)")
             if i and not value[i - 1] < q:
-                raise ValueError("quantiles must be strictly increasing")
+                raise ValueError(
+                    f"quantiles[{i}] must be greater than quantiles[{i - 1}] (strictly increasing)"
+                )
         return value
 
 
@@ -59,8 +71,8 @@ class ReleasePublic(BaseModel):
     quantiles: list[float]
     estimates: list[float] | None = Field(description="The answer; null unless status is done.")
     failure: FailureReason | None = Field(description="Why the release failed; null otherwise.")
-    epsilon: Decimal
-    delta: Decimal | None
+    epsilon: DecimalText
+    delta: DecimalText | None
     cost: AmountPublic
     remaining: AmountPublic
     created_at: datetime
@@ -77,7 +89,7 @@ class ReleasePage(BaseModel):
 class BudgetExhausted(BaseModel):
     """409 body when a query costs more than remains: the figures and nothing else."""
 
-    type: str = "budget_exhausted"
+    type: Literal["budget_exhausted"] = "budget_exhausted"
     detail: str
     requested: AmountPublic
     remaining: AmountPublic

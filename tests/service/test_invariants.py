@@ -204,7 +204,7 @@ def test_inv5_ten_releases_of_a_tenth_exhaust_one_exactly(api: Api) -> None:
         r = api.query(ds["id"], epsilon=0.1)
         assert r.status_code == 201, r.text
     last = r.json()
-    assert last["remaining"] == {"epsilon": "0.0", "delta": "0"}
+    assert last["remaining"] == {"epsilon": "0", "delta": "0"}
     budget = api.budget(ds["id"])
     assert Decimal(budget["spent"]["epsilon"]) == Decimal("1.0")
     eleventh = api.query(ds["id"], epsilon=0.1)

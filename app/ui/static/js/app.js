@@ -1,0 +1,688 @@
+// The dpquant dashboard: plain ES modules, no build step, no external origin.
+// Every API-provided string is written with textContent (never innerHTML).
+
+import { ApiError, clearKey, get, getKey, idempotencyKey, post, request, setKey } from "./api.js";
+import { drawSpending, drawStepCdf } from "./charts.js";
+
+const POLL_MS = 5000;
+const RELEASE_POLL_MS = 700;
+const FALLBACK_METHODS = ["jointexp", "indexp", "appindexp", "smooth", "csmooth", "aq"];
+
+const state = {
+  me: null, // {id, role, dataset_id}
+  features: { quote: false, methodsEndpoint: false, methods: FALLBACK_METHODS },
+  datasets: [],
+  selectedId: null,
+  budget: null,
+  releases: [],
+  plottedId: null,
+  ledger: [],
+  keys: [],
+  timer: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+function isAdmin() { return state.me && state.me.role === "admin"; }
+// "unknown": a server without GET /v1/keys/me; the form is shown and the server decides.
+function canQuery() { return state.me && ["admin", "analyst", "unknown"].includes(state.me.role); }
+
+// ---------------------------------------------------------------- messages
+
+let statusTimer = null;
+function say(text) {
+  $("status").textContent = text;
+  clearTimeout(statusTimer);
+  if (text) statusTimer = setTimeout(() => { $("status").textContent = ""; }, 6000);
+}
+
+function showError(err) {
+  const box = $("error");
+  if (!err) { box.hidden = true; box.textContent = ""; return; }
+  const text = err instanceof ApiError ? `${err.type}: ${err.detail}` : String(err.message || err);
+  box.textContent = text;
+  box.hidden = false;
+}
+
+function text(node, value) { node.textContent = value === null || value === undefined ? "—" : String(value); return node; }
+
+function cell(row, value, cls) {
+  const td = document.createElement("td");
+  text(td, value);
+  if (cls) td.className = cls;
+  row.appendChild(td);
+  return td;
+}
+
+const pad = (n) => String(n).padStart(2, "0");
+
+function when(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+function clearChildren(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+
+// ---------------------------------------------------------------- features
+
+async function detectFeatures() {
+  // The OpenAPI document says which endpoints exist, so nothing is probed with a 404.
+  try {
+    const { body } = await get("/openapi.json");
+    const paths = (body && body.paths) || {};
+    state.features.quote = Boolean(paths["/v1/datasets/{dataset_id}/quote"] &&
+      paths["/v1/datasets/{dataset_id}/quote"].post);
+    state.features.methodsEndpoint = Boolean(paths["/v1/methods"] && paths["/v1/methods"].get);
+    state.features.me = Boolean(paths["/v1/keys/me"] && paths["/v1/keys/me"].get);
+    const query = body.components && body.components.schemas && body.components.schemas.QuantileQuery;
+    const method = query && query.properties && query.properties.method;
+    const names = method && (method.enum || (method.anyOf || []).flatMap((s) => s.enum || []));
+    if (names && names.length) state.features.methods = names;
+    state.features.defaultMethod = (method && method.default) || "jointexp";
+  } catch {
+    // keep the defaults
+  }
+  if (state.features.methodsEndpoint) {
+    try {
+      const { body } = await get("/v1/methods");
+      const items = Array.isArray(body) ? body : (body && (body.items || body.methods)) || [];
+      const names = items.map((m) => (typeof m === "string" ? m : m && m.name)).filter(Boolean);
+      const withAuto = state.features.methods.includes("auto") && !names.includes("auto");
+      if (names.length) state.features.methods = withAuto ? ["auto", ...names] : names;
+    } catch {
+      // the list from the OpenAPI document stays
+    }
+  }
+  const select = $("query-method");
+  clearChildren(select);
+  for (const name of state.features.methods) {
+    const opt = document.createElement("option");
+    opt.value = name;
+    opt.textContent = name;
+    if (name === state.features.defaultMethod) opt.selected = true;
+    select.appendChild(opt);
+  }
+}
+
+// ---------------------------------------------------------------- sign in / out
+
+async function signIn(key) {
+  setKey(key);
+  try {
+    let me = null;
+    if (state.features.me !== false) {
+      me = (await get("/v1/keys/me")).body;
+    }
+    state.me = me || { role: "unknown", dataset_id: null };
+  } catch (err) {
+    clearKey();
+    state.me = null;
+    throw err;
+  }
+  $("api-key").value = "";
+  $("signin-form").hidden = true;
+  $("whoami").hidden = false;
+  $("welcome").hidden = true;
+  $("main").hidden = false;
+  text($("who-role"), state.me.role);
+  text($("who-scope"), state.me.dataset_id ? ` · scoped to dataset ${state.me.dataset_id.slice(0, 8)}…` : "");
+  document.body.dataset.role = state.me.role;
+  $("query-section").hidden = !canQuery();
+  $("admin-section").hidden = !isAdmin();
+  $("grant-section").hidden = !isAdmin();
+  $("ledger-section").hidden = !isAdmin();
+  await loadDatasets();
+  if (isAdmin()) await loadKeys();
+  startPolling();
+  say(`Signed in as ${state.me.role}`);
+}
+
+function signOut() {
+  clearKey();
+  stopPolling();
+  Object.assign(state, { me: null, datasets: [], selectedId: null, budget: null, releases: [], ledger: [], keys: [] });
+  $("signin-form").hidden = false;
+  $("whoami").hidden = true;
+  $("welcome").hidden = false;
+  $("main").hidden = true;
+  $("new-key").hidden = true;
+  $("new-key-value").value = "";
+  delete document.body.dataset.role;
+  showError(null);
+  say("Signed out");
+}
+
+// ---------------------------------------------------------------- datasets
+
+async function loadDatasets() {
+  const items = [];
+  let url = "/v1/datasets?limit=200";
+  for (let page = 0; page < 10 && url; page++) {
+    const { body } = await get(url);
+    items.push(...body.items);
+    url = body.next_cursor ? `/v1/datasets?limit=200&cursor=${encodeURIComponent(body.next_cursor)}` : null;
+  }
+  state.datasets = items;
+  if (!items.some((d) => d.id === state.selectedId)) state.selectedId = items.length ? items[0].id : null;
+  renderDatasets();
+  renderKeyScopes();
+  if (state.selectedId) await selectDataset(state.selectedId, { quiet: true });
+  else $("dataset-panel").hidden = true;
+}
+
+function renderDatasets() {
+  const body = $("datasets-body");
+  clearChildren(body);
+  $("datasets-empty").hidden = state.datasets.length > 0;
+  for (const ds of state.datasets) {
+    const row = document.createElement("tr");
+    row.dataset.testid = "dataset-row";
+    row.setAttribute("data-testid", "dataset-row");
+    row.dataset.id = ds.id;
+    if (ds.id === state.selectedId) row.className = "selected";
+    const name = document.createElement("td");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "link";
+    button.textContent = ds.name;
+    button.setAttribute("aria-pressed", ds.id === state.selectedId ? "true" : "false");
+    button.addEventListener("click", () => selectDataset(ds.id).catch(showError));
+    name.appendChild(button);
+    row.appendChild(name);
+    cell(row, ds.budget_remaining ? ds.budget_remaining.epsilon : null, "num");
+    body.appendChild(row);
+  }
+}
+
+async function selectDataset(id, { quiet = false } = {}) {
+  if (state.selectedId !== id) {
+    state.plottedId = null;
+    state.ledger = [];
+    state.budget = null;
+    for (const cellId of ["granted-eps", "granted-delta", "spent-eps", "spent-delta", "remaining-eps", "remaining-delta"]) {
+      $(cellId).textContent = "";
+    }
+  }
+  state.selectedId = id;
+  renderDatasets();
+  const ds = state.datasets.find((d) => d.id === id);
+  if (!ds) return;
+  $("dataset-panel").hidden = false;
+  text($("ds-title"), ds.name);
+  text($("ds-description"), ds.description || "");
+  const facts = $("ds-facts");
+  clearChildren(facts);
+  const rows = [
+    ["Bounds", `[${ds.lower}, ${ds.upper}]`],
+    ["Neighbours", ds.neighbors],
+    ["Grid step", ds.granularity],
+    ["Created", when(ds.created_at)],
+  ];
+  if ("n" in ds) rows.push(["Values", ds.n === null ? "none uploaded" : `${ds.n} (${ds.n_outside_bounds} outside bounds)`]);
+  if ("frozen_at" in ds) rows.push(["Frozen", ds.frozen_at ? when(ds.frozen_at) : "no"]);
+  for (const [k, v] of rows) {
+    const dt = document.createElement("dt");
+    dt.textContent = k;
+    const dd = document.createElement("dd");
+    text(dd, v);
+    facts.append(dt, dd);
+  }
+  await refreshSelected({ force: true });
+  if (!quiet) say(`Dataset ${ds.name}`);
+  scheduleQuote();
+}
+
+// ---------------------------------------------------------------- budget, releases, ledger
+
+async function refreshSelected({ force = false } = {}) {
+  const id = state.selectedId;
+  if (!id) return;
+  const [b, r] = await Promise.all([
+    get(`/v1/datasets/${id}/budget`, { conditional: true }),
+    get(`/v1/datasets/${id}/releases?limit=100`, { conditional: true }),
+  ]);
+  if (id !== state.selectedId) return;
+  let changed = force || b.changed || r.changed;
+  state.budget = b.body;
+  state.releases = r.body.items;
+  if (isAdmin() && (force || b.changed)) {
+    state.ledger = await loadLedger(id);
+    changed = true;
+  }
+  if (changed) {
+    renderBudget();
+    renderReleases();
+    renderLedger();
+    const ds = state.datasets.find((d) => d.id === id);
+    if (ds && state.budget) {
+      ds.budget_remaining = state.budget.remaining;
+      renderDatasets();
+    }
+  }
+}
+
+async function loadLedger(id) {
+  const items = [];
+  let url = `/v1/datasets/${id}/ledger?limit=500`;
+  for (let page = 0; page < 10 && url; page++) {
+    const { body } = await get(url);
+    items.push(...body.items);
+    url = body.next_cursor ? `/v1/datasets/${id}/ledger?limit=500&cursor=${encodeURIComponent(body.next_cursor)}` : null;
+  }
+  return items;
+}
+
+function renderBudget() {
+  const b = state.budget;
+  if (!b) return;
+  text($("granted-eps"), b.granted.epsilon);
+  text($("granted-delta"), b.granted.delta);
+  text($("spent-eps"), b.spent.epsilon);
+  text($("spent-delta"), b.spent.delta);
+  text($("remaining-eps"), b.remaining.epsilon); // exactly as the API writes it
+  text($("remaining-delta"), b.remaining.delta);
+  let points;
+  let source;
+  if (isAdmin() && state.ledger.length) {
+    source = "from the ledger: grants and debits";
+    const rows = [...state.ledger].sort((a, b2) => a.id - b2.id);
+    let spent = 0;
+    let granted = 0;
+    points = rows.map((e) => {
+      if (e.kind === "grant") granted += Number(e.epsilon);
+      else spent += Number(e.epsilon);
+      return { t: new Date(e.created_at), spent, granted };
+    });
+  } else {
+    source = "from the costs of the dataset's releases visible to this key; granted is today's total";
+    const rows = [...state.releases].sort((a, b2) => new Date(a.created_at) - new Date(b2.created_at));
+    let spent = 0;
+    points = rows.map((r) => {
+      spent += Number(r.cost ? r.cost.epsilon : r.epsilon);
+      return { t: new Date(r.created_at), spent, granted: null };
+    });
+    if (points.length) points.unshift({ t: new Date(points[0].t.getTime() - 1000), spent: 0, granted: null });
+  }
+  drawSpending($("budget-chart"), { points, granted: Number(b.granted.epsilon), source });
+  text($("budget-source"), `Spending chart ${source}.`);
+}
+
+function statusOf(release) {
+  return release.status || "done"; // servers before async releases only store done ones
+}
+
+function renderReleases() {
+  const body = $("releases-body");
+  clearChildren(body);
+  $("releases-empty").hidden = state.releases.length > 0;
+  const done = state.releases.filter((r) => statusOf(r) === "done" && r.estimates);
+  if (!state.releases.some((r) => r.id === state.plottedId) && done.length) state.plottedId = done[0].id;
+  for (const r of state.releases) {
+    const row = document.createElement("tr");
+    row.setAttribute("data-testid", "release-row");
+    row.dataset.id = r.id;
+    row.dataset.status = statusOf(r);
+    if (r.id === state.plottedId) row.className = "selected";
+    const first = document.createElement("td");
+    if (r.estimates) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.className = "link";
+      b.textContent = when(r.created_at);
+      b.title = "Plot this release";
+      b.setAttribute("aria-label", `Plot the release of ${when(r.created_at)}`);
+      b.addEventListener("click", () => { state.plottedId = r.id; renderReleases(); });
+      first.appendChild(b);
+    } else {
+      first.textContent = when(r.created_at);
+    }
+    row.appendChild(first);
+    const st = cell(row, statusOf(r));
+    st.className = `badge ${statusOf(r)}`;
+    cell(row, r.method);
+    cell(row, r.quantiles.join(", "), "mono wrap");
+    cell(row, r.epsilon, "num");
+    cell(row, r.delta, "num");
+    cell(row, r.estimates ? r.estimates.join(", ") : statusOf(r) === "failed" ? "failed (charged)" : "pending…", "mono wrap");
+    body.appendChild(row);
+  }
+  const ds = state.datasets.find((d) => d.id === state.selectedId);
+  const plotted = state.releases.find((r) => r.id === state.plottedId);
+  drawStepCdf($("cdf-chart"), {
+    quantiles: plotted ? plotted.quantiles : [],
+    estimates: plotted ? plotted.estimates : null,
+    lower: ds ? ds.lower : 0,
+    upper: ds ? ds.upper : 1,
+    title: plotted ? `Release ${plotted.id} (${plotted.method}, ε ${plotted.epsilon})` : "",
+  });
+}
+
+function renderLedger() {
+  const body = $("ledger-body");
+  clearChildren(body);
+  for (const e of state.ledger) {
+    const row = document.createElement("tr");
+    cell(row, e.id, "num");
+    cell(row, when(e.created_at));
+    cell(row, e.kind);
+    cell(row, e.epsilon, "num");
+    cell(row, e.delta, "num");
+    cell(row, e.reason || (e.release_id ? `release ${e.release_id.slice(0, 8)}…` : ""));
+    body.appendChild(row);
+  }
+}
+
+// ---------------------------------------------------------------- queries
+
+function readQuery() {
+  const parts = $("query-quantiles").value.split(/[\s,;]+/).filter(Boolean);
+  const quantiles = parts.map(Number);
+  if (!parts.length || quantiles.some((q) => !Number.isFinite(q))) return { error: "quantiles: numbers separated by commas" };
+  const epsilon = $("query-epsilon").value.trim();
+  if (!/^\d*\.?\d+([eE][-+]?\d+)?$/.test(epsilon)) return { error: "ε: a positive decimal number" };
+  const body = { quantiles, epsilon, method: $("query-method").value };
+  const delta = $("query-delta").value.trim();
+  if (delta) {
+    if (!/^\d*\.?\d+([eE][-+]?\d+)?$/.test(delta)) return { error: "δ: a positive decimal number" };
+    body.delta = delta;
+  }
+  return { body };
+}
+
+let quoteTimer = null;
+let quoteSeq = 0;
+function scheduleQuote() {
+  if (!state.features.quote || !canQuery()) return;
+  clearTimeout(quoteTimer);
+  quoteTimer = setTimeout(() => fetchQuote().catch(() => {}), 300);
+}
+
+async function fetchQuote() {
+  const box = $("quote");
+  const { body, error } = readQuery();
+  if (error || !state.selectedId) { box.hidden = true; return; }
+  const seq = ++quoteSeq;
+  try {
+    const { body: q } = await post(`/v1/datasets/${state.selectedId}/quote`, body);
+    if (seq !== quoteSeq) return;
+    clearChildren(box);
+    const amount = (a) => (a && typeof a === "object" && "epsilon" in a ? `ε ${a.epsilon}, δ ${a.delta}` : a);
+    const parts = [
+      ["Method", q.method],
+      ["Cost", amount(q.cost)],
+      ["Remaining after", amount(q.remaining_after)],
+      ["Affordable", q.affordable === undefined ? null : q.affordable ? "yes" : "no"],
+      ["Expected error", q.expected_error === undefined || q.expected_error === null ? null : JSON.stringify(q.expected_error)],
+    ];
+    const dl = document.createElement("dl");
+    for (const [k, v] of parts) {
+      if (v === null || v === undefined) continue;
+      const dt = document.createElement("dt");
+      dt.textContent = k;
+      const dd = document.createElement("dd");
+      dd.textContent = String(v);
+      dl.append(dt, dd);
+    }
+    const h = document.createElement("strong");
+    h.textContent = "Quote (nothing spent yet)";
+    box.append(h, dl);
+    box.hidden = false;
+    box.classList.toggle("unaffordable", q.affordable === false);
+    $("query-submit").disabled = q.affordable === false;
+  } catch (err) {
+    if (seq !== quoteSeq) return;
+    clearChildren(box);
+    if (err instanceof ApiError && (err.status === 404 || err.status === 405)) {
+      // the server lists the endpoint but does not serve it: stop quoting, quietly
+      state.features.quote = false;
+      box.hidden = true;
+      $("query-submit").disabled = false;
+      return;
+    }
+    box.textContent = err instanceof ApiError ? `Quote: ${err.detail}` : "Quote unavailable";
+    box.hidden = false;
+    $("query-submit").disabled = false;
+  }
+}
+
+async function submitQuery(event) {
+  event.preventDefault();
+  showError(null);
+  const { body, error } = readQuery();
+  const out = $("query-result");
+  if (error) { out.textContent = error; return; }
+  const id = state.selectedId;
+  const submit = $("query-submit");
+  submit.disabled = true;
+  const headers = { "Idempotency-Key": idempotencyKey() };
+  if ($("query-async").checked) headers.Prefer = "respond-async";
+  try {
+    out.textContent = "Submitting…";
+    // Retries of this submit (503) reuse the same Idempotency-Key: charged at most once.
+    let answer;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        answer = await post(`/v1/datasets/${id}/quantiles`, body, { headers });
+        break;
+      } catch (err) {
+        if (!(err instanceof ApiError) || err.status !== 503 || attempt >= 2) throw err;
+        await new Promise((r) => setTimeout(r, 500 * (attempt + 1)));
+      }
+    }
+    let release = answer.body;
+    if (answer.status === 202 || statusOf(release) === "pending") {
+      out.textContent = "Pending: the mechanism runs on the server…";
+      const location = answer.headers.get("Location") || `/v1/releases/${release.id}`;
+      release = await pollRelease(location);
+    }
+    state.plottedId = release.id;
+    out.textContent = statusOf(release) === "failed"
+      ? `Release failed (its cost stays charged).`
+      : `Released: ${release.estimates.join(", ")}`;
+    await refreshSelected({ force: true });
+    scheduleQuote();
+  } catch (err) {
+    out.textContent = "";
+    showError(err);
+  } finally {
+    submit.disabled = false;
+  }
+}
+
+async function pollRelease(url) {
+  for (;;) {
+    const { body } = await get(url, { conditional: true });
+    if (statusOf(body) !== "pending") return body;
+    await new Promise((r) => setTimeout(r, RELEASE_POLL_MS));
+  }
+}
+
+// ---------------------------------------------------------------- admin
+
+function renderKeyScopes() {
+  const select = $("key-scope");
+  const current = select.value;
+  clearChildren(select);
+  const all = document.createElement("option");
+  all.value = "";
+  all.textContent = "all datasets";
+  select.appendChild(all);
+  for (const ds of state.datasets) {
+    const opt = document.createElement("option");
+    opt.value = ds.id;
+    opt.textContent = ds.name;
+    select.appendChild(opt);
+  }
+  select.value = current;
+}
+
+async function loadKeys() {
+  const { body } = await get("/v1/keys");
+  state.keys = body.items;
+  const tbody = $("keys-body");
+  clearChildren(tbody);
+  const names = new Map(state.datasets.map((d) => [d.id, d.name]));
+  for (const k of state.keys) {
+    const row = document.createElement("tr");
+    cell(row, k.prefix, "mono");
+    cell(row, k.role);
+    cell(row, k.dataset_id ? names.get(k.dataset_id) || `${k.dataset_id.slice(0, 8)}…` : "all");
+    cell(row, k.name);
+    cell(row, when(k.created_at));
+    cell(row, k.revoked_at ? when(k.revoked_at) : "");
+    const action = document.createElement("td");
+    if (!k.revoked_at && (!state.me || k.id !== state.me.id)) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.className = "secondary small";
+      b.textContent = "Revoke";
+      b.setAttribute("aria-label", `Revoke key ${k.prefix}`);
+      b.addEventListener("click", async () => {
+        if (!window.confirm(`Revoke key ${k.prefix}? It stops working at once.`)) return;
+        try {
+          await request("DELETE", `/v1/keys/${k.id}`);
+          await loadKeys();
+          say(`Key ${k.prefix} revoked`);
+        } catch (err) { showError(err); }
+      });
+      action.appendChild(b);
+    }
+    row.appendChild(action);
+    tbody.appendChild(row);
+  }
+}
+
+async function createDataset(event) {
+  event.preventDefault();
+  showError(null);
+  const body = {
+    name: $("ds-name").value.trim(),
+    description: $("ds-desc").value,
+    lower: Number($("ds-lower").value),
+    upper: Number($("ds-upper").value),
+    neighbors: $("ds-neighbors").value,
+    epsilon: $("ds-epsilon").value.trim() || "0",
+    delta: $("ds-delta").value.trim() || "0",
+  };
+  const g = $("ds-granularity").value.trim();
+  if (g) body.granularity = Number(g);
+  try {
+    const { body: ds } = await post("/v1/datasets", body);
+    state.selectedId = ds.id;
+    $("ds-name").value = "";
+    await loadDatasets();
+    say(`Dataset ${ds.name} created`);
+  } catch (err) { showError(err); }
+}
+
+async function createKey(event) {
+  event.preventDefault();
+  showError(null);
+  const body = { role: $("key-role").value, name: $("key-name").value };
+  const scope = $("key-scope").value;
+  if (scope && body.role !== "admin") body.dataset_id = scope;
+  try {
+    const { body: created } = await post("/v1/keys", body);
+    $("new-key-value").value = created.key; // shown once, never logged, never stored
+    $("new-key").hidden = false;
+    $("key-name").value = "";
+    await loadKeys();
+    say(`Key ${created.prefix} created`);
+  } catch (err) { showError(err); }
+}
+
+async function grant(event) {
+  event.preventDefault();
+  showError(null);
+  const body = {
+    epsilon: $("grant-epsilon").value.trim() || "0",
+    delta: $("grant-delta").value.trim() || "0",
+    reason: $("grant-reason").value,
+  };
+  try {
+    await post(`/v1/datasets/${state.selectedId}/grants`, body);
+    $("grant-reason").value = "";
+    await refreshSelected({ force: true });
+    say("Budget granted");
+  } catch (err) { showError(err); }
+}
+
+async function upload(event) {
+  event.preventDefault();
+  showError(null);
+  const file = $("upload-file").files[0];
+  if (!file) { showError(new Error("choose a file first")); return; }
+  const name = file.name.toLowerCase();
+  const type = name.endsWith(".csv") ? "text/csv" : name.endsWith(".json") ? "application/json" : "application/octet-stream";
+  const column = $("upload-column").value.trim();
+  const url = `/v1/datasets/${state.selectedId}/values${column ? `?column=${encodeURIComponent(column)}` : ""}`;
+  try {
+    await request("PUT", url, { raw: await file.arrayBuffer(), headers: { "Content-Type": type } });
+    await loadDatasets();
+    say("Values uploaded");
+  } catch (err) { showError(err); }
+}
+
+// ---------------------------------------------------------------- polling
+
+function startPolling() {
+  stopPolling();
+  state.timer = setInterval(() => {
+    if (document.hidden || !state.selectedId) return;
+    refreshSelected().catch((err) => {
+      if (err instanceof ApiError && err.status === 401) signOut();
+    });
+  }, POLL_MS);
+}
+
+function stopPolling() {
+  if (state.timer) clearInterval(state.timer);
+  state.timer = null;
+}
+
+// ---------------------------------------------------------------- wiring
+
+async function main() {
+  $("signin-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    showError(null);
+    const key = $("api-key").value.trim();
+    if (!key) return;
+    try {
+      await signIn(key);
+    } catch (err) {
+      showError(err instanceof ApiError && err.status === 401 ? new Error("unknown or revoked key") : err);
+    }
+  });
+  $("sign-out").addEventListener("click", signOut);
+  $("query-form").addEventListener("submit", submitQuery);
+  for (const id of ["query-quantiles", "query-epsilon", "query-delta", "query-method"]) {
+    $(id).addEventListener("input", scheduleQuote);
+  }
+  $("dataset-form").addEventListener("submit", createDataset);
+  $("key-form").addEventListener("submit", createKey);
+  $("grant-form").addEventListener("submit", grant);
+  $("upload-form").addEventListener("submit", upload);
+  $("new-key-copy").addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText($("new-key-value").value);
+      say("Copied");
+    } catch {
+      $("new-key-value").select();
+    }
+  });
+  $("new-key-hide").addEventListener("click", () => {
+    $("new-key-value").value = "";
+    $("new-key").hidden = true;
+  });
+  await detectFeatures();
+  document.body.dataset.ready = "true";
+  const key = getKey();
+  if (key) {
+    try { await signIn(key); } catch { signOut(); }
+  }
+}
+
+main();

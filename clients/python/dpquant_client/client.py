@@ -1,0 +1,259 @@
+"""The synchronous client: one method per endpoint, retries, ETags, typed errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from dpquant_client._core import Answer, Call, Core, Flow, Id, Number, Sleep
+from dpquant_client.errors import DpquantError
+from dpquant_client.models import Budget, Dataset, Key, KeyCreated, LedgerEntry, Me, Quote, Release
+
+T = TypeVar("T")
+
+
+class Client(Core):
+    """A client for one dpquant server and one API key.
+
+    Args:
+        base_url: e.g. ``"http://127.0.0.1:8000"``.
+        api_key: the ``dpq_...`` key (sent as ``Authorization: Bearer``; never logged).
+        timeout: seconds per HTTP request.
+        retries: extra attempts after a 503, a 429 or a connection error. Requests that
+            could act twice are retried after a connection error only when an
+            ``Idempotency-Key`` makes them safe (``quantiles`` always sends one) or when they
+            are idempotent by nature (reads, uploads, revocations).
+        backoff: seconds before the first retry (doubles each time).
+        transport: an ``httpx`` transport (tests use it to inject failures).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = 0.2,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key, retries=retries, backoff=backoff)
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, call: Call) -> Answer:
+        attempt = 0
+        while True:
+            response: httpx.Response | None = None
+            error: Exception | None = None
+            try:
+                response = self._http.request(**self.prepare(call))
+            except httpx.TransportError as exc:
+                error = exc
+            result = self.outcome(call, attempt, response, error)
+            if isinstance(result, Answer):
+                return result
+            time.sleep(result)
+            attempt += 1
+
+    def _run(self, flow: Flow[T]) -> T:
+        """Drive a flow: send its calls, sleep its pauses, hand errors back into it."""
+        try:
+            step = next(flow)
+            while True:
+                if isinstance(step, Sleep):
+                    time.sleep(step.seconds)
+                    step = flow.send(None)
+                    continue
+                try:
+                    answer = self._send(step)
+                except DpquantError as exc:  # the flow may handle it (or it propagates)
+                    step = flow.throw(exc)
+                else:
+                    step = flow.send(answer)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+    def me(self) -> Me:
+        """The calling key's id, role and dataset scope."""
+        return self._run(self._me())
+
+    def health(self) -> bool:
+        """Liveness (``/healthz``)."""
+        return self._run(self._health())
+
+    def ready(self) -> bool:
+        """Readiness (``/readyz``): database reachable and migrated."""
+        return self._run(self._ready())
+
+    def datasets(self) -> list[Dataset]:
+        """Every dataset the key may see, newest first (follows the pages)."""
+        return self._run(self._datasets())
+
+    def dataset(
+        self,
+        dataset_id: Id,
+    ) -> Dataset:
+        """One dataset (admins also get ``n`` and the upload state)."""
+        return self._run(self._dataset(dataset_id))
+
+    def create_dataset(
+        self,
+        name: str,
+        *,
+        lower: float,
+        upper: float,
+        epsilon: Number = 0,
+        delta: Number = 0,
+        neighbors: str = "swap",
+        description: str = "",
+        granularity: float | None = None,
+    ) -> Dataset:
+        """Create a dataset (admin): public bounds, neighbour relation, initial budget."""
+        return self._run(
+            self._create_dataset(
+                name, lower, upper, epsilon, delta, neighbors, description, granularity
+            )
+        )
+
+    def upload(
+        self,
+        dataset_id: Id,
+        values: Sequence[float] | None = None,
+        *,
+        path: str | Path | None = None,
+        column: str | None = None,
+    ) -> Dataset:
+        """Replace a dataset's values (admin) from numbers or a file.
+
+        Files: ``.csv`` (pick the column with ``column=``), ``.json`` (an array of numbers),
+        anything else is sent as little-endian float64 bytes."""
+        return self._run(self._upload(dataset_id, values, path, column))
+
+    def budget(
+        self,
+        dataset_id: Id,
+    ) -> Budget:
+        """Granted, spent and remaining (free; cached with the ETag, polls cost a 304)."""
+        return self._run(self._budget(dataset_id))
+
+    def grant(
+        self,
+        dataset_id: Id,
+        *,
+        reason: str,
+        epsilon: Number = 0,
+        delta: Number = 0,
+    ) -> LedgerEntry:
+        """Add epsilon and/or delta to a dataset's budget (admin)."""
+        return self._run(self._grant(dataset_id, reason, epsilon, delta))
+
+    def ledger(
+        self,
+        dataset_id: Id,
+    ) -> list[LedgerEntry]:
+        """Every ledger row, newest first (admin)."""
+        return self._run(self._ledger(dataset_id))
+
+    def quantiles(
+        self,
+        dataset_id: Id,
+        quantiles: Sequence[float],
+        *,
+        epsilon: Number,
+        method: str = "jointexp",
+        delta: Number | None = None,
+        wait: bool = True,
+        idempotency_key: str | None = None,
+        timeout: float = 300.0,
+    ) -> Release:
+        """Release differentially private quantiles (spends the budget).
+
+        An ``Idempotency-Key`` is always sent (a fresh one unless given) and reused for the
+        client's own retries, so a lost answer is never paid twice. ``wait=False`` asks the
+        server to answer at once (``Prefer: respond-async``): the release may come back
+        ``pending`` and :meth:`wait` polls it. With ``wait=True`` a pending release is awaited."""
+        return self._run(
+            self._quantiles(
+                dataset_id, quantiles, epsilon, method, delta, wait, idempotency_key, timeout
+            )
+        )
+
+    def quote(
+        self,
+        dataset_id: Id,
+        quantiles: Sequence[float],
+        *,
+        epsilon: Number,
+        method: str = "jointexp",
+        delta: Number | None = None,
+    ) -> Quote:
+        """What the query would cost, without spending; ``NotSupported`` on servers without it."""
+        return self._run(self._quote(dataset_id, quantiles, epsilon, method, delta))
+
+    def methods(self) -> list[Any]:
+        """The server's methods; ``NotSupported`` on servers without ``/v1/methods``."""
+        return self._run(self._methods())
+
+    def release(
+        self,
+        release_id: Id,
+    ) -> Release:
+        """A stored release (free; cached with the ETag, so polling costs 304s)."""
+        return self._run(self._release(release_id))
+
+    def releases(
+        self,
+        dataset_id: Id,
+    ) -> list[Release]:
+        """Every release of a dataset, newest first."""
+        return self._run(self._releases(dataset_id))
+
+    def wait(
+        self,
+        release: Release | Id,
+        *,
+        timeout: float = 300.0,
+        interval: float = 0.2,
+    ) -> Release:
+        """Poll a release until it is no longer ``pending``.
+
+        Returns the ``done`` release; raises :class:`ReleaseFailed` when it ``failed`` (its
+        cost stays charged) and ``TimeoutError`` after ``timeout`` seconds."""
+        return self._run(self._wait(release, timeout, interval))
+
+    def api_keys(self) -> list[Key]:
+        """Every API key (admin); never a secret."""
+        return self._run(self._api_keys())
+
+    def create_key(
+        self,
+        role: str,
+        *,
+        dataset_id: Id | None = None,
+        name: str = "",
+    ) -> KeyCreated:
+        """Create a key (admin); ``.key`` holds the secret, shown this once."""
+        return self._run(self._create_key(role, dataset_id, name))
+
+    def revoke_key(
+        self,
+        key_id: Id,
+    ) -> None:
+        """Revoke a key (admin); idempotent."""
+        return self._run(self._revoke_key(key_id))

@@ -1,0 +1,130 @@
+"""Typed views of the service's JSON (tolerant: unknown fields are kept, not refused)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["admin", "analyst", "viewer"]
+Status = Literal["pending", "done", "failed"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=False)
+
+
+class Amount(_Model):
+    """An (epsilon, delta) pair; exact decimals."""
+
+    epsilon: Decimal
+    delta: Decimal
+
+
+class Budget(_Model):
+    """Granted, spent (sum of debits) and remaining."""
+
+    dataset_id: uuid.UUID
+    granted: Amount
+    spent: Amount
+    remaining: Amount
+
+
+class Dataset(_Model):
+    """A dataset; ``n`` and the upload fields are only filled for admin keys."""
+
+    id: uuid.UUID
+    name: str
+    description: str = ""
+    lower: float
+    upper: float
+    neighbors: Literal["swap", "add_remove"]
+    granularity: float
+    budget_remaining: Amount
+    created_at: datetime
+    n: int | None = None
+    n_outside_bounds: int | None = None
+    values_uploaded_at: datetime | None = None
+    frozen_at: datetime | None = None
+
+
+class Release(_Model):
+    """A release. ``estimates`` is None until ``status`` is ``done``."""
+
+    id: uuid.UUID
+    dataset_id: uuid.UUID
+    method: str
+    quantiles: list[float]
+    estimates: list[float] | None = None
+    epsilon: Decimal
+    delta: Decimal | None = None
+    cost: Amount
+    remaining: Amount | None = None
+    created_at: datetime
+    status: Status = "done"  # servers before asynchronous releases only store done ones
+    replayed: bool = Field(default=False, exclude=True)
+
+    @property
+    def pending(self) -> bool:
+        return self.status == "pending"
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+
+class LedgerEntry(_Model):
+    """One ledger row (grant or debit)."""
+
+    id: int
+    dataset_id: uuid.UUID
+    kind: Literal["grant", "debit"]
+    epsilon: Decimal
+    delta: Decimal
+    reason: str | None = None
+    release_id: uuid.UUID | None = None
+    api_key_id: uuid.UUID | None = None
+    created_at: datetime
+
+
+class Key(_Model):
+    """An API key as listed (never the secret)."""
+
+    id: uuid.UUID
+    prefix: str
+    role: Role
+    dataset_id: uuid.UUID | None = None
+    name: str = ""
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class KeyCreated(Key):
+    """A new key with its secret, shown once."""
+
+    key: str
+
+
+class Me(_Model):
+    """The calling key: id, role, dataset scope."""
+
+    id: uuid.UUID
+    role: Role
+    dataset_id: uuid.UUID | None = None
+
+
+class Quote(_Model):
+    """What a query would cost, before spending (servers with the quote endpoint)."""
+
+    method: str | None = None
+    cost: Amount | None = None
+    remaining_after: Amount | None = None
+    affordable: bool | None = None
+    expected_error: Any = None

@@ -1,0 +1,85 @@
+"""dpquant_client.AsyncClient against a live server: same flows, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+from dpquant_client import AsyncClient, BudgetExhausted, NotFound
+
+from tests.client.conftest import VALUES, name
+from tests.live import LiveServer
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``asyncio.run`` in a thread of its own: Playwright's sync API, when its tests ran
+    first in this process, keeps an event loop running in the main thread."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(scenario())).result()
+
+
+def test_async_client_release_budget_and_errors(server: LiveServer) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(server.base_url, server.admin_key, backoff=0.01) as admin:
+            ds = await admin.create_dataset(name(), lower=0, upper=250, epsilon="0.5")
+            assert (await admin.upload(ds.id, VALUES)).n == len(VALUES)
+            key = await admin.create_key("analyst", dataset_id=ds.id)
+        async with AsyncClient(server.base_url, key.key, backoff=0.01) as analyst:
+            assert (await analyst.me()).role == "analyst"
+            release = await analyst.quantiles(ds.id, [0.5], epsilon="0.2", method="indexp")
+            assert release.done and release.estimates is not None
+            queued = await analyst.quantiles(ds.id, [0.1, 0.9], epsilon="0.2", wait=False)
+            assert analyst.last_status in (201, 202)
+            final = await analyst.wait(queued, timeout=60)
+            assert final.done and final.estimates is not None and len(final.estimates) == 2
+            budget = await analyst.budget(ds.id)
+            assert budget.remaining.epsilon == Decimal("0.1")
+            assert await analyst.budget(ds.id) == budget and analyst.last_status == 304
+            with pytest.raises(BudgetExhausted) as info:
+                await analyst.quantiles(ds.id, [0.5], epsilon="0.2")
+            assert info.value.remaining_epsilon == Decimal("0.1")
+            with pytest.raises(NotFound):
+                await analyst.release("00000000-0000-0000-0000-000000000000")
+            assert len(await analyst.releases(ds.id)) == 2
+
+    run(scenario)
+
+
+class LoseFirstAnswer(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.keys: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.url.path.endswith("/quantiles"):
+            self.keys.append(request.headers["idempotency-key"])
+            if len(self.keys) == 1:
+                await response.aread()
+                raise httpx.ReadError("answer lost", request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_async_client_retries_with_the_same_idempotency_key(server: LiveServer) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(server.base_url, server.admin_key, backoff=0.01) as admin:
+            ds = await admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
+            await admin.upload(ds.id, VALUES)
+            flaky = LoseFirstAnswer()
+            async with AsyncClient(
+                server.base_url, server.admin_key, backoff=0.01, transport=flaky
+            ) as c:
+                release = await c.quantiles(ds.id, [0.5], epsilon="0.3", method="indexp")
+            assert len(flaky.keys) == 2 and len(set(flaky.keys)) == 1
+            assert release.replayed
+            assert (await admin.budget(ds.id)).spent.epsilon == Decimal("0.3")
+
+    run(scenario)

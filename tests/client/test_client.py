@@ -1,0 +1,227 @@
+"""dpquant_client against a live server (issue 11, item 3)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dpquant_client import (
+    BudgetExhausted,
+    Client,
+    ConnectionFailed,
+    Dataset,
+    Forbidden,
+    NameTaken,
+    NotFound,
+    NotSupported,
+    Release,
+    Unauthorized,
+    ValidationError,
+)
+
+from tests.client.conftest import VALUES, name
+from tests.live import LiveServer
+
+
+def analyst_for(admin: Client, server: LiveServer, ds: Dataset, **kw: Any) -> Client:
+    key = admin.create_key("analyst", dataset_id=ds.id, name="client test")
+    return Client(server.base_url, key.key, backoff=0.01, **kw)
+
+
+def test_sync_release_budget_and_reads(admin: Client, server: LiveServer) -> None:
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1", description="sync")
+    assert isinstance(ds, Dataset) and ds.budget_remaining.epsilon == Decimal("1")
+    uploaded = admin.upload(ds.id, VALUES)
+    assert uploaded.n == len(VALUES)
+    with analyst_for(admin, server, ds) as analyst:
+        assert analyst.me().role == "analyst"
+        release = analyst.quantiles(ds.id, [0.25, 0.5, 0.75], epsilon="0.1", method="indexp")
+        assert isinstance(release, Release) and release.done
+        assert release.estimates is not None and len(release.estimates) == 3
+        assert release.estimates == sorted(release.estimates)
+        assert release.cost.epsilon == Decimal("0.1") and not release.replayed
+        assert analyst.last_status == 201
+        budget = analyst.budget(ds.id)
+        assert budget.remaining.epsilon == Decimal("0.9")
+        assert isinstance(budget.remaining.epsilon, Decimal)
+        assert analyst.release(release.id) == release
+        assert [r.id for r in analyst.releases(ds.id)] == [release.id]
+        assert [d.id for d in analyst.datasets()] == [ds.id]
+        assert analyst.dataset(ds.id).n is None  # analysts never see the size
+    ledger = admin.ledger(ds.id)
+    assert [e.kind for e in ledger] == ["debit", "grant"]
+    entry = admin.grant(ds.id, epsilon="0.5", reason="client test")
+    assert entry.kind == "grant" and entry.epsilon == Decimal("0.5")
+    assert admin.budget(ds.id).granted.epsilon == Decimal("1.5")
+
+
+def test_budget_exhaustion_is_a_typed_error(admin: Client, server: LiveServer) -> None:
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="0.3")
+    admin.upload(ds.id, VALUES)
+    with analyst_for(admin, server, ds) as analyst:
+        for _ in range(3):
+            analyst.quantiles(ds.id, [0.5], epsilon="0.1", method="indexp")
+        with pytest.raises(BudgetExhausted) as info:
+            analyst.quantiles(ds.id, [0.5], epsilon="0.1", method="indexp")
+        assert info.value.status == 409 and info.value.type == "budget_exhausted"
+        assert info.value.requested_epsilon == Decimal("0.1")
+        assert info.value.remaining_epsilon == Decimal("0")
+        assert analyst.budget(ds.id).remaining.epsilon == Decimal("0")
+
+
+class LoseFirstAnswer(httpx.BaseTransport):
+    """Forwards every request; the first quantile answer is lost (a read error) after the
+    server has acted on it, or replaced by a 503 before it reaches the server."""
+
+    def __init__(self, mode: str) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.mode = mode
+        self.sent: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        is_query = request.url.path.endswith("/quantiles")
+        if is_query:
+            self.sent.append(request)
+        first = is_query and len(self.sent) == 1
+        if first and self.mode == "503":
+            body = {"type": "overloaded", "detail": "try again"}
+            return httpx.Response(503, json=body, headers={"Retry-After": "0"})
+        response = self.inner.handle_request(request)
+        if first and self.mode == "lost":
+            response.read()
+            raise httpx.ReadError("connection dropped after the server answered", request=request)
+        return response
+
+
+@pytest.mark.parametrize("mode", ["lost", "503"])
+def test_retries_reuse_the_idempotency_key_and_pay_once(
+    admin: Client, server: LiveServer, mode: str
+) -> None:
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
+    admin.upload(ds.id, VALUES)
+    flaky = LoseFirstAnswer(mode)
+    with analyst_for(admin, server, ds, transport=flaky) as analyst:
+        release = analyst.quantiles(ds.id, [0.1, 0.9], epsilon="0.2", method="indexp")
+    assert len(flaky.sent) == 2
+    keys = {r.headers["idempotency-key"] for r in flaky.sent}
+    assert len(keys) == 1  # the retry carried the same key
+    assert release.replayed is (mode == "lost")  # the server replayed the first release
+    assert admin.budget(ds.id).spent.epsilon == Decimal("0.2")  # paid once
+    assert len(admin.releases(ds.id)) == 1
+
+
+def test_connection_errors_on_unsafe_calls_are_not_retried(server: LiveServer) -> None:
+    class Down(httpx.BaseTransport):
+        calls = 0
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            Down.calls += 1
+            raise httpx.ConnectError("down", request=request)
+
+    with Client(server.base_url, "k", transport=Down(), retries=2, backoff=0) as c:
+        with pytest.raises(ConnectionFailed):
+            c.create_dataset(name(), lower=0, upper=1)
+        assert Down.calls == 1  # creating twice is not safe: no retry
+        with pytest.raises(ConnectionFailed):
+            c.datasets()
+        assert Down.calls == 4  # reads are retried
+
+
+def test_async_release_contract(admin: Client, server: LiveServer) -> None:
+    """``wait=False`` asks for ``Prefer: respond-async``. A server with asynchronous releases
+    answers 202 with a pending release that ``wait`` polls to done; one without answers 201
+    with the done release. Both paths end with the same typed, done release."""
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
+    admin.upload(ds.id, VALUES)
+    with analyst_for(admin, server, ds) as analyst:
+        first = analyst.quantiles(ds.id, [0.5], epsilon="0.1", method="jointexp", wait=False)
+        assert analyst.last_status in (201, 202)
+        if analyst.last_status == 202:
+            assert first.status in ("pending", "done")
+        else:
+            assert first.done and first.estimates is not None
+        final = analyst.wait(first, timeout=60)
+        assert final.done and final.estimates is not None and len(final.estimates) == 1
+        assert final.id == first.id
+        polled = analyst.release(first.id)  # cached: answered 304
+        assert analyst.last_status == 304 and polled == final
+    assert admin.budget(ds.id).spent.epsilon == Decimal("0.1")
+
+
+def test_etag_cache_answers_polls_with_304(admin: Client) -> None:
+    ds = admin.create_dataset(name(), lower=0, upper=1, epsilon="2")
+    first = admin.budget(ds.id)
+    assert admin.last_status == 200
+    again = admin.budget(ds.id)
+    assert admin.last_status == 304 and again == first
+    admin.grant(ds.id, epsilon="1", reason="changes the budget")
+    changed = admin.budget(ds.id)
+    assert admin.last_status == 200 and changed.granted.epsilon == Decimal("3")
+
+
+def test_typed_errors(admin: Client, server: LiveServer) -> None:
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
+    admin.upload(ds.id, VALUES)
+    with pytest.raises(NotFound):
+        admin.dataset("00000000-0000-0000-0000-000000000000")
+    with pytest.raises(NameTaken):
+        admin.create_dataset(ds.name, lower=0, upper=1)
+    with pytest.raises(ValidationError) as info:
+        admin.quantiles(ds.id, [1.5], epsilon="0.1")
+    assert "quantiles[0]" in info.value.detail
+    with Client(server.base_url, "dpq_" + "x" * 43) as stranger, pytest.raises(Unauthorized):
+        stranger.datasets()
+    viewer_key = admin.create_key("viewer", dataset_id=ds.id).key
+    with Client(server.base_url, viewer_key) as viewer:
+        with pytest.raises(Forbidden):
+            viewer.quantiles(ds.id, [0.5], epsilon="0.1")
+        with pytest.raises(Forbidden):
+            viewer.api_keys()
+    assert admin.budget(ds.id).spent.epsilon == Decimal("0")
+
+
+def test_upload_from_files(admin: Client, tmp_path: Path) -> None:
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
+    csv = tmp_path / "values.csv"
+    csv.write_text("id,income\n" + "".join(f"{i},{v}\n" for i, v in enumerate(VALUES)))
+    assert admin.upload(ds.id, path=csv, column="income").n == len(VALUES)
+    as_json = tmp_path / "values.json"
+    as_json.write_text(json.dumps(VALUES[:50]))
+    assert admin.upload(ds.id, path=as_json).n == 50
+    import struct
+
+    raw = tmp_path / "values.bin"
+    raw.write_bytes(struct.pack("<10d", *VALUES[:10]))
+    assert admin.upload(ds.id, path=raw).n == 10
+    with pytest.raises(TypeError):
+        admin.upload(ds.id)
+
+
+def test_keys_lifecycle(admin: Client, server: LiveServer) -> None:
+    created = admin.create_key("viewer", name="to revoke")
+    assert created.key.startswith("dpq_") and created.role == "viewer"
+    assert created.id in {k.id for k in admin.api_keys()}
+    admin.revoke_key(created.id)
+    with Client(server.base_url, created.key) as revoked, pytest.raises(Unauthorized):
+        revoked.me()
+    assert "dpq_" not in repr(admin)
+
+
+def test_quote_and_methods_are_guarded(admin: Client) -> None:
+    """Before issue 10 lands the server has neither endpoint: NotSupported, not a 404."""
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
+    if admin._run(admin._has("/v1/datasets/{dataset_id}/quote", "post")):
+        admin.upload(ds.id, VALUES)
+        quote = admin.quote(ds.id, [0.5], epsilon="0.1")
+        assert quote.cost is not None
+    else:
+        with pytest.raises(NotSupported):
+            admin.quote(ds.id, [0.5], epsilon="0.1")
+    if not admin._run(admin._has("/v1/methods", "get")):
+        with pytest.raises(NotSupported):
+            admin.methods()
+    assert admin.budget(ds.id).spent.epsilon == Decimal("0")

@@ -1,0 +1,267 @@
+"""The dashboard at /ui/ in a real browser, for each role (issue 11, item 1)."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.live import LiveServer
+from tests.ui.conftest import Seed, Watched
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+TIMEOUT = 15_000  # ms
+
+
+def sample(n: int = 400, seed: int = 7) -> list[float]:
+    rng = random.Random(seed)
+    return [min(100.0, max(0.0, round(rng.gauss(48, 14), 1))) for _ in range(n)]
+
+
+def sign_in(w: Watched, key: str) -> None:
+    page = w.page
+    page.goto("/ui/")
+    page.wait_for_selector("body[data-ready=true]", timeout=TIMEOUT)
+    page.get_by_test_id("api-key").fill(key)
+    page.get_by_test_id("sign-in").click()
+    try:
+        page.wait_for_selector("body[data-role]", state="attached", timeout=TIMEOUT)
+    except Exception:
+        raise AssertionError(
+            f"sign-in failed: {page.locator('#error').inner_text()!r} {w.console_errors}"
+        ) from None
+    page.get_by_test_id("budget-remaining").filter(has_text=re.compile(r"\d")).wait_for(
+        timeout=TIMEOUT
+    )
+
+
+def select(w: Watched, name: str) -> None:
+    w.page.get_by_test_id("dataset-row").filter(has_text=name).get_by_role("button").click()
+    w.page.wait_for_selector(f"#ds-title:text-is('{name}')", timeout=TIMEOUT)
+    w.page.get_by_test_id("budget-remaining").filter(has_text=re.compile(r"\d")).wait_for(
+        timeout=TIMEOUT
+    )
+
+
+def key_never_leaves_the_header(w: Watched, key: str) -> None:
+    assert key not in w.page.url
+    for request in w.requests:
+        assert key not in request.url, request.url
+    assert w.page.evaluate("sessionStorage.getItem('dpquant.apiKey')") == key
+    assert w.page.evaluate("localStorage.length") == 0
+    assert key not in w.page.content()  # the input is cleared after sign-in
+
+
+def screenshot(w: Watched, role: str) -> None:
+    """Always taken (proves it works); copied to docs/ when DPQUANT_UPDATE_SCREENSHOTS=1."""
+    w.page.wait_for_timeout(300)
+    out = Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"dashboard-{role}.png"
+    w.page.screenshot(path=str(out), full_page=True)
+    assert out.stat().st_size > 10_000
+    if os.environ.get("DPQUANT_UPDATE_SCREENSHOTS") == "1":
+        shutil.copyfile(out, DOCS / f"dashboard-{role}.png")
+
+
+def test_viewer_sees_budget_chart_and_releases_but_cannot_query(
+    watched: Watched, seed: Seed
+) -> None:
+    ds = seed.dataset(values=sample(), epsilon="2", description="Viewer scenario")
+    for eps in ("0.1", "0.25", "0.5"):
+        seed.release(ds["id"], epsilon=eps, method="indexp")
+    viewer = seed.key("viewer", ds["id"])
+    sign_in(watched, viewer)
+    page = watched.page
+    assert page.get_by_test_id("dataset-row").count() == 1  # scoped: sees only its dataset
+    assert (
+        page.get_by_test_id("budget-remaining").inner_text()
+        == seed.budget(ds["id"])["remaining"]["epsilon"]
+        == "1.15"
+    )
+    assert page.get_by_test_id("release-row").count() == 3
+    assert page.get_by_test_id("budget-chart").locator("path.spent").count() == 1
+    assert page.locator("#cdf-chart path.cdf").count() == 1
+    assert page.locator("#cdf-chart .points circle").count() == 5
+    assert "releases" in page.locator("#budget-source").inner_text()
+    assert not page.get_by_test_id("query-submit").is_visible()
+    assert not page.locator("#admin-section").is_visible()
+    assert not page.locator("#ledger-section").is_visible()
+    screenshot(watched, "viewer")
+    # Polling is conditional: after the poll interval the budget is asked with If-None-Match
+    # and answered 304 while nothing changed.
+    with page.expect_response(
+        lambda r: r.url.endswith(f"/v1/datasets/{ds['id']}/budget") and r.status == 304,
+        timeout=TIMEOUT,
+    ) as info:
+        pass
+    assert info.value.request.headers.get("if-none-match", "").startswith('"')
+    # A release made elsewhere shows up through the poll, with the new remaining figure.
+    seed.release(ds["id"], epsilon="0.15", method="indexp")
+    page.get_by_test_id("release-row").nth(3).wait_for(timeout=TIMEOUT)
+    page.wait_for_selector("[data-testid=budget-remaining]:text-is('1')", timeout=TIMEOUT)
+    key_never_leaves_the_header(watched, viewer)
+    watched.assert_clean()
+
+
+def test_analyst_asks_for_quantiles_and_sees_the_release(watched: Watched, seed: Seed) -> None:
+    ds = seed.dataset(values=sample(seed=11), epsilon="1", description="Analyst scenario")
+    seed.release(ds["id"], epsilon="0.2", method="jointexp")
+    analyst = seed.key("analyst", ds["id"])
+    sign_in(watched, analyst)
+    page = watched.page
+    assert page.get_by_test_id("budget-remaining").inner_text() == "0.8"
+    assert page.get_by_test_id("release-row").count() == 1
+    assert not page.locator("#admin-section").is_visible()
+    page.get_by_test_id("query-quantiles").fill("0.1, 0.5, 0.9")
+    page.get_by_test_id("query-epsilon").fill("0.3")
+    page.get_by_label("Method", exact=True).select_option("jointexp")
+    with page.expect_response(
+        lambda r: r.url.endswith(f"/v1/datasets/{ds['id']}/quantiles")
+    ) as created:
+        page.get_by_test_id("query-submit").click()
+    response = created.value
+    assert response.status in (201, 202)
+    sent = response.request.headers
+    assert sent.get("idempotency-key") and sent.get("prefer") == "respond-async"
+    page.wait_for_selector("[data-testid=budget-remaining]:text-is('0.5')", timeout=TIMEOUT)
+    rows = page.get_by_test_id("release-row")
+    rows.nth(1).wait_for(timeout=TIMEOUT)
+    newest = rows.first
+    assert newest.get_attribute("data-status") == "done"
+    assert "0.1, 0.5, 0.9" in newest.inner_text()
+    assert page.locator("#cdf-chart .points circle").count() == 3
+    assert "Released:" in page.locator("#query-result").inner_text()
+    # the stored release is what the page shows
+    release_id = newest.get_attribute("data-id")
+    stored = httpx.get(
+        f"{seed.http.base_url}/v1/releases/{release_id}",
+        headers={"Authorization": f"Bearer {analyst}"},
+    ).json()
+    assert ", ".join(str(e) for e in stored["estimates"]) in newest.inner_text()
+    screenshot(watched, "analyst")
+    key_never_leaves_the_header(watched, analyst)
+    watched.assert_clean()
+
+
+def test_admin_sees_ledger_and_keys_and_creates_dataset_key_and_grant(
+    watched: Watched, seed: Seed, live_server: LiveServer
+) -> None:
+    admin_key = live_server.admin_key
+    ds = seed.dataset(values=sample(seed=3), epsilon="1.5", description="Admin scenario")
+    for eps in ("0.1", "0.2", "0.3"):
+        seed.release(ds["id"], epsilon=eps, method="indexp")
+    sign_in(watched, admin_key)
+    page = watched.page
+    select(watched, ds["name"])
+    assert page.get_by_test_id("budget-remaining").inner_text() == "0.9"
+    assert page.locator("#ledger-body tr").count() == 4  # one grant, three debits
+    assert "ledger" in page.locator("#budget-source").inner_text()
+    assert page.get_by_test_id("budget-chart").locator("path.granted").count() == 1
+    assert page.locator("#keys-body tr").count() >= 1
+    # grant
+    page.get_by_label("Reason").fill("quarterly top-up")
+    page.locator("#grant-epsilon").fill("0.5")
+    page.get_by_role("button", name="Grant").click()
+    page.wait_for_selector("[data-testid=budget-remaining]:text-is('1.4')", timeout=TIMEOUT)
+    assert page.locator("#ledger-body tr").count() == 5
+    # create a dataset
+    name = "ui-created-" + ds["id"][:6]
+    page.locator("#ds-name").fill(name)
+    page.locator("#ds-epsilon").fill("3")
+    page.get_by_role("button", name="Create dataset").click()
+    page.wait_for_selector(f"#ds-title:text-is('{name}')", timeout=TIMEOUT)
+    page.wait_for_selector("[data-testid=budget-remaining]:text-is('3')", timeout=TIMEOUT)
+    # create a key scoped to it: the secret is shown once and works
+    page.locator("#key-role").select_option("viewer")
+    page.locator("#key-scope").select_option(label=name)
+    page.locator("#key-name").fill("ui-made viewer")
+    page.get_by_role("button", name="Create key").click()
+    page.wait_for_selector("#new-key:not([hidden])", timeout=TIMEOUT)
+    secret = page.locator("#new-key-value").input_value()
+    assert secret.startswith("dpq_")
+    me = httpx.get(
+        f"{seed.http.base_url}/v1/keys/me", headers={"Authorization": f"Bearer {secret}"}
+    )
+    assert me.status_code == 200 and me.json()["role"] == "viewer"
+    page.get_by_role("button", name="Hide").click()
+    assert page.locator("#new-key-value").input_value() == ""
+    # upload a CSV into the new dataset through the file input
+    page.locator("#upload-file").set_input_files(
+        files=[{"name": "v.csv", "mimeType": "text/csv", "buffer": b"x,y\n1,5\n2,150\n3,7\n"}]
+    )
+    page.locator("#upload-column").fill("y")
+    page.get_by_role("button", name="Upload").click()
+    page.wait_for_selector("#ds-facts dd:text-is('3 (1 outside bounds)')", timeout=TIMEOUT)
+    # revoke the key made above (confirmed in the dialog); it stops working
+    page.once("dialog", lambda dialog: dialog.accept())
+    prefix = secret[:12]
+    page.get_by_role("button", name=f"Revoke key {prefix}").click()
+    page.wait_for_selector(
+        f"#keys-body tr:has-text('{prefix}') td:nth-child(6):not(:empty)", timeout=TIMEOUT
+    )
+    gone = httpx.get(
+        f"{seed.http.base_url}/v1/keys/me", headers={"Authorization": f"Bearer {secret}"}
+    )
+    assert gone.status_code == 401
+    select(watched, ds["name"])
+    screenshot(watched, "admin")
+    key_never_leaves_the_header(watched, admin_key)
+    watched.assert_clean()
+
+
+def test_unknown_key_is_refused_and_nothing_is_kept(watched: Watched) -> None:
+    page = watched.page
+    page.goto("/ui/")
+    page.wait_for_selector("body[data-ready=true]", timeout=TIMEOUT)
+    page.get_by_test_id("api-key").fill("dpq_not-a-key-" + "x" * 30)
+    page.get_by_test_id("api-key").press("Enter")  # keyboard submit
+    page.wait_for_selector("#error:not([hidden])", timeout=TIMEOUT)
+    assert "unknown or revoked key" in page.locator("#error").inner_text()
+    assert page.evaluate("sessionStorage.length") == 0
+    assert "dpq_" not in page.url
+    # the 401 itself is the only console message (Chromium reports failed loads)
+    assert all("401" in m for m in watched.console_errors), watched.console_errors
+    assert watched.page_errors == [] and watched.blocked == []
+
+
+def test_dashboard_headers_forbid_external_origins(live_server: LiveServer) -> None:
+    for path in ("/ui/", "/ui/js/app.js", "/ui/style.css"):
+        r = httpx.get(live_server.base_url + path)
+        assert r.status_code == 200, path
+        csp = r.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src 'self'" in csp
+        assert "connect-src 'self'" in csp and "frame-ancestors 'none'" in csp
+        assert "http" not in csp and "*" not in csp
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert httpx.get(live_server.base_url + "/ui").status_code == 308
+    html = httpx.get(live_server.base_url + "/ui/").text
+    assert "//" not in re.sub(r"<!--.*?-->", "", html, flags=re.S).replace("http://www.w3", "")
+
+
+def _testids(html: str) -> set[str]:
+    return set(re.findall(r'data-testid="([a-z-]+)"', html))
+
+
+def test_contract_hooks_are_present(live_server: LiveServer) -> None:
+    html = httpx.get(live_server.base_url + "/ui/").text
+    script = httpx.get(live_server.base_url + "/ui/js/app.js").text
+    static = _testids(html)
+    dynamic: set[str] = set(re.findall(r'"data-testid", "([a-z-]+)"', script))
+    hooks: set[Any] = static | dynamic
+    for hook in (
+        "api-key",
+        "sign-in",
+        "dataset-row",
+        "budget-remaining",
+        "budget-chart",
+        "release-row",
+        "query-quantiles",
+        "query-epsilon",
+        "query-submit",
+    ):
+        assert hook in hooks, hook
