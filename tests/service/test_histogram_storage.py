@@ -223,7 +223,7 @@ def test_parquet_nulls_and_errors(api: Api, client: TestClient) -> None:
     assert client.get(f"/v1/datasets/{ds['id']}", headers=ADMIN).json()["n"] == 2
 
 
-# --------------------------------------------------------------------------- append, replace, freeze
+# ------------------------------------------------------------------ append, replace, freeze
 
 
 def test_append_merges_counts_replace_resets_and_release_freezes(
