@@ -287,10 +287,12 @@ def upload_histogram(
     principal: AdminDep,
     n_outside: Annotated[
         int | None,
-        Query(ge=0, description="Values outside [lower, upper] before clamping, if known."),
+        Query(
+            ge=0, le=2**62, description="Values outside [lower, upper] before clamping, if known."
+        ),
     ] = None,
     values_skipped: Annotated[
-        int, Query(ge=0, description="Missing values skipped by the sender.")
+        int, Query(ge=0, le=2**62, description="Missing values skipped by the sender.")
     ] = 0,
 ) -> DatasetPublic:
     """Replace the values by (cell, count) pairs computed elsewhere (e.g. `dpquant ingest`)."""

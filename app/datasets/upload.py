@@ -371,6 +371,8 @@ def read_parquet(
             raise _bad("not a valid Parquet file") from None
         if column not in schema.names:
             raise invalid("query.column", "no such column in the Parquet schema")
+        if len(schema.get_all_field_indices(column)) != 1:
+            raise invalid("query.column", "names several columns of the Parquet schema")
         kind = schema.field(column).type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
             raise invalid("query.column", "is not an integer or floating-point column")
