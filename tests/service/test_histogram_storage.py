@@ -422,3 +422,21 @@ def test_upload_module_lists_every_media_type() -> None:
     assert set(upload.VALUE_MEDIA_TYPES) == {
         "application/json", "text/csv", "application/octet-stream", PARQUET
     }  # fmt: skip
+
+
+def test_fine_grid_uses_sparse_counting_and_max_cells_is_413(
+    api: Api, client: TestClient, db_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = api.dataset(lower=0.0, upper=1.0, granularity=1e-12)  # K = 10^12: sparse mode
+    values = np.random.default_rng(8).uniform(-0.1, 1.1, 30_000)
+    values[:1000] = values[1000:2000]  # ties
+    r = client.put(values_url(ds), content=values.astype("<f8").tobytes(), headers=ADMIN | OCTET)
+    assert r.status_code == 200, r.text
+    assert stored(db_engine, ds) == expected_histogram(values, ds)
+    monkeypatch.setattr(client.app.state.settings, "max_cells", 100)  # type: ignore[attr-defined]
+    r = client.post(values_url(ds), json=[0.5, 0.25], headers=ADMIN)
+    assert r.status_code == 413 and "100 distinct grid cells" in r.json()["detail"]
+    body = np.random.default_rng(9).uniform(0, 1, 5000).astype("<f8").tobytes()
+    r = client.put(values_url(ds), content=body, headers=ADMIN | OCTET)
+    assert r.status_code == 413 and "100 distinct grid cells" in r.json()["detail"]
+    assert stored(db_engine, ds) == expected_histogram(values, ds)
