@@ -440,3 +440,38 @@ def test_fine_grid_uses_sparse_counting_and_max_cells_is_413(
     r = client.put(values_url(ds), content=body, headers=ADMIN | OCTET)
     assert r.status_code == 413 and "100 distinct grid cells" in r.json()["detail"]
     assert stored(db_engine, ds) == expected_histogram(values, ds)
+
+
+def test_truncated_and_corrupted_bodies_never_500(api: Api, client: TestClient) -> None:
+    ds = api.dataset(values=[1.0, 2.0])
+    rng = np.random.default_rng(10)
+    values = rng.normal(50, 20, 300)
+    valid = {
+        "application/json": ("", ("[" + ",".join(map(repr, values.tolist())) + "]").encode()),
+        "text/csv": ("?column=x", ("x\n" + "\n".join(map(repr, values.tolist()))).encode()),
+        "application/octet-stream": ("", values.astype("<f8").tobytes()),
+        PARQUET: ("?column=x", _parquet(x=values)),
+    }
+    statuses: set[int] = set()
+    for ctype, (query, body) in valid.items():
+        for _ in range(12):
+            cut = bytearray(body[: int(rng.integers(0, len(body) + 1))])
+            for pos in rng.integers(0, max(len(cut), 1), 3):
+                if cut:
+                    cut[int(pos)] = int(rng.integers(0, 256))
+            for method in ("PUT", "POST"):
+                r = client.request(
+                    method,
+                    values_url(ds) + query,
+                    content=chunked(bytes(cut), int(rng.integers(1, 4096))),
+                    headers=ADMIN | {"content-type": ctype},
+                )
+                statuses.add(r.status_code)
+                assert r.status_code in (200, 413, 422), (ctype, r.status_code, r.text)
+    hist = f"/v1/datasets/{ds['id']}/histogram"
+    for _ in range(20):
+        raw = rng.integers(-5, 2**20, int(rng.integers(0, 40))).astype("<i8").tobytes()
+        r = client.put(hist, content=raw, headers=ADMIN | OCTET)
+        statuses.add(r.status_code)
+        assert r.status_code in (200, 413, 422), r.text
+    assert 422 in statuses
