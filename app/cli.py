@@ -153,7 +153,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     started = time.perf_counter()
     try:
-        kind, files = core.expand_paths(args.paths)
+        kind, files = core.expand_paths(args.paths, allow_uris=args.engine == "spark")
         with core.make_client(args.server, api_key) as client:
             grid = core.fetch_grid(client, args.dataset)
             if args.engine == "spark":

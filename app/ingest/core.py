@@ -49,36 +49,47 @@ class Counted:
     skipped: int
 
 
-def expand_paths(paths: list[str]) -> tuple[str, list[Path]]:
-    """The data files under ``paths`` (files, or directories searched recursively) and their
-    format (``parquet`` or ``csv``; one format per run). Hidden and ``_``-prefixed files
-    (``_SUCCESS``, ``.crc``) are ignored, as Spark does."""
-    files: list[Path] = []
+def is_uri(path: str) -> bool:
+    """Whether ``path`` names remote storage (``hdfs://``, ``s3a://``, ``file://``, ...)."""
+    return "://" in path
+
+
+def expand_paths(paths: list[str], *, allow_uris: bool = False) -> tuple[str, list[str]]:
+    """The data files under ``paths`` and their format (``parquet`` or ``csv``; one per run).
+
+    Local paths: files, or directories searched recursively; hidden and ``_``-prefixed files
+    (``_SUCCESS``, ``.crc``) are ignored, as Spark does. URIs (``hdfs://…``, ``s3a://…``) are
+    passed through untouched when ``allow_uris`` (the Spark engine: the executors list and
+    read them); their format is CSV when the URI ends in ``.csv``, Parquet otherwise.
+    """
+    files: list[str] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
+        if is_uri(raw):
+            if not allow_uris:
+                raise IngestError(f"{raw}: remote paths need --engine spark")
+            files.append(raw)
+        elif path.is_dir():
             files.extend(
-                sorted(
-                    p
-                    for p in path.rglob("*")
-                    if p.is_file()
-                    and not p.name.startswith((".", "_"))
-                    and p.suffix.lower() in PARQUET_SUFFIXES + CSV_SUFFIXES
-                )
+                str(p)
+                for p in sorted(path.rglob("*"))
+                if p.is_file()
+                and not p.name.startswith((".", "_"))
+                and p.suffix.lower() in PARQUET_SUFFIXES + CSV_SUFFIXES
             )
         elif path.is_file():
-            files.append(path)
+            files.append(raw)
         else:
             raise IngestError(f"no such file or directory: {raw}")
     if not files:
         raise IngestError("no Parquet or CSV files found")
-    kinds = {"csv" if p.suffix.lower() in CSV_SUFFIXES else "parquet" for p in files}
+    kinds = {"csv" if f.lower().endswith(CSV_SUFFIXES) else "parquet" for f in files}
     if len(kinds) != 1:
         raise IngestError("mix of CSV and Parquet files: ingest one format per run")
     return kinds.pop(), files
 
 
-def _batches(kind: str, path: Path, column: str) -> Iterator[Any]:
+def _batches(kind: str, path: str, column: str) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -105,7 +116,7 @@ def _batches(kind: str, path: Path, column: str) -> Iterator[Any]:
         raise IngestError(f"{path}: cannot read column {column!r} ({type(exc).__name__})") from None
 
 
-def count_local(kind: str, files: list[Path], column: str, grid: Grid) -> Counted:
+def count_local(kind: str, files: list[str], column: str, grid: Grid) -> Counted:
     """The histogram of ``column`` over ``files``, streamed with pyarrow (memory O(batch + d)).
 
     Nulls (empty CSV cells) are skipped and counted; NaN or infinite values are an error.

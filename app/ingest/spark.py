@@ -8,7 +8,6 @@ distinct cell) and four totals reach the driver; no value does.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,11 +39,11 @@ def cell_column(x: Any, grid: Grid) -> Any:
     return F.least(F.greatest(cell, F.lit(0).cast("bigint")), F.lit(grid.k_max).cast("bigint"))
 
 
-def count_spark(spark: Any, kind: str, files: list[Path], column: str, grid: Grid) -> Counted:
+def count_spark(spark: Any, kind: str, files: list[str], column: str, grid: Grid) -> Counted:
     """The histogram of ``column`` over ``files``, counted by Spark."""
     from pyspark.sql import functions as F
 
-    paths = [str(p) for p in files]
+    paths = list(files)
     reader = spark.read
     frame = (
         reader.parquet(*paths) if kind == "parquet" else reader.option("header", True).csv(paths)

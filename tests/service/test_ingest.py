@@ -180,6 +180,9 @@ def test_ingest_reports_problems_without_values(
     assert cli.main([*argv, "y", str(tmp_path / "bad.parquet")]) == 2
     assert "no column 'y'" in capsys.readouterr().err
     assert cli.main([*argv, "x", str(tmp_path / "missing")]) == 2
+    assert cli.main([*argv, "x", "hdfs://nn/data"]) == 2
+    assert "remote paths need --engine spark" in capsys.readouterr().err
+    assert core.expand_paths(["s3a://b/x.csv"], allow_uris=True) == ("csv", ["s3a://b/x.csv"])
     assert cli.main(["ingest", "--server", "http://x", "--dataset", "nope", "--column", "x",
                      str(tmp_path / "bad.parquet")]) == 2  # fmt: skip
     assert "HTTP 422" in capsys.readouterr().err
