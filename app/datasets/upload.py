@@ -86,8 +86,10 @@ def limited(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
             yield chunk
 
 
-def blocks(chunks: Iterable[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Coalesce small chunks into blocks of at least ``size`` bytes (the last may be shorter)."""
+def blocks(chunks: Iterable[bytes], size: int | None = None) -> Iterator[bytes]:
+    """Coalesce small chunks into blocks of at least ``size`` (default :data:`BLOCK_BYTES`)
+    bytes; the last may be shorter. A chunk is never split, so a block may be larger."""
+    size = BLOCK_BYTES if size is None else size
     pending: list[bytes] = []
     have = 0
     for chunk in chunks:
@@ -212,8 +214,10 @@ class _JsonNumbers:
     def _elements(self, segment: bytes, *, last: bool) -> None:
         """Values of ``segment``: complete elements separated by commas (the final one,
         when ``last``, closes the array and may be empty only if the array is empty)."""
-        if last and self.index == 0 and not segment.strip(_JSON_WS):
-            return  # "[]" or "[ ]"
+        if not segment.strip(_JSON_WS):
+            if last and self.index == 0:
+                return  # "[]" or "[ ]"
+            raise _malformed()  # "[,", "[1,,2]", "[1,]"
         try:
             parsed = json.loads(b"[" + segment + b"]", parse_constant=_reject_constant)
             if not set(map(type, parsed)) <= {int, float}:
