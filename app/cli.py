@@ -157,9 +157,15 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         with core.make_client(args.server, api_key) as client:
             grid = core.fetch_grid(client, args.dataset)
             if args.engine == "spark":
-                from app.ingest.spark import count_spark, session
+                try:
+                    from app.ingest.spark import count_spark, session
 
-                counted = count_spark(session(args.spark_master), kind, files, args.column, grid)
+                    spark = session(args.spark_master)
+                except ImportError:
+                    raise core.IngestError(
+                        'the Spark engine needs pyspark: pip install "dpquant[spark]"'
+                    ) from None
+                counted = count_spark(spark, kind, files, args.column, grid)
             else:
                 counted = core.count_local(kind, files, args.column, grid)
             counted_at = time.perf_counter()

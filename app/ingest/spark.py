@@ -8,6 +8,7 @@ distinct cell) and four totals reach the driver; no value does.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -16,16 +17,30 @@ from app.ingest.core import Counted, Grid, IngestError
 
 
 def session(master: str) -> Any:
-    """A SparkSession on ``master`` (reuses the active session if one exists)."""
+    """A SparkSession on ``master`` (reuses the active session if one exists).
+
+    The driver's log level is ``OFF`` unless ``DPQUANT_SPARK_LOG_LEVEL`` says otherwise:
+    Spark's task-failure logs quote the offending value (e.g. a cell that does not cast to
+    double). On a cluster, executors log with the cluster's own configuration, next to the
+    data they read.
+    """
     from pyspark.sql import SparkSession
 
     spark = (
         SparkSession.builder.master(master)
         .appName("dpquant-ingest")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("WARN")
+    level = os.environ.get("DPQUANT_SPARK_LOG_LEVEL", "OFF")
+    spark.sparkContext.setLogLevel(level)
+    if level.upper() == "OFF":
+        # PySpark 4 also logs failed queries' messages (with the value) from Python.
+        from pyspark.logger import PySparkLogger
+
+        for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+            PySparkLogger.getLogger(name).disabled = True
     return spark
 
 
@@ -40,7 +55,20 @@ def cell_column(x: Any, grid: Grid) -> Any:
 
 
 def count_spark(spark: Any, kind: str, files: list[str], column: str, grid: Grid) -> Counted:
-    """The histogram of ``column`` over ``files``, counted by Spark."""
+    """The histogram of ``column`` over ``files``, counted by Spark.
+
+    Spark's own errors (unreadable files, values that do not cast to double under ANSI mode)
+    are reported by class only: their messages can quote a value.
+    """
+    try:
+        return _count(spark, kind, files, column, grid)
+    except IngestError:
+        raise
+    except Exception as exc:
+        raise IngestError(f"Spark failed: {type(exc).__name__}") from None
+
+
+def _count(spark: Any, kind: str, files: list[str], column: str, grid: Grid) -> Counted:
     from pyspark.sql import functions as F
 
     paths = list(files)

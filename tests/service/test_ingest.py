@@ -51,6 +51,7 @@ def spark() -> Iterator[Any]:
     from app.ingest.spark import session
 
     s = session("local[2]")
+    s.sparkContext.setLogLevel("OFF")
     yield s
     s.stop()
 
@@ -170,7 +171,11 @@ def test_ingest_command_uploads_counts_only(
 
 
 def test_ingest_reports_problems_without_values(
-    tmp_path: Path, in_process: list[str], api: Api, capsys: pytest.CaptureFixture[str]
+    spark: Any,
+    tmp_path: Path,
+    in_process: list[str],
+    api: Api,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     ds = api.dataset()
     pq.write_table(pa.table({"x": [1.0, float("nan")]}), tmp_path / "bad.parquet")
@@ -180,6 +185,12 @@ def test_ingest_reports_problems_without_values(
     assert cli.main([*argv, "y", str(tmp_path / "bad.parquet")]) == 2
     assert "no column 'y'" in capsys.readouterr().err
     assert cli.main([*argv, "x", str(tmp_path / "missing")]) == 2
+    (tmp_path / "text.csv").write_text("x\n1\nsecret-abc\n")
+    for engine in ("local", "spark"):
+        spark.sparkContext.setLogLevel("ERROR")  # the CLI must turn it off again
+        assert cli.main([*argv, "x", "--engine", engine, str(tmp_path / "text.csv")]) == 2
+        err = capsys.readouterr().err
+        assert "secret-abc" not in err and "error:" in err
     assert cli.main([*argv, "x", "hdfs://nn/data"]) == 2
     assert "remote paths need --engine spark" in capsys.readouterr().err
     assert core.expand_paths(["s3a://b/x.csv"], allow_uris=True) == ("csv", ["s3a://b/x.csv"])
