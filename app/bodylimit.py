@@ -3,9 +3,10 @@
 FastAPI reads a JSON body completely before validating it, so without a limit a single
 request could make a worker buffer gigabytes. This middleware refuses (413) any body larger
 than ``DPQUANT_MAX_BODY_BYTES`` — at once when ``Content-Length`` says so, otherwise while
-streaming — before the application sees it. The values upload
-(``PUT /v1/datasets/{id}/values``) has its own, larger limit (``DPQUANT_MAX_UPLOAD_BYTES``)
-enforced by its endpoint and is passed through untouched.
+streaming — before the application sees it. The uploads (``PUT`` and ``POST
+/v1/datasets/{id}/values``, ``PUT /v1/datasets/{id}/histogram``) stream their bodies in
+constant memory under their own, larger limit (``DPQUANT_MAX_UPLOAD_BYTES``, enforced by the
+endpoints) and are passed through untouched.
 """
 
 from __future__ import annotations
@@ -16,6 +17,15 @@ import re
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UPLOAD_PATH = re.compile(r"^/v1/datasets/[^/]+/values/?$")
+HISTOGRAM_PATH = re.compile(r"^/v1/datasets/[^/]+/histogram/?$")
+
+
+def is_upload(scope: Scope) -> bool:
+    """Whether the request is one of the streamed uploads."""
+    method, path = scope.get("method"), scope.get("path", "")
+    if method in ("PUT", "POST") and UPLOAD_PATH.match(path):
+        return True
+    return method == "PUT" and HISTOGRAM_PATH.match(path) is not None
 
 
 class BodyLimitMiddleware:
@@ -26,9 +36,7 @@ class BodyLimitMiddleware:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (
-            scope.get("method") == "PUT" and UPLOAD_PATH.match(scope.get("path", ""))
-        ):
+        if scope["type"] != "http" or is_upload(scope):
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", ()):

@@ -39,9 +39,14 @@ class Settings(BaseSettings):
 
     # Limits.
     max_upload_bytes: int = Field(
-        default=64 * 1024 * 1024, gt=0, description="Largest accepted values upload (bytes)."
+        default=4 * 1024**3,
+        gt=0,
+        description="Largest values or histogram upload (bytes); streamed, constant memory.",
     )
-    max_values: int = Field(default=10_000_000, gt=0, description="Most values per dataset.")
+    max_values: int = Field(
+        default=10**9, gt=0, description="Most values per dataset (all appends together)."
+    )
+    max_cells: int = Field(default=10**7, gt=0, description="Most distinct grid cells per dataset.")
     max_quantiles: int = Field(default=1000, gt=0, description="Most quantiles per query.")
     max_body_bytes: int = Field(
         default=1024 * 1024, gt=0, description="Largest request body except value uploads."

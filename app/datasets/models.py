@@ -24,7 +24,9 @@ from app.db import Base
 class Dataset(Base):
     """A dataset's public description; its row is the lock that serialises releases.
 
-    ``n`` and ``n_outside`` are computed at upload and shown to admins only. ``data_version``
+    ``n``, ``n_outside`` (values outside [lower, upper] before clamping), ``n_cells`` (distinct
+    grid cells) and ``values_skipped`` (empty CSV cells / Parquet nulls skipped with
+    ``?missing=skip``) are computed at upload and shown to admins only. ``data_version``
     increases with every upload so a release can tell whether the values it loaded before
     taking the lock are still current.
     """
@@ -45,6 +47,8 @@ class Dataset(Base):
     granularity: Mapped[float] = mapped_column(Double)
     n: Mapped[int | None] = mapped_column(BigInteger)
     n_outside: Mapped[int | None] = mapped_column(BigInteger)
+    n_cells: Mapped[int | None] = mapped_column(BigInteger)
+    values_skipped: Mapped[int | None] = mapped_column(BigInteger)
     data_version: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     values_uploaded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -52,7 +56,13 @@ class Dataset(Base):
 
 
 class DatasetData(Base):
-    """The values of one dataset: sorted little-endian float64 in one ``bytea``."""
+    """The values of one dataset as a grid histogram, compressed in one ``bytea``.
+
+    ``data`` is :func:`app.datasets.histogram.encode_histogram` output: a 32-byte header
+    (magic ``DPQH``, version 1, widths, distinct cells d, first cell, total count) and zlib
+    of the byte-shuffled cell gaps and counts; O(d) bytes, independent of n. The column's
+    storage is EXTERNAL (no second compression by PostgreSQL).
+    """
 
     __tablename__ = "dataset_data"
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+import anyio.from_thread
+from fastapi import APIRouter, Query, Request
 
 from app.auth.deps import AdminDep, ReaderDep
 from app.auth.principal import Principal
-from app.datasets import service
+from app.datasets import service, upload
+from app.datasets.histogram import TooManyCells
 from app.datasets.models import Dataset
 from app.datasets.schemas import DatasetAdmin, DatasetCreate, DatasetPage, DatasetPublic
 from app.db import SessionDep
-from app.errors import DpquantError, error_responses
+from app.errors import DpquantError, error_responses, invalid
 from app.ledger.schemas import AmountPublic
 from app.ledger.service import Budget, add_grant, budget, budgets
 from app.ops.http import DecimalJSONRoute, decode_cursor, encode_cursor
@@ -45,6 +48,8 @@ def present(
         **public.model_dump(),
         n=dataset.n,
         n_outside_bounds=dataset.n_outside,
+        n_cells=dataset.n_cells,
+        values_skipped=dataset.values_skipped,
         values_uploaded_at=dataset.values_uploaded_at,
         frozen_at=dataset.frozen_at,
     )
@@ -107,20 +112,35 @@ def get_dataset(dataset_id: uuid.UUID, session: SessionDep, principal: ReaderDep
     return present(session, dataset, principal)
 
 
-async def upload_body(request: Request) -> bytes:
-    """Read the request body, refusing (413) more than ``max_upload_bytes``."""
-    limit: int = request.app.state.settings.max_upload_bytes
+def request_chunks(request: Request) -> Iterator[bytes]:
+    """The request body as it arrives, read from a worker thread (sync endpoints only).
+
+    Each chunk is pulled from the ASGI receive channel on the event loop; nothing is
+    buffered beyond the chunk the server handed over, so the body never sits in memory.
+    """
+    stream = request.stream()
+
+    async def next_chunk() -> bytes | None:
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    while True:
+        chunk = anyio.from_thread.run(next_chunk)
+        if chunk is None:
+            return
+        yield chunk
+
+
+def _declared_too_large(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise DpquantError(413, "payload_too_large", f"uploads are limited to {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise DpquantError(413, "payload_too_large", f"uploads are limited to {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        raise upload.too_large(limit)
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
 # One content type per operation in the document: client generators cannot dispatch one
@@ -130,14 +150,101 @@ UPLOAD_BODY = {
     "requestBody": {
         "required": True,
         "description": "The values as a JSON array of numbers. The same operation also accepts "
-        "`text/csv` (pick the column with `?column=`) and `application/octet-stream` "
-        "(little-endian float64 bytes), listed in `x-also-accepts`.",
+        "`text/csv` and `application/vnd.apache.parquet` (pick the column with `?column=`) and "
+        "`application/octet-stream` (little-endian float64 bytes), listed in `x-also-accepts`. "
+        "Streamed: any size up to `DPQUANT_MAX_UPLOAD_BYTES`.",
         "content": {
             "application/json": {"schema": {"type": "array", "items": {"type": "number"}}},
         },
-        "x-also-accepts": ["text/csv", "application/octet-stream"],
+        "x-also-accepts": [
+            "text/csv",
+            "application/octet-stream",
+            "application/vnd.apache.parquet",
+        ],
     }
 }
+
+HISTOGRAM_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": 'Grid histogram: `{"cells": [...], "counts": [...]}` (JSON, up to '
+        "`DPQUANT_MAX_BODY_BYTES`) or little-endian int64 pairs (cell, count), 16 bytes each "
+        "(octet-stream, streamed, up to `DPQUANT_MAX_UPLOAD_BYTES`). Cells lie in [0, K] "
+        "(grid point lower + k*granularity), counts >= 1; repeated cells are summed.",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "cells": {"type": "array", "items": {"type": "integer"}},
+                        "counts": {"type": "array", "items": {"type": "integer"}},
+                    },
+                    "required": ["cells", "counts"],
+                }
+            },
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+ColumnQuery = Annotated[
+    str | None, Query(max_length=200, description="Column name (CSV and Parquet uploads)")
+]
+MissingQuery = Annotated[
+    Literal["error", "skip"],
+    Query(
+        description="Empty CSV cells / Parquet nulls: `error` (422 naming the first such row) "
+        "or `skip` (skipped and counted in `values_skipped`)."
+    ),
+]
+
+
+def _receive_values(
+    request: Request,
+    session: SessionDep,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    column: str | None,
+    missing: str,
+    append: bool,
+) -> DatasetPublic:
+    settings = request.app.state.settings
+    _declared_too_large(request, settings.max_upload_bytes)
+    dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
+    service.ensure_writable(dataset)  # early: do not read a body that cannot be stored
+    media_type = _media_type(request)
+    if media_type not in upload.VALUE_MEDIA_TYPES:
+        raise upload.unsupported(upload.VALUE_MEDIA_TYPES)
+    if media_type in (upload.MEDIA_CSV, upload.MEDIA_PARQUET) and not column:
+        raise invalid("query.column", f"is required for {media_type} uploads")
+    already = dataset.n or 0 if append else 0
+    builder = service.new_builder(dataset, max_cells=settings.max_cells)
+    # End the read-only transaction: no connection is held while the body streams in.
+    session.commit()
+    sink = upload.ValueSink(builder, max_values=settings.max_values, already=already)
+    try:
+        stats = upload.read_values(
+            upload.limited(request_chunks(request), settings.max_upload_bytes),
+            sink,
+            media_type=media_type,
+            column=column,
+            skip_missing=missing == "skip",
+        )
+        histogram = builder.result()
+    except TooManyCells as exc:
+        raise DpquantError(413, "payload_too_large", str(exc)) from None
+    dataset = service.store_histogram(
+        session,
+        principal=principal,
+        dataset_id=dataset_id,
+        histogram=histogram,
+        n_outside=builder.n_outside,
+        skipped=stats.skipped,
+        append=append,
+        max_values=settings.max_values,
+        max_cells=settings.max_cells,
+    )
+    return present(session, dataset, principal)
 
 
 @router.put(
@@ -152,18 +259,92 @@ def upload_values(
     request: Request,
     session: SessionDep,
     principal: AdminDep,  # before the body: unauthenticated uploads are never read
-    body: Annotated[bytes, Depends(upload_body)],
-    column: Annotated[str | None, Query(max_length=200, description="CSV column name")] = None,
+    column: ColumnQuery = None,
+    missing: MissingQuery = "error",
 ) -> DatasetPublic:
-    """Replace the values atomically; any bad row rejects the whole upload (422)."""
-    service.get_visible(session, principal=principal, dataset_id=dataset_id)
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    values = service.parse_values(body, media_type=media_type, column=column)
-    dataset = service.store_values(
+    """Replace the values atomically; any bad row rejects the whole upload (422).
+
+    The body is streamed: each value is clamped to [lower, upper] and counted in its grid
+    cell as it arrives; only the histogram is stored.
+    """
+    return _receive_values(request, session, principal, dataset_id, column, missing, append=False)
+
+
+@router.post(
+    "/{dataset_id}/values",
+    response_model=DatasetAdmin,
+    responses=error_responses(401, 403, 404, 409, 413, 415, 422, 503),
+    openapi_extra=UPLOAD_BODY,
+    summary="Append values to a dataset",
+)
+def append_values(
+    dataset_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    principal: AdminDep,
+    column: ColumnQuery = None,
+    missing: MissingQuery = "error",
+) -> DatasetPublic:
+    """Add values to the stored ones (counts merge); same formats and rules as the upload."""
+    return _receive_values(request, session, principal, dataset_id, column, missing, append=True)
+
+
+@router.put(
+    "/{dataset_id}/histogram",
+    response_model=DatasetAdmin,
+    responses=error_responses(401, 403, 404, 409, 413, 415, 422, 503),
+    openapi_extra=HISTOGRAM_BODY,
+    summary="Upload (replace) a dataset's grid histogram",
+)
+def upload_histogram(
+    dataset_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    principal: AdminDep,
+    n_outside: Annotated[
+        int | None,
+        Query(
+            ge=0, le=2**62, description="Values outside [lower, upper] before clamping, if known."
+        ),
+    ] = None,
+    values_skipped: Annotated[
+        int, Query(ge=0, le=2**62, description="Missing values skipped by the sender.")
+    ] = 0,
+) -> DatasetPublic:
+    """Replace the values by (cell, count) pairs computed elsewhere (e.g. `dpquant ingest`)."""
+    settings = request.app.state.settings
+    dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
+    service.ensure_writable(dataset)
+    media_type = _media_type(request)
+    if media_type not in upload.HISTOGRAM_MEDIA_TYPES:
+        raise upload.unsupported(upload.HISTOGRAM_MEDIA_TYPES)
+    limit = (
+        settings.max_body_bytes if media_type == upload.MEDIA_JSON else settings.max_upload_bytes
+    )
+    _declared_too_large(request, limit)
+    builder = service.new_builder(dataset, max_cells=settings.max_cells)
+    session.commit()  # no connection is held while the body streams in
+    sink = upload.PairSink(builder, max_values=settings.max_values)
+    chunks = upload.limited(request_chunks(request), limit)
+    try:
+        if media_type == upload.MEDIA_JSON:
+            upload.read_histogram_json(b"".join(chunks), sink)
+        else:
+            upload.read_histogram_octet(chunks, sink)
+        histogram = builder.result()
+    except TooManyCells as exc:
+        raise DpquantError(413, "payload_too_large", str(exc)) from None
+    if n_outside is not None and n_outside > builder.n:
+        raise invalid("query.n_outside", "must not exceed the number of values")
+    dataset = service.store_histogram(
         session,
         principal=principal,
         dataset_id=dataset_id,
-        values=values,
-        max_values=request.app.state.settings.max_values,
+        histogram=histogram,
+        n_outside=n_outside,
+        skipped=values_skipped,
+        append=False,
+        max_values=settings.max_values,
+        max_cells=settings.max_cells,
     )
     return present(session, dataset, principal)

@@ -65,7 +65,14 @@ class DatasetAdmin(DatasetPublic):
     """The admin view: adds the size, the count outside the bounds and the upload state."""
 
     n: int | None
-    n_outside_bounds: int | None
+    n_outside_bounds: int | None = Field(
+        description="Values outside [lower, upper] before clamping (null: unknown, e.g. after "
+        "a histogram upload that did not report it)."
+    )
+    n_cells: int | None = Field(default=None, description="Distinct grid cells stored.")
+    values_skipped: int | None = Field(
+        default=None, description="Missing cells skipped at upload (?missing=skip)."
+    )
     values_uploaded_at: datetime | None
     frozen_at: datetime | None
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import threading
 import uuid
@@ -20,6 +17,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth.principal import Principal
+from app.datasets.grid import grid_values
+from app.datasets.histogram import (
+    HistogramBuilder,
+    IntArray,
+    decode_histogram,
+    encode_histogram,
+    merge_histograms,
+)
 from app.datasets.models import Dataset, DatasetData
 from app.datasets.schemas import DatasetCreate
 from app.errors import DpquantError, invalid, not_found
@@ -30,10 +35,6 @@ FloatArray = NDArray[np.float64]
 DEFAULT_GRID_STEPS = 10**6
 #: Grids finer than this many steps cannot be indexed exactly by doubles.
 MAX_GRID_STEPS = 2**52
-
-MEDIA_JSON = "application/json"
-MEDIA_CSV = "text/csv"
-MEDIA_OCTET = "application/octet-stream"
 
 
 # --------------------------------------------------------------------------- grid
@@ -102,6 +103,8 @@ def create_dataset(session: Session, *, body: DatasetCreate) -> Dataset:
         granularity=granularity,
         n=None,
         n_outside=None,
+        n_cells=None,
+        values_skipped=None,
         data_version=0,
         created_at=datetime.now(UTC),
         values_uploaded_at=None,
@@ -141,133 +144,91 @@ def list_visible(
     return list(session.scalars(stmt))
 
 
-# --------------------------------------------------------------------------- values
+# --------------------------------------------------------------------------- histograms
+
+Histogram = tuple[IntArray, IntArray]
 
 
-def _bad(problem: str) -> DpquantError:
-    return invalid("body", problem)
+def ensure_writable(dataset: Dataset) -> None:
+    """409 once the dataset is frozen by its first release."""
+    if dataset.frozen_at is not None:
+        raise DpquantError(409, "dataset_frozen", "values cannot change after the first release")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(name)
+def new_builder(dataset: Dataset, *, max_cells: int) -> HistogramBuilder:
+    """An empty histogram on ``dataset``'s public grid."""
+    return HistogramBuilder(
+        lower=dataset.lower,
+        upper=dataset.upper,
+        granularity=dataset.granularity,
+        max_cells=max_cells,
+    )
 
 
-def parse_values(body: bytes, *, media_type: str, column: str | None) -> FloatArray:
-    """Decode an upload into finite float64 values; errors name the first bad row only.
-
-    JSON arrays and octet streams are indexed from 0 ("index i"); CSV data rows from 1
-    after the header ("row r"). No message ever contains a value.
-    """
-    if not body:
-        raise _bad("the upload is empty")
-    if media_type == MEDIA_OCTET:
-        if len(body) % 8:
-            raise _bad("octet-stream length must be a multiple of 8 (little-endian float64)")
-        values = np.frombuffer(body, dtype="<f8").astype(np.float64)
-    elif media_type == MEDIA_JSON:
-        values = _parse_json_values(body)
-    elif media_type == MEDIA_CSV:
-        values = _parse_csv_values(body, column)
-    else:
-        raise DpquantError(
-            415,
-            "unsupported_media_type",
-            f"Content-Type must be one of {MEDIA_JSON}, {MEDIA_CSV}, {MEDIA_OCTET}",
+def _fetch_histogram(session: Session, *, dataset_id: uuid.UUID) -> tuple[int, Histogram] | None:
+    """(data version, histogram) read in PostgreSQL's binary format, or None."""
+    driver = session.connection().connection.driver_connection
+    if driver is None:  # pragma: no cover - a pooled connection always has one
+        raise RuntimeError("no database connection")
+    with driver.cursor(binary=True) as cursor:
+        cursor.execute(
+            "SELECT d.data_version, v.data FROM dataset d "
+            "JOIN dataset_data v ON v.dataset_id = d.id WHERE d.id = %s AND d.n IS NOT NULL",
+            (dataset_id,),
         )
-    if values.size == 0:
-        raise _bad("the upload contains no values")
-    finite = np.isfinite(values)
-    if not finite.all():
-        first = int(np.argmin(finite))
-        where = f"row {first + 1}" if media_type == MEDIA_CSV else f"index {first}"
-        raise _bad(f"{where}: not a finite number")
-    return values
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return int(row[0]), decode_histogram(bytes(row[1]))
 
 
-def _parse_json_values(body: bytes) -> FloatArray:
-    try:
-        data = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        raise _bad("malformed JSON (expected an array of numbers)") from None
-    if not isinstance(data, list):
-        raise _bad("expected a JSON array of numbers")
-    out = np.empty(len(data), dtype=np.float64)
-    for i, v in enumerate(data):
-        if type(v) is float:
-            out[i] = v
-        elif type(v) is int:
-            try:
-                out[i] = float(v)
-            except OverflowError:
-                raise _bad(f"index {i}: not a finite number") from None
-        else:
-            raise _bad(f"index {i}: not a number")
-    return out
-
-
-def _parse_csv_values(body: bytes, column: str | None) -> FloatArray:
-    if not column:
-        raise invalid("query.column", "is required for text/csv uploads")
-    try:
-        text = body.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise _bad("CSV must be UTF-8") from None
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise _bad("the CSV has no header row") from None
-    except csv.Error:
-        raise _bad("malformed CSV header") from None
-    names = [h.strip() for h in header]
-    if column not in names:
-        raise invalid("query.column", "no such column in the CSV header")
-    idx = names.index(column)
-    values: list[float] = []
-    row_number = 0
-    try:
-        for row_number, row in enumerate(reader, start=1):
-            if not row:
-                continue
-            if idx >= len(row):
-                raise _bad(f"row {row_number}: missing cell")
-            try:
-                values.append(float(row[idx].strip()))
-            except ValueError:
-                raise _bad(f"row {row_number}: not a number") from None
-            if not math.isfinite(values[-1]):
-                raise _bad(f"row {row_number}: not a finite number")
-    except csv.Error:
-        raise _bad(f"row {row_number + 1}: malformed CSV") from None
-    return np.asarray(values, dtype=np.float64)
-
-
-def store_values(
+def store_histogram(
     session: Session,
     *,
     principal: Principal,
     dataset_id: uuid.UUID,
-    values: FloatArray,
+    histogram: Histogram,
+    n_outside: int | None,
+    skipped: int,
+    append: bool,
     max_values: int,
+    max_cells: int,
 ) -> Dataset:
-    """Replace the dataset's values (sorted, compact); 409 once the dataset is frozen."""
-    if values.size > max_values:
-        raise DpquantError(413, "payload_too_large", f"more than {max_values} values")
+    """Replace (or, with ``append``, add to) the dataset's histogram, atomically.
+
+    Takes the dataset row lock, so concurrent writers and the first release serialise;
+    409 once the dataset is frozen. ``n_outside`` None means unknown (histogram uploads);
+    an append onto an unknown count stays unknown.
+    """
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
-    if dataset.frozen_at is not None:
-        raise DpquantError(409, "dataset_frozen", "values cannot change after the first release")
-    ordered = np.sort(values)
-    blob = ordered.astype("<f8", copy=False).tobytes()
-    outside = int(
-        np.count_nonzero(ordered < dataset.lower) + np.count_nonzero(ordered > dataset.upper)
-    )
+    ensure_writable(dataset)
+    cells, counts = histogram
+    if append and dataset.n is not None:
+        current = _fetch_histogram(session, dataset_id=dataset_id)
+        if current is not None:
+            cells, counts = merge_histograms(current[1], (cells, counts))
+        n_outside = (
+            None
+            if n_outside is None or dataset.n_outside is None
+            else n_outside + dataset.n_outside
+        )
+        skipped += dataset.values_skipped or 0
+    if cells.size == 0:
+        raise invalid("body", "the upload contains no values")
+    if cells.size > max_cells:
+        raise DpquantError(413, "payload_too_large", f"more than {max_cells} distinct grid cells")
+    encoded = encode_histogram(cells, counts, level=1)
+    if encoded.total > max_values:
+        raise DpquantError(413, "payload_too_large", f"more than {max_values} values")
     stored = session.get(DatasetData, dataset.id)
     if stored is None:
-        session.add(DatasetData(dataset_id=dataset.id, data=blob))
+        session.add(DatasetData(dataset_id=dataset.id, data=encoded.blob))
     else:
-        stored.data = blob
-    dataset.n = int(ordered.size)
-    dataset.n_outside = outside
+        stored.data = encoded.blob
+    dataset.n = encoded.total
+    dataset.n_outside = n_outside
+    dataset.n_cells = encoded.distinct
+    dataset.values_skipped = skipped
     dataset.data_version += 1
     dataset.values_uploaded_at = datetime.now(UTC)
     session.flush()
@@ -275,7 +236,7 @@ def store_values(
 
 
 class ValuesCache:
-    """A per-process LRU of loaded values, keyed by ``(dataset id, data version)``.
+    """A per-process LRU of loaded arrays, keyed by ``(dataset id, data version, kind)``.
 
     Safe without invalidation: a key names immutable content (ids are never reused, every
     upload bumps the version, and only committed versions can be read). Bounded in bytes.
@@ -283,64 +244,86 @@ class ValuesCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[uuid.UUID, int], FloatArray] = OrderedDict()
+        self._items: OrderedDict[CacheKey, tuple[NDArray[Any], ...]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[uuid.UUID, int]) -> FloatArray | None:
-        """The cached values, or None."""
+    def get(self, key: CacheKey) -> tuple[NDArray[Any], ...] | None:
+        """The cached arrays, or None."""
         with self._lock:
-            values = self._items.get(key)
-            if values is not None:
+            arrays = self._items.get(key)
+            if arrays is not None:
                 self._items.move_to_end(key)
-            return values
+            return arrays
 
-    def put(self, key: tuple[uuid.UUID, int], values: FloatArray) -> None:
-        """Remember ``values`` (skipped when larger than the whole cache)."""
-        if values.nbytes > self.max_bytes:
+    def put(self, key: CacheKey, arrays: tuple[NDArray[Any], ...]) -> None:
+        """Remember ``arrays`` (skipped when larger than the whole cache)."""
+        size = sum(a.nbytes for a in arrays)
+        if size > self.max_bytes:
             return
         with self._lock:
             if key in self._items:
                 return
-            self._items[key] = values
-            self._bytes += values.nbytes
+            self._items[key] = arrays
+            self._bytes += size
             while self._bytes > self.max_bytes:
                 _, evicted = self._items.popitem(last=False)
-                self._bytes -= evicted.nbytes
+                self._bytes -= sum(a.nbytes for a in evicted)
 
+
+CacheKey = tuple[uuid.UUID, int, str]
 
 #: The process-wide cache; its size is set from ``DPQUANT_VALUES_CACHE_BYTES`` at startup.
 VALUES_CACHE = ValuesCache(max_bytes=256 * 1024 * 1024)
 
 
-def load_values(session: Session, *, dataset_id: uuid.UUID) -> tuple[int, FloatArray] | None:
-    """The dataset's data version and sorted values, or None when nothing was uploaded.
-
-    A version check costs one small query; the values come from :data:`VALUES_CACHE` or are
-    fetched in PostgreSQL's binary format inside the session's transaction (about 15 ms for
-    10^6 values, against about 100 ms for the default hex text format).
-    """
-    version = session.execute(
+def _current_version(session: Session, *, dataset_id: uuid.UUID) -> int | None:
+    return session.execute(
         select(Dataset.data_version).where(Dataset.id == dataset_id, Dataset.n.is_not(None))
     ).scalar()
+
+
+def load_histogram(
+    session: Session, *, dataset_id: uuid.UUID
+) -> tuple[int, IntArray, IntArray] | None:
+    """The dataset's data version, cells (strictly increasing) and counts (>= 1), or None
+    when nothing was uploaded. The arrays are read-only (shared by the process cache).
+
+    One small version query; the histogram comes from :data:`VALUES_CACHE` or is fetched in
+    PostgreSQL's binary format and decoded (about 25 ms for 10^6 distinct cells).
+    """
+    version = _current_version(session, dataset_id=dataset_id)
     if version is None:
         return None
-    cached = VALUES_CACHE.get((dataset_id, version))
+    cached = VALUES_CACHE.get((dataset_id, version, "histogram"))
     if cached is not None:
-        return version, cached
-    driver = session.connection().connection.driver_connection
-    if driver is None:  # pragma: no cover - a pooled connection always has one
-        raise RuntimeError("no database connection")
-    with driver.cursor(binary=True) as cursor:
-        cursor.execute(
-            "SELECT d.data_version, v.data FROM dataset d "
-            "JOIN dataset_data v ON v.dataset_id = d.id WHERE d.id = %s",
-            (dataset_id,),
-        )
-        row = cursor.fetchone()
-    if row is None:
+        return version, cached[0], cached[1]
+    fetched = _fetch_histogram(session, dataset_id=dataset_id)
+    if fetched is None:
         return None
-    version, blob = int(row[0]), row[1]
-    values = np.frombuffer(blob, dtype="<f8")
-    VALUES_CACHE.put((dataset_id, version), values)
+    version, (cells, counts) = fetched
+    cells.flags.writeable = False  # shared through the cache: nobody may change them
+    counts.flags.writeable = False
+    VALUES_CACHE.put((dataset_id, version, "histogram"), (cells, counts))
+    return version, cells, counts
+
+
+def load_values(session: Session, *, dataset_id: uuid.UUID) -> tuple[int, FloatArray] | None:
+    """TEMPORARY adapter until the release path calls ``Mechanism.run_grid`` on
+    :func:`load_histogram`: the histogram expanded to sorted grid values (``np.repeat`` of
+    each cell's grid point by its count). O(n) memory; remove with its last caller.
+    """
+    loaded = load_histogram(session, dataset_id=dataset_id)
+    if loaded is None:
+        return None
+    version, cells, counts = loaded
+    cached = VALUES_CACHE.get((dataset_id, version, "values"))
+    if cached is not None:
+        return version, cached[0]
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None:  # pragma: no cover - the version query found it
+        return None
+    values = np.repeat(grid_values(cells, dataset.lower, dataset.granularity), counts)
+    values.flags.writeable = False
+    VALUES_CACHE.put((dataset_id, version, "values"), (values,))
     return version, values

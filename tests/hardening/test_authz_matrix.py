@@ -42,6 +42,8 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/datasets"): (401, 401, 401, 200, 200, 200, 200),
     ("GET", "/v1/datasets/{dataset_id}"): (401, 401, 401, 200, 200, 200, 404),
     ("PUT", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 409, 403, 403, 403),
+    ("POST", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 409, 403, 403, 403),
+    ("PUT", "/v1/datasets/{dataset_id}/histogram"): (401, 401, 401, 409, 403, 403, 403),
     ("POST", "/v1/datasets/{dataset_id}/grants"): (401, 401, 401, 201, 403, 403, 403),
     ("GET", "/v1/datasets/{dataset_id}/ledger"): (401, 401, 401, 200, 403, 403, 403),
     ("GET", "/v1/datasets/{dataset_id}/budget"): (401, 401, 401, 200, 200, 200, 404),
@@ -108,6 +110,8 @@ def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]
         kw["json"] = {"name": "m-" + uuid.uuid4().hex[:10], "lower": 0, "upper": 1}
     elif path.endswith("/values"):
         kw["json"] = [1.0, 2.0, 3.0]
+    elif path.endswith("/histogram"):
+        kw["json"] = {"cells": [0, 5], "counts": [2, 1]}
     elif path.endswith("/grants"):
         kw["json"] = {"epsilon": "0.1", "reason": "matrix"}
     elif path.endswith("/quantiles"):

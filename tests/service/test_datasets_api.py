@@ -193,8 +193,11 @@ def test_values_are_frozen_after_the_first_release(api: Api, client: TestClient)
     assert r.json()["type"] == "dataset_frozen"
 
 
-def test_large_upload_roundtrips_compactly(api: Api, db_engine: Any) -> None:
+def test_large_upload_is_stored_as_a_compact_grid_histogram(api: Api, db_engine: Any) -> None:
     from sqlalchemy import text
+
+    from app.datasets.grid import cell_of
+    from app.datasets.histogram import decode_histogram
 
     values = np.random.default_rng(1).normal(50, 10, 100_000)
     ds = api.dataset()
@@ -208,8 +211,12 @@ def test_large_upload_roundtrips_compactly(api: Api, db_engine: Any) -> None:
         blob = conn.execute(
             text("SELECT data FROM dataset_data WHERE dataset_id = :d"), {"d": ds["id"]}
         ).scalar_one()
-    assert len(blob) == 8 * values.size
-    np.testing.assert_array_equal(np.frombuffer(blob, "<f8"), np.sort(values))
+    assert len(blob) < 8 * values.size // 10  # O(distinct cells), compressed
+    cells, counts = decode_histogram(bytes(blob))
+    expected = np.unique(cell_of(values, 0.0, 100.0, ds["granularity"]), return_counts=True)
+    np.testing.assert_array_equal(cells, expected[0])
+    np.testing.assert_array_equal(counts, expected[1])
+    assert r.json()["n_cells"] == cells.size and r.json()["n"] == values.size
 
 
 def test_unknown_dataset_is_404(client: TestClient) -> None:
@@ -222,21 +229,25 @@ def test_unknown_dataset_is_404(client: TestClient) -> None:
 def test_values_cache_never_serves_replaced_values(api: Api, db_engine: Any) -> None:
     from sqlalchemy.orm import Session
 
-    from app.datasets.service import VALUES_CACHE, load_values
+    from app.datasets.service import VALUES_CACHE, load_histogram, load_values
 
     ds = api.dataset(values=[1.0, 2.0, 3.0])
     dataset_id = uuid.UUID(ds["id"])
     with Session(db_engine) as session:
         first = load_values(session, dataset_id=dataset_id)
     assert first is not None and list(first[1]) == [1.0, 2.0, 3.0]
-    assert VALUES_CACHE.get((dataset_id, first[0])) is not None
+    assert VALUES_CACHE.get((dataset_id, first[0], "histogram")) is not None
     api.upload(ds["id"], [9.0, 7.0])
     with Session(db_engine) as session:
         second = load_values(session, dataset_id=dataset_id)
+        hist = load_histogram(session, dataset_id=dataset_id)
     assert second is not None and second[0] == first[0] + 1
     assert list(second[1]) == [7.0, 9.0]
+    assert hist is not None and hist[0] == second[0]
+    assert list(hist[1]) == [70_000, 90_000] and list(hist[2]) == [1, 1]  # grid 1e-4
     with Session(db_engine) as session:
         assert load_values(session, dataset_id=uuid.UUID(api.dataset()["id"])) is None
+        assert load_histogram(session, dataset_id=uuid.UUID(api.dataset()["id"])) is None
 
 
 def test_upload_checks_the_key_before_reading_the_body(

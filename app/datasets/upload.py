@@ -1,0 +1,502 @@
+"""Streaming readers for value uploads (JSON, CSV, octet-stream, Parquet) and histogram bodies.
+
+Every reader pulls the body as an iterator of byte chunks, works on blocks of about
+:data:`BLOCK_BYTES`, and feeds a :class:`~app.datasets.histogram.HistogramBuilder`; memory is
+bounded by the block size, the largest pending token and the histogram (O(distinct cells)),
+never by the body length. Parquet needs random access, so its body is spooled to a temporary
+file first and then read one record batch at a time.
+
+Errors are 4xx :class:`~app.errors.DpquantError` naming the field and, for a bad record, its
+position ("index i" from 0 for JSON and octet-stream; "row r" from 1 for CSV and Parquet,
+counting data records after the header) — never a value.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+import math
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from app.datasets.histogram import HistogramBuilder
+from app.errors import DpquantError, invalid
+
+MEDIA_JSON = "application/json"
+MEDIA_CSV = "text/csv"
+MEDIA_OCTET = "application/octet-stream"
+MEDIA_PARQUET = "application/vnd.apache.parquet"
+VALUE_MEDIA_TYPES = (MEDIA_JSON, MEDIA_CSV, MEDIA_OCTET, MEDIA_PARQUET)
+HISTOGRAM_MEDIA_TYPES = (MEDIA_JSON, MEDIA_OCTET)
+
+#: Work is done on blocks of about this many bytes (131072 float64 values).
+BLOCK_BYTES = 1 << 20
+#: The longest JSON element, CSV line or CSV record accepted (bounds the pending buffer).
+MAX_TOKEN_BYTES = 1 << 20
+#: Values handed to the histogram at once by the CSV and JSON readers.
+BATCH_VALUES = 1 << 17
+
+_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_JSON_WS = b" \t\n\r"
+
+
+def _bad(problem: str) -> DpquantError:
+    return invalid("body", problem)
+
+
+def too_large(limit: int) -> DpquantError:
+    """413 for a body above the upload limit."""
+    return DpquantError(413, "payload_too_large", f"uploads are limited to {limit} bytes")
+
+
+def too_many_values(limit: int) -> DpquantError:
+    """413 for more values than a dataset may hold."""
+    return DpquantError(413, "payload_too_large", f"more than {limit} values")
+
+
+def unsupported(allowed: tuple[str, ...]) -> DpquantError:
+    """415 listing the accepted content types."""
+    return DpquantError(
+        415, "unsupported_media_type", f"Content-Type must be one of {', '.join(allowed)}"
+    )
+
+
+@dataclass
+class UploadStats:
+    """What a reader saw besides the histogram (reported to admins)."""
+
+    skipped: int = 0
+
+
+def limited(chunks: Iterable[bytes], limit: int) -> Iterator[bytes]:
+    """Pass chunks through, refusing (413) once more than ``limit`` bytes arrived."""
+    size = 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        if chunk:
+            yield chunk
+
+
+def blocks(chunks: Iterable[bytes], size: int | None = None) -> Iterator[bytes]:
+    """Coalesce small chunks into blocks of at least ``size`` (default :data:`BLOCK_BYTES`)
+    bytes; the last may be shorter. A chunk is never split, so a block may be larger."""
+    size = BLOCK_BYTES if size is None else size
+    pending: list[bytes] = []
+    have = 0
+    for chunk in chunks:
+        pending.append(chunk)
+        have += len(chunk)
+        if have >= size:
+            yield b"".join(pending)
+            pending.clear()
+            have = 0
+    if pending:
+        yield b"".join(pending)
+
+
+class ValueSink:
+    """Feeds finite values into the builder, enforcing the value limit as they arrive."""
+
+    def __init__(self, builder: HistogramBuilder, *, max_values: int, already: int = 0) -> None:
+        self.builder = builder
+        self.max_values = max_values
+        self.already = already
+
+    def add(self, values: NDArray[np.float64], first: int, where: Callable[[int], str]) -> None:
+        """Add ``values`` (record positions ``first, first + 1, ...``); 422 on a non-finite."""
+        finite = np.isfinite(values)
+        if not finite.all():
+            raise _bad(f"{where(first + int(np.argmin(finite)))}: not a finite number")
+        if self.already + self.builder.n + values.size > self.max_values:
+            raise too_many_values(self.max_values)
+        self.builder.add_values(values)
+
+
+# --------------------------------------------------------------------------- octet-stream
+
+
+def read_octet(chunks: Iterable[bytes], sink: ValueSink) -> UploadStats:
+    """Little-endian float64 values, 8 bytes each; index i counts from 0."""
+    carry = b""
+    index = 0
+    seen = False
+    for block in blocks(chunks):
+        seen = True
+        data = carry + block if carry else block
+        usable = len(data) - len(data) % 8
+        carry = data[usable:]
+        if usable:
+            values = np.frombuffer(data, dtype="<f8", count=usable // 8).astype(np.float64)
+            sink.add(values, index, lambda i: f"index {i}")
+            index += values.size
+    if not seen:
+        raise _bad("the upload is empty")
+    if carry:
+        raise _bad("octet-stream length must be a multiple of 8 (little-endian float64)")
+    return UploadStats()
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _malformed() -> DpquantError:
+    return _bad("malformed JSON (expected an array of numbers)")
+
+
+class _JsonNumbers:
+    """Incremental reader of one JSON array of numbers, at most one pending token buffered."""
+
+    def __init__(self, sink: ValueSink) -> None:
+        self.sink = sink
+        self.index = 0
+        self.started = False
+        self.closed = False
+        self.buf = b""
+
+    def feed(self, block: bytes) -> None:
+        buf = self.buf + block if self.buf else block
+        if self.closed:
+            if buf.strip(_JSON_WS):
+                raise _malformed()
+            self.buf = b""
+            return
+        if not self.started:
+            buf = buf.lstrip(_JSON_WS)
+            if not buf:
+                self.buf = b""
+                return
+            if buf[:1] != b"[":
+                raise _bad("expected a JSON array of numbers")
+            buf = buf[1:]
+            self.started = True
+        end = buf.find(b"]")
+        if end >= 0:
+            # Numbers contain no ']': either this is the end of the array, or some element
+            # before it is not a number and the element check below reports it first.
+            self._elements(buf[:end], last=True)
+            self.closed = True
+            self.buf = b""
+            self.feed(buf[end + 1 :])
+            return
+        comma = buf.rfind(b",")
+        if comma >= 0:
+            self._elements(buf[:comma], last=False)
+            buf = buf[comma + 1 :]
+        self.buf = buf.lstrip(_JSON_WS)
+        if len(self.buf) > MAX_TOKEN_BYTES:
+            self._fail_token(self.buf, self.index)
+
+    def finish(self) -> None:
+        if not self.started:
+            raise _bad("the upload is empty") if not self.buf else _malformed()
+        if not self.closed:
+            raise _malformed()
+
+    def _fail_token(self, token: bytes, index: int) -> None:
+        head = token.strip(_JSON_WS)[:1]
+        if head and head in b"-0123456789":
+            raise _bad(f"index {index}: number too long")
+        raise _bad(f"index {index}: not a number")
+
+    def _elements(self, segment: bytes, *, last: bool) -> None:
+        """Values of ``segment``: complete elements separated by commas (the final one,
+        when ``last``, closes the array and may be empty only if the array is empty)."""
+        if not segment.strip(_JSON_WS):
+            if last and self.index == 0:
+                return  # "[]" or "[ ]"
+            raise _malformed()  # "[,", "[1,,2]", "[1,]"
+        try:
+            parsed = json.loads(b"[" + segment + b"]", parse_constant=_reject_constant)
+            if not set(map(type, parsed)) <= {int, float}:
+                raise TypeError
+            values = np.array(parsed, dtype=np.float64)
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            values = self._slow(segment)
+        for start in range(0, values.size, BATCH_VALUES):
+            part = values[start : start + BATCH_VALUES]
+            self.sink.add(part, self.index, lambda i: f"index {i}")
+            self.index += part.size
+
+    def _slow(self, segment: bytes) -> NDArray[np.float64]:
+        """Element by element, to name the first bad one (only runs when something is wrong)."""
+        out: list[float] = []
+        for offset, raw in enumerate(segment.split(b",")):
+            token = raw.strip(_JSON_WS)
+            index = self.index + offset
+            if _NUMBER.fullmatch(token):
+                value = float(token)
+                if not math.isfinite(value):
+                    raise _bad(f"index {index}: not a finite number")
+                out.append(value)
+            elif token[:1] and token[:1] in b'"[{tfn':
+                raise _bad(f"index {index}: not a number")
+            else:
+                raise _malformed()
+        return np.asarray(out, dtype=np.float64)
+
+
+def read_json(chunks: Iterable[bytes], sink: ValueSink) -> UploadStats:
+    """A JSON array of numbers; index i counts from 0."""
+    reader = _JsonNumbers(sink)
+    for block in blocks(chunks):
+        reader.feed(block)
+    reader.finish()
+    return UploadStats()
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """UTF-8 text lines (split on ``\\n`` only, ends kept), one pending line at most."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    pending = ""
+    try:
+        for block in blocks(chunks):
+            pending += decoder.decode(block)
+            parts = pending.split("\n")
+            pending = parts.pop()
+            for part in parts:
+                yield part + "\n"
+            if len(pending) > MAX_TOKEN_BYTES:
+                raise _bad("CSV line too long")
+        pending += decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise _bad("CSV must be UTF-8") from None
+    if pending:
+        yield pending
+
+
+def read_csv(
+    chunks: Iterable[bytes], sink: ValueSink, *, column: str, skip_missing: bool
+) -> UploadStats:
+    """One column of a CSV file with a header row.
+
+    Row r counts data records from 1 after the header (blank lines included; a quoted
+    field spanning lines is one record). Empty cells are an error naming their row unless
+    ``skip_missing``, which skips and counts them.
+    """
+    reader = csv.reader(_lines(chunks), strict=True)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise _bad("the CSV has no header row") from None
+    except csv.Error:
+        raise _bad("malformed CSV header") from None
+    names = [h.strip() for h in header]
+    if column not in names:
+        raise invalid("query.column", "no such column in the CSV header")
+    idx = names.index(column)
+    stats = UploadStats()
+    batch: list[float] = []
+    first_row = 1
+    row_number = 0
+
+    def row_at(i: int) -> str:
+        return f"row {i}"
+
+    try:
+        for row_number, row in enumerate(reader, start=1):
+            if not row:
+                continue
+            if idx >= len(row):
+                raise _bad(f"row {row_number}: missing cell")
+            text = row[idx].strip()
+            if not text:
+                if skip_missing:
+                    stats.skipped += 1
+                    continue
+                raise _bad(f"row {row_number}: empty cell (use ?missing=skip to skip them)")
+            try:
+                value = float(text)
+            except ValueError:
+                raise _bad(f"row {row_number}: not a number") from None
+            if not math.isfinite(value):
+                raise _bad(f"row {row_number}: not a finite number")
+            if not batch:
+                first_row = row_number
+            batch.append(value)
+            if len(batch) >= BATCH_VALUES:
+                sink.add(np.asarray(batch, dtype=np.float64), first_row, row_at)
+                batch.clear()
+    except csv.Error:
+        raise _bad(f"row {row_number + 1}: malformed CSV") from None
+    if batch:
+        sink.add(np.asarray(batch, dtype=np.float64), first_row, row_at)
+    return stats
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def spool(chunks: Iterable[bytes], file: IO[bytes]) -> int:
+    """Copy the body to ``file``; returns its length."""
+    size = 0
+    for chunk in chunks:
+        file.write(chunk)
+        size += len(chunk)
+    file.flush()
+    return size
+
+
+def read_parquet(
+    chunks: Iterable[bytes], sink: ValueSink, *, column: str, skip_missing: bool
+) -> UploadStats:
+    """One numeric column of a Parquet file, read one record batch at a time.
+
+    Row r counts records from 1. Nulls are an error naming their row unless
+    ``skip_missing``, which skips and counts them.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stats = UploadStats()
+    with tempfile.TemporaryFile(prefix="dpquant-upload-") as file:
+        if spool(chunks, file) == 0:
+            raise _bad("the upload is empty")
+        file.seek(0)
+        try:
+            parquet = pq.ParquetFile(file)
+            schema = parquet.schema_arrow
+        except (pa.ArrowException, OSError, ValueError):
+            raise _bad("not a valid Parquet file") from None
+        if column not in schema.names:
+            raise invalid("query.column", "no such column in the Parquet schema")
+        if len(schema.get_all_field_indices(column)) != 1:
+            raise invalid("query.column", "names several columns of the Parquet schema")
+        kind = schema.field(column).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            raise invalid("query.column", "is not an integer or floating-point column")
+        row = 1
+        try:
+            for batch in parquet.iter_batches(batch_size=BATCH_VALUES, columns=[column]):
+                array = batch.column(0)
+                values = array.to_numpy(zero_copy_only=False).astype(np.float64)
+                if array.null_count:
+                    nulls = array.is_null().to_numpy(zero_copy_only=False)
+                    if not skip_missing:
+                        first = row + int(np.argmax(nulls))
+                        raise _bad(f"row {first}: missing value (use ?missing=skip to skip them)")
+                    bad = ~np.isfinite(values) & ~nulls
+                    if bad.any():
+                        raise _bad(f"row {row + int(np.argmax(bad))}: not a finite number")
+                    stats.skipped += int(array.null_count)
+                    values = values[~nulls]
+                sink.add(values, row, lambda i: f"row {i}")
+                row += len(array)
+        except (pa.ArrowException, OSError):
+            raise _bad(f"row {row}: unreadable Parquet data") from None
+    return stats
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def read_values(
+    chunks: Iterable[bytes],
+    sink: ValueSink,
+    *,
+    media_type: str,
+    column: str | None,
+    skip_missing: bool,
+) -> UploadStats:
+    """Read one upload in any supported format into ``sink``."""
+    if media_type == MEDIA_OCTET:
+        return read_octet(chunks, sink)
+    if media_type == MEDIA_JSON:
+        return read_json(chunks, sink)
+    if media_type == MEDIA_CSV:
+        assert column is not None
+        return read_csv(chunks, sink, column=column, skip_missing=skip_missing)
+    if media_type == MEDIA_PARQUET:
+        assert column is not None
+        return read_parquet(chunks, sink, column=column, skip_missing=skip_missing)
+    raise unsupported(VALUE_MEDIA_TYPES)
+
+
+# --------------------------------------------------------------------------- histograms
+
+
+def _check_pairs(
+    cells: NDArray[np.int64], counts: NDArray[np.int64], first: int, k_max: int
+) -> None:
+    bad = (cells < 0) | (cells > k_max)
+    if bad.any():
+        raise _bad(f"pair {first + int(np.argmax(bad))}: cell outside the grid [0, {k_max}]")
+    bad = counts < 1
+    if bad.any():
+        raise _bad(f"pair {first + int(np.argmax(bad))}: count must be at least 1")
+
+
+class PairSink:
+    """Validates (cell, count) pairs and adds them to a builder, enforcing the value limit."""
+
+    def __init__(self, builder: HistogramBuilder, *, max_values: int) -> None:
+        self.builder = builder
+        self.max_values = max_values
+        self.pairs = 0
+
+    def add(self, cells: NDArray[np.int64], counts: NDArray[np.int64]) -> None:
+        _check_pairs(cells, counts, self.pairs, self.builder.k_max)
+        # counts >= 1 and each <= 2^63 - 1: compare before summing to avoid overflow
+        if int(counts.max(initial=0)) > self.max_values or (
+            self.builder.n + int(counts.sum(dtype=np.float64)) > self.max_values
+        ):
+            raise too_many_values(self.max_values)
+        self.builder.add_pairs(cells, counts)
+        self.pairs += int(cells.size)
+
+
+def read_histogram_octet(chunks: Iterable[bytes], sink: PairSink) -> None:
+    """Little-endian int64 pairs ``(cell, count)``, 16 bytes each; pair i counts from 0."""
+    carry = b""
+    seen = False
+    for block in blocks(chunks):
+        seen = True
+        data = carry + block if carry else block
+        usable = len(data) - len(data) % 16
+        carry = data[usable:]
+        if usable:
+            pairs = np.frombuffer(data, dtype="<i8", count=usable // 8).reshape(-1, 2)
+            sink.add(pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64))
+    if not seen:
+        raise _bad("the upload is empty")
+    if carry:
+        raise _bad("octet-stream length must be a multiple of 16 (int64 cell, int64 count)")
+
+
+def read_histogram_json(body: bytes, sink: PairSink) -> None:
+    """``{"cells": [...], "counts": [...]}`` of equal length, integers only."""
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise _bad("malformed JSON") from None
+    if not isinstance(data, dict) or set(data) != {"cells", "counts"}:
+        raise _bad('expected {"cells": [...], "counts": [...]}')
+    arrays = []
+    for name in ("cells", "counts"):
+        items = data[name]
+        if not isinstance(items, list):
+            raise invalid(f"body.{name}", "expected an array of integers")
+        for i, v in enumerate(items):
+            if type(v) is not int or not -(2**63) <= v < 2**63:
+                raise invalid(f"body.{name}", f"index {i}: not a 64-bit integer")
+        arrays.append(np.asarray(items, dtype=np.int64))
+    if arrays[0].size != arrays[1].size:
+        raise invalid("body.counts", "must have as many entries as body.cells")
+    if arrays[0].size == 0:
+        raise _bad("the histogram is empty")
+    sink.add(arrays[0], arrays[1])

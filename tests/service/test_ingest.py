@@ -1,0 +1,199 @@
+"""Issue 9 item 5: ``dpquant ingest`` with the local (pyarrow) and the Spark engine.
+
+Spark runs in local mode, started once for this module (a JVM start takes ~20 s). The
+cross-engine tests prove that Spark SQL's double arithmetic computes bit-identical cells to
+:func:`app.datasets.grid.cell_of`, on inputs chosen to sit on rounding edges.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+
+from app import cli
+from app.datasets.grid import cell_of
+from app.ingest import core
+from app.ingest.core import Grid
+
+from .conftest import ADMIN, ADMIN_KEY, Api
+
+GRIDS = [Grid(0.0, 100.0, 1e-4), Grid(-3.3, 7.7, 1.1), Grid(-1e6, 1e6, 0.3), Grid(0.1, 0.7, 0.1)]
+
+
+def edge_values(grid: Grid, n: int, seed: int) -> np.ndarray:
+    """Uniform values, exact half-steps and their neighbouring doubles, bounds, outliers."""
+    rng = np.random.default_rng(seed)
+    span = grid.upper - grid.lower
+    k = rng.integers(0, grid.k_max + 1, n // 4)
+    half = grid.lower + (k + 0.5) * grid.granularity
+    parts = [
+        rng.uniform(grid.lower - 0.1 * span, grid.upper + 0.1 * span, n // 2),
+        half,
+        np.nextafter(half, np.inf),
+        np.nextafter(half, -np.inf),
+        [grid.lower, grid.upper, np.nextafter(grid.upper, np.inf), -1e300, 1e300, -0.0],
+    ]
+    return np.concatenate(parts)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    if shutil.which("java") is None:  # pragma: no cover - Java 17 is on CI machines
+        pytest.skip("Spark needs a Java runtime")
+    from app.ingest.spark import session
+
+    s = session("local[2]")
+    s.sparkContext.setLogLevel("OFF")
+    yield s
+    s.stop()
+
+
+def write_parquet_dir(root: Path, values: np.ndarray, parts: int = 3) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(np.array_split(values, parts)):
+        mask = np.zeros(part.size, bool)
+        mask[::97] = True  # some nulls
+        pq.write_table(
+            pa.table({"x": pa.array(part, mask=mask), "id": np.arange(part.size)}),
+            root / f"part-{i:05d}.parquet",
+            row_group_size=5000,
+        )
+    (root / "_SUCCESS").write_text("")
+    return root
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{g.lower}:{g.upper}:{g.granularity}")
+def test_local_and_spark_engines_give_identical_histograms(
+    spark: Any, tmp_path: Path, grid: Grid
+) -> None:
+    from app.ingest.spark import count_spark
+
+    values = edge_values(grid, 40_000, seed=11)
+    kind, files = core.expand_paths([str(write_parquet_dir(tmp_path / "data", values))])
+    assert kind == "parquet" and len(files) == 3
+    local = core.count_local(kind, files, "x", grid)
+    remote = count_spark(spark, kind, files, "x", grid)
+    np.testing.assert_array_equal(local.cells, remote.cells)
+    np.testing.assert_array_equal(local.counts, remote.counts)
+    assert (local.n, local.n_outside, local.skipped) == (
+        remote.n,
+        remote.n_outside,
+        remote.skipped,
+    )
+    # and both equal the server's own map on the non-null values
+    kept = np.concatenate([p[np.arange(p.size) % 97 != 0] for p in np.array_split(values, 3)])
+    cells, counts = np.unique(
+        cell_of(kept, grid.lower, grid.upper, grid.granularity), return_counts=True
+    )
+    np.testing.assert_array_equal(local.cells, cells)
+    np.testing.assert_array_equal(local.counts, counts)
+    assert local.n == kept.size
+    assert local.n_outside == int(np.sum((kept < grid.lower) | (kept > grid.upper)))
+
+
+def test_csv_files_give_the_same_histogram_in_both_engines(spark: Any, tmp_path: Path) -> None:
+    from app.ingest.spark import count_spark
+
+    grid = Grid(0.0, 10.0, 0.5)
+    values = edge_values(grid, 2_000, seed=3)
+    lines = ["id,x"] + [f"{i},{v!r}" if i % 50 else f"{i}," for i, v in enumerate(values.tolist())]
+    (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
+    kind, files = core.expand_paths([str(tmp_path / "a.csv")])
+    local = core.count_local(kind, files, "x", grid)
+    remote = count_spark(spark, kind, files, "x", grid)
+    np.testing.assert_array_equal(local.cells, remote.cells)
+    np.testing.assert_array_equal(local.counts, remote.counts)
+    assert local.skipped == remote.skipped == len(range(0, values.size, 50))
+
+
+@pytest.fixture
+def in_process(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Route the CLI's HTTP client to the in-process app; records the request paths."""
+    seen: list[str] = []
+
+    class Client:
+        def __init__(self, server: str, api_key: str) -> None:
+            self.headers = {"Authorization": f"Bearer {api_key}"}
+
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def get(self, path: str) -> Any:
+            seen.append("GET " + path)
+            return client.get(path, headers=self.headers)
+
+        def put(self, path: str, **kw: Any) -> Any:
+            seen.append("PUT " + path + " " + kw["headers"]["content-type"])
+            return client.put(path, headers=self.headers | kw.pop("headers"), **kw)
+
+    monkeypatch.setattr(core, "make_client", Client)
+    monkeypatch.setenv("DPQUANT_API_KEY", ADMIN_KEY)
+    return seen
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_ingest_command_uploads_counts_only(
+    engine: str,
+    spark: Any,
+    api: Api,
+    client: TestClient,
+    tmp_path: Path,
+    in_process: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ds = api.dataset(lower=0.0, upper=100.0, epsilon="1")
+    values = np.random.default_rng(5).normal(50, 30, 30_000)
+    data = write_parquet_dir(tmp_path / "d", values)
+    argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ds["id"]]
+    argv += ["--column", "x", "--engine", engine, str(data)]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    assert in_process == [
+        f"GET /v1/datasets/{ds['id']}",
+        f"PUT /v1/datasets/{ds['id']}/histogram application/octet-stream",
+    ]
+    view = client.get(f"/v1/datasets/{ds['id']}", headers=ADMIN).json()
+    kept = np.concatenate([p[np.arange(p.size) % 97 != 0] for p in np.array_split(values, 3)])
+    assert view["n"] == kept.size
+    assert view["values_skipped"] == values.size - kept.size
+    assert view["n_outside_bounds"] == int(np.sum((kept < 0) | (kept > 100)))
+    assert api.query(ds["id"]).status_code == 201
+
+
+def test_ingest_reports_problems_without_values(
+    spark: Any,
+    tmp_path: Path,
+    in_process: list[str],
+    api: Api,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ds = api.dataset()
+    pq.write_table(pa.table({"x": [1.0, float("nan")]}), tmp_path / "bad.parquet")
+    argv = ["ingest", "--server", "http://x", "--dataset", ds["id"], "--column"]
+    assert cli.main([*argv, "x", str(tmp_path / "bad.parquet")]) == 2
+    assert "NaN or infinite" in capsys.readouterr().err
+    assert cli.main([*argv, "y", str(tmp_path / "bad.parquet")]) == 2
+    assert "no column 'y'" in capsys.readouterr().err
+    assert cli.main([*argv, "x", str(tmp_path / "missing")]) == 2
+    (tmp_path / "text.csv").write_text("x\n1\nsecret-abc\n")
+    for engine in ("local", "spark"):
+        spark.sparkContext.setLogLevel("ERROR")  # the CLI must turn it off again
+        assert cli.main([*argv, "x", "--engine", engine, str(tmp_path / "text.csv")]) == 2
+        err = capsys.readouterr().err
+        assert "secret-abc" not in err and "error:" in err
+    assert cli.main([*argv, "x", "hdfs://nn/data"]) == 2
+    assert "remote paths need --engine spark" in capsys.readouterr().err
+    assert core.expand_paths(["s3a://b/x.csv"], allow_uris=True) == ("csv", ["s3a://b/x.csv"])
+    assert cli.main(["ingest", "--server", "http://x", "--dataset", "nope", "--column", "x",
+                     str(tmp_path / "bad.parquet")]) == 2  # fmt: skip
+    assert "HTTP 422" in capsys.readouterr().err
