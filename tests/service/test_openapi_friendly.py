@@ -25,9 +25,17 @@ def test_every_request_body_has_one_content_type() -> None:
     for path, method, op in operations():
         if "requestBody" in op:
             assert len(op["requestBody"]["content"]) == 1, (method, path)
-    upload = DOC["paths"]["/v1/datasets/{dataset_id}/values"]["put"]["requestBody"]
-    assert list(upload["content"]) == ["application/json"]
-    assert upload["x-also-accepts"] == ["text/csv", "application/octet-stream"]
+    for method in ("put", "post"):  # replace and append
+        upload = DOC["paths"]["/v1/datasets/{dataset_id}/values"][method]["requestBody"]
+        assert list(upload["content"]) == ["application/json"]
+        assert upload["x-also-accepts"] == [
+            "text/csv",
+            "application/octet-stream",
+            "application/vnd.apache.parquet",
+        ]
+    histogram = DOC["paths"]["/v1/datasets/{dataset_id}/histogram"]["put"]["requestBody"]
+    assert list(histogram["content"]) == ["application/json"]
+    assert histogram["x-also-accepts"] == ["application/octet-stream"]
 
 
 def test_method_and_error_type_are_enums() -> None:
