@@ -1,21 +1,28 @@
-"""Numba kernels for JointExp's forward rows and backward draws.
+"""Numba kernels for JointExp's forward rows and backward draws over uneven positions.
 
-Index ``i`` runs over the ``n + 1`` intervals between sorted clamped points; ``T`` is the
-previous row summed over repeat counts; ``c = epsilon / (2 * sensitivity)``; the transition
-weight from ``i'`` to ``i > i'`` for quantile gap ``nj`` is ``r ** |i - i' - nj|`` with
-``r = exp(-c)``. Writing ``L = floor(nj)`` and ``f = nj - L``:
+Index ``i`` runs over the d + 1 intervals between distinct clamped values; ``P[i]`` is the
+position of interval i (the number of data points <= any output in it; strictly increasing
+integers); ``T`` is the previous row summed over repeat counts; ``c = epsilon / (2 * Δ)``,
+``r = exp(-c)``. The transition weight from ``i'`` to ``i > i'`` for quantile gap ``nj`` is
+``r ** |D - nj|`` with ``D = P[i] - P[i']`` (an integer >= 1). Writing ``L = floor(nj)``,
+``f = nj - L``:
 
-* ``d = i - i'`` in ``[1, L]``: weight ``r**f * r**(L - d)`` (rising part, a window of length L);
-* ``d >= L + 1``:             weight ``r**(1 - f) * r**(d - L - 1)`` (a causal geometric filter).
+* near part, ``1 <= D <= L``: weight ``r**f * r**(L - D)``;
+* far part,  ``D >= L + 1``:  weight ``r**(1 - f) * r**(D - L - 1)``.
 
-The window sums ``W(t) = sum_{e<L} T(t + e) r**e`` are formed van Herk / Gil-Werman style from a
-suffix sum inside t's block of length L plus a prefix sum inside the next block, so every sum
-adds non-negative terms only: there is no subtraction and hence no cancellation. The same
-recursions run in linear space (rows max-normalised) and in log space (``_log`` variants,
-exact for any dynamic range).
+For output i let ``t(i)`` be the last i' with ``P[i'] <= P[i] - L - 1`` (monotone in i).
+The far part is ``r**(1-f) * G(t) * r**(P[i] - P[t] - L - 1)`` with the causal geometric
+recursion ``G(t) = T[t] + r**(P[t] - P[t-1]) G(t-1)``. The near part is a window sum over
+``i' in (t(i), i)`` whose two ends only move forward: it is kept as a two-stack queue (the
+front holds suffix sums ``SA[k] = sum_{u=k}^{B-1} T[u] r**(P[u] - P[k])``, recomputed when
+the front empties; the back a running sum relative to ``P[B]``), so every element enters one
+suffix recomputation at most once: O(d) per row, O(1) amortised per output. Every sum adds
+non-negative terms only (no subtraction, no cancellation), and every partial sum carries a
+factor no smaller than the one it finally gets, so a term can only underflow if its final
+contribution is below the smallest normal double (times the row scale).
 
-``pw[e] = exp(-c e)`` (and ``lpw[e] = -c e``) is a table of exact powers; entries past its end
-are zero (they underflow a double).
+``pw[e] = exp(-c e)`` is a table of exact powers for integer ``e``; entries past its end are
+zero (they underflow a double). The ``_log`` variants run the same recursions in log space.
 """
 
 from __future__ import annotations
@@ -56,79 +63,81 @@ def transition_linear(
     lo: int,
     scale: float,
     w: np.ndarray,
+    P: np.ndarray,
     nj: float,
     c: float,
     pw: np.ndarray,
-    P: np.ndarray,
+    SA: np.ndarray,
     S: np.ndarray,
 ) -> tuple[int, float]:
     """Single-copy transition in linear space over a row stored from global index ``lo``.
 
-    ``T[u]`` is the previous row (summed over repeats) at global index ``lo + u`` and is zero
-    outside. Writes ``S[v] = w[lo + v] * scale * sum_{u < v} T[u] r**|v - u - nj|`` for
-    ``v = 0, 1, ...`` and returns ``(count, max)``: entries from ``count`` on are exactly zero
-    (the geometric tail has underflowed to 0.0, as the dense loop would also find), so the
-    loop stops there. ``P`` is scratch of at least ``T.size`` entries; ``S`` must hold up to
-    ``n + 1 - lo`` entries. Only non-negative terms are ever added.
+    ``T[u]`` is the previous row (summed over repeats) at global index ``lo + u``, zero
+    outside. Writes ``S[v] = w[lo + v] * scale * sum_{u < v} T[u] r**|P[lo+v] - P[lo+u] - nj|``
+    for ``v = 0, 1, ...`` and returns ``(count, max)``: entries from ``count`` on are exactly
+    zero (the far tail has underflowed to 0.0), so the loop stops there. ``SA`` is scratch of
+    at least ``T.size`` entries; ``S`` holds up to ``d + 1 - lo`` entries.
     """
     nT = T.size
     n_out = min(S.size, w.size - lo)
     L = int(math.floor(nj))
     f = nj - L
-    r = math.exp(-c)
     r_f = math.exp(-c * f)
     r_1mf = math.exp(-c * (1.0 - f))
-    if L >= 1:
-        # P[t] = sum_{u = t}^{end of t's block} T[u] r**(u - t); blocks [bL, (b+1)L).
-        bt = (nT - 1) % L
-        acc = 0.0
-        for t in range(nT - 1, -1, -1):
-            acc = T[t] if bt == L - 1 or t == nT - 1 else T[t] + r * acc
-            P[t] = acc
-            bt = L - 1 if bt == 0 else bt - 1
     top = 0.0
-    C = 0.0  # C(tb) = sum_{u <= tb} T[u] r**(tb - u), tb = v - L - 1
-    Q = 0.0  # Q(u) = sum_{u' = block start}^{u} T[u'] r**(u' - block start), u = v - 1
-    bq = 0  # (v - 1) mod L
-    bt = 0  # (v - L) mod L once v >= L
+    t = -1  # far pointer (local index)
+    G = 0.0
+    B = 0  # first index of the back stack; front = [wl, B)
+    BA = 0.0  # sum_{u=B}^{wh} T[u] r**(P[u] - P[B])
+    wh = -1  # last index in the window
     S[0] = 0.0
     count = 1
     for v in range(1, n_out):
+        pv = P[lo + v]
+        u = v - 1
+        if u < nT:  # u joins the back of the window
+            BA += T[u] * _pw(pw, P[lo + u] - P[lo + B]) if u >= B else 0.0
+            if u < B:
+                B = u
+                BA = T[u]
+            wh = u
+        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+            t += 1
+            G = T[t] + (_pw(pw, P[lo + t] - P[lo + t - 1]) * G if t > 0 else 0.0)
         a = 0.0
-        if L >= 1 and v <= nT - 1 + L:
-            u = v - 1
-            tu = T[u] if u < nT else 0.0
-            if bq == 0:
-                Q = tu
-            else:
-                Q += tu * _pw(pw, bq)
-            bq = 0 if bq == L - 1 else bq + 1
-            t = v - L
-            if t >= 0:
-                W = P[t] if bt == 0 else P[t] + _pw(pw, L - bt) * Q
-                bt = 0 if bt == L - 1 else bt + 1
-            else:
-                W = _pw(pw, -t) * Q
-            a = r_f * W
-        tb = v - L - 1
-        if tb >= 0:
-            C = (T[tb] if tb < nT else 0.0) + r * C
-            a += r_1mf * C
+        wl = t + 1
+        if wl <= wh:
+            if wl >= B:  # front empty: rebuild suffix sums over [wl, wh]
+                acc = T[wh]
+                SA[wh] = acc
+                for k in range(wh - 1, wl - 1, -1):
+                    acc = T[k] + _pw(pw, P[lo + k + 1] - P[lo + k]) * acc
+                    SA[k] = acc
+                B = wh + 1
+                BA = 0.0
+            agg = SA[wl]
+            if BA > 0.0:
+                agg += _pw(pw, P[lo + B] - P[lo + wl]) * BA
+            a = r_f * _pw(pw, L - (pv - P[lo + wl])) * agg
+        far = 0.0
+        if t >= 0:
+            far = r_1mf * G * _pw(pw, pv - P[lo + t] - L - 1)
+            a += far
         val = w[lo + v] * (scale * a)
         S[v] = val
         if val > top:
             top = val
         count = v + 1
-        if tb >= nT - 1 and C == 0.0:
+        if t == nT - 1 and far == 0.0:
             break  # window past the row and the geometric tail is exactly zero
     return count, top
 
 
 @numba.njit(cache=True, nogil=True)
-def first_row_log(logw: np.ndarray, n1: float, c: float, out: np.ndarray) -> None:
-    """out[i] = log(w_i) - c |i - n1|  (log of alpha(1, i, 1) up to a constant)."""
+def first_row_log(logw: np.ndarray, P: np.ndarray, n1: float, c: float, out: np.ndarray) -> None:
+    """out[i] = log(w_i) - c |P[i] - n1|  (log of alpha(1, i, 1) up to a constant)."""
     for i in range(logw.size):
-        out[i] = logw[i] - c * abs(i - n1)
+        out[i] = logw[i] - c * abs(P[i] - n1)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -153,63 +162,71 @@ def transition_log(
     lo: int,
     logw: np.ndarray,
     suf_logw: np.ndarray,
+    P: np.ndarray,
     nj: float,
     c: float,
     keep: float,
-    lP: np.ndarray,
+    lSA: np.ndarray,
     lS: np.ndarray,
 ) -> tuple[int, float]:
     """Log-space twin of :func:`transition_linear` (exact for any dynamic range).
 
-    ``lT`` holds log weights at global indices ``lo + u`` (``-inf`` outside). Writes
-    ``lS[v] = logw[lo + v] + log sum_{u < v} exp(lT[u]) r**|v - u - nj|`` and returns
-    ``(count, max)``. Once the window has passed the row, values only fall (by ``c`` per step,
-    times the widths ahead, bounded by ``suf_logw``, the suffix maximum of ``logw``); the loop
-    stops when none of them can come within ``keep`` of the running maximum.
+    Writes ``lS[v] = logw[lo + v] + log sum_{u < v} exp(lT[u]) r**|P[lo+v] - P[lo+u] - nj|``
+    and returns ``(count, max)``. Once the window has passed the row, values only fall (by at
+    least ``c`` per position, times the widths ahead, bounded by ``suf_logw``, the suffix
+    maximum of ``logw``); the loop stops when none can come within ``keep`` of the maximum.
     """
     nT = lT.size
     n_out = min(lS.size, logw.size - lo)
     L = int(math.floor(nj))
     f = nj - L
     lr = -c
-    if L >= 1:
-        bt = (nT - 1) % L
-        acc = NEG_INF
-        for t in range(nT - 1, -1, -1):
-            acc = lT[t] if bt == L - 1 or t == nT - 1 else _lae(lT[t], lr + acc)
-            lP[t] = acc
-            bt = L - 1 if bt == 0 else bt - 1
     top = NEG_INF
-    lC = NEG_INF
-    lQ = NEG_INF
-    bq = 0
-    bt = 0
+    t = -1
+    lG = NEG_INF
+    B = 0
+    lBA = NEG_INF
+    wh = -1
     lS[0] = NEG_INF
     count = 1
     for v in range(1, n_out):
-        a = NEG_INF
-        if L >= 1 and v <= nT - 1 + L:
-            u = v - 1
-            tu = lT[u] if u < nT else NEG_INF
-            lQ = tu if bq == 0 else _lae(lQ, tu + lr * bq)
-            bq = 0 if bq == L - 1 else bq + 1
-            t = v - L
-            if t >= 0:
-                lW = lP[t] if bt == 0 else _lae(lP[t], lr * (L - bt) + lQ)
-                bt = 0 if bt == L - 1 else bt + 1
+        pv = P[lo + v]
+        u = v - 1
+        if u < nT:
+            if u >= B:
+                lBA = _lae(lBA, lT[u] + lr * (P[lo + u] - P[lo + B]))
             else:
-                lW = lr * (-t) + lQ
-            a = lr * f + lW
-        tb = v - L - 1
-        if tb >= 0:
-            lC = _lae(lT[tb] if tb < nT else NEG_INF, lr + lC)
-            a = _lae(a, lr * (1.0 - f) + lC)
+                B = u
+                lBA = lT[u]
+            wh = u
+        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+            t += 1
+            lG = _lae(lT[t], lr * (P[lo + t] - P[lo + t - 1]) + lG) if t > 0 else lT[t]
+        a = NEG_INF
+        wl = t + 1
+        if wl <= wh:
+            if wl >= B:
+                acc = lT[wh]
+                lSA[wh] = acc
+                for k in range(wh - 1, wl - 1, -1):
+                    acc = _lae(lT[k], lr * (P[lo + k + 1] - P[lo + k]) + acc)
+                    lSA[k] = acc
+                B = wh + 1
+                lBA = NEG_INF
+            agg = lSA[wl]
+            if lBA > NEG_INF:
+                agg = _lae(agg, lr * (P[lo + B] - P[lo + wl]) + lBA)
+            a = lr * f + lr * (L - (pv - P[lo + wl])) + agg
+        lfar = NEG_INF
+        if t >= 0:
+            lfar = lr * (1.0 - f) + lG + lr * (pv - P[lo + t] - L - 1)
+            a = _lae(a, lfar)
         val = logw[lo + v] + a
         lS[v] = val
         if val > top:
             top = val
         count = v + 1
-        if tb >= nT - 1 and lr * (1.0 - f) + lC + suf_logw[lo + v] < top - keep:
+        if t == nT - 1 and lfar + suf_logw[lo + v] < top - keep:
             break
     return count, top
 
@@ -223,20 +240,21 @@ def step_weights_linear(
     lo: int,
     nlev: int,
     count: int,
-    d_ref: int,
+    pos_ref: int,
+    P: np.ndarray,
     nj: float,
     c: float,
     pw: np.ndarray,
     out: np.ndarray,
 ) -> float:
-    """out[k * count + v] = levels[k, v] * r**|d_ref - (lo + v) - nj| for v < count; max."""
+    """out[k * count + v] = levels[k, v] * r**|pos_ref - P[lo + v] - nj| for v < count; max."""
     L = int(math.floor(nj))
     f = nj - L
     r_f = math.exp(-c * f)
     r_1mf = math.exp(-c * (1.0 - f))
     top = 0.0
     for v in range(count):
-        d = d_ref - (lo + v)
+        d = pos_ref - P[lo + v]
         kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pw, d - L - 1)
         for k in range(nlev):
             x = levels[k, v] * kern
@@ -252,15 +270,16 @@ def step_weights_log(
     lo: int,
     nlev: int,
     count: int,
-    d_ref: int,
+    pos_ref: int,
+    P: np.ndarray,
     nj: float,
     c: float,
     out: np.ndarray,
 ) -> None:
-    """Max-normalised exp(llevels[k, v] - c|d_ref - (lo + v) - nj| - max) for v < count."""
+    """Max-normalised exp(llevels[k, v] - c|pos_ref - P[lo + v] - nj| - max) for v < count."""
     top = NEG_INF
     for v in range(count):
-        lk = -c * abs(d_ref - (lo + v) - nj)
+        lk = -c * abs(pos_ref - P[lo + v] - nj)
         for k in range(nlev):
             x = llevels[k, v] + lk
             out[k * count + v] = x

@@ -44,15 +44,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from app.mechanisms import _jointexp_kernels as K
-from app.mechanisms.base import (
-    FloatArray,
-    Mechanism,
-    PrivacyNotion,
-    _inverse_cdf_pick,
-    make_rng,
-    prepare,
-    uniform_in_intervals,
-)
+from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.rng import make_rng
+from app.mechanisms.sampling import inverse_cdf_pick
+from app.mechanisms.validation import FloatArray, IntArray
 
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
 GUARD = 2.0**-100  # linear-space rows whose max falls below this trigger the log-space pass
@@ -114,6 +110,7 @@ class _Forward:
     def __init__(
         self,
         logw: FloatArray,
+        pos: IntArray,
         gaps: FloatArray,
         c: float,
         *,
@@ -122,6 +119,7 @@ class _Forward:
         keep: float = LOG_KEEP,
     ) -> None:
         self.logw = logw
+        self.pos = pos
         self.keep = keep
         # suffix maxima of the log widths bound the log pass's geometric tails (log pass only)
         self.suf_logw = np.maximum.accumulate(logw[::-1])[::-1].copy() if log_space else logw
@@ -131,7 +129,7 @@ class _Forward:
         self.m = gaps.size - 1
         self.n1 = logw.size
         self.w = np.exp(logw)  # normalised widths, max 1; zero-width intervals are 0
-        pw_len = int(min(self.n1 + 2, math.ceil(750.0 / c) + 2))
+        pw_len = int(min(int(pos[-1]) + 2, math.ceil(750.0 / c) + 2))
         self.pw = np.exp(-c * np.arange(max(pw_len, 2), dtype=np.float64))
         self.budget = budget
         self.block = max(1, math.isqrt(self.m - 1) + 1)  # ~sqrt(m) rows per checkpoint block
@@ -144,7 +142,7 @@ class _Forward:
 
     def first(self) -> _Row:
         lrow = np.empty(self.n1)
-        K.first_row_log(self.logw, float(self.gaps[0]), self.c, lrow)
+        K.first_row_log(self.logw, self.pos, float(self.gaps[0]), self.c, lrow)
         if self.log_space:
             lrow -= lrow.max()
             a, b = _span(lrow >= -self.keep)
@@ -168,7 +166,7 @@ class _Forward:
         tail = n_t + math.floor(nj) + math.ceil((math.log(n_t + 1.0) + 746.0) / self.c) + 4
         s = np.empty(min(self.n1 - prev.lo, tail))
         count, top = K.transition_linear(
-            total, prev.lo, scale, self.w, nj, self.c, self.pw, np.empty(n_t), s
+            total, prev.lo, scale, self.w, self.pos, nj, self.c, self.pw, np.empty(n_t), s
         )
         lev1 = s[:count]
         stay = math.exp(-self.c * nj) * scale  # r^{n_j}, in units of the previous row's max
@@ -214,6 +212,7 @@ class _Forward:
             prev.lo,
             self.logw,
             self.suf_logw,
+            self.pos,
             nj,
             self.c,
             self.keep,
@@ -305,38 +304,43 @@ def _draw_block(
     fwd: _Forward,
     j: int,
     i_end: int,
-    d_ref: int,
+    pos_ref: int,
     nj: float,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """Draw (i, k) ∝ alpha(j, i, k) r^|d_ref - i - nj| over i < i_end; k is 1-based."""
+    """Draw (i, k) ∝ alpha(j, i, k) r^|pos_ref - P[i] - nj| over i < i_end; k is 1-based."""
     row = fwd.get(j)
     count = min(row.levels.shape[1], i_end - row.lo)
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.levels.shape[0], j)
     buf = np.empty(nlev * count)
+    pos = fwd.pos
     if fwd.log_space:
-        K.step_weights_log(row.levels, row.lo, nlev, count, d_ref, nj, fwd.c, buf)
+        K.step_weights_log(row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
     else:
-        top = K.step_weights_linear(row.levels, row.lo, nlev, count, d_ref, nj, fwd.c, fwd.pw, buf)
+        top = K.step_weights_linear(
+            row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.pw, buf
+        )
         if not top >= GUARD * row.top:
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row (its entries are exact to 2^-1022 of its max).
             lrow = np.empty_like(row.levels)
             K.log_of(row.levels.reshape(-1), lrow.reshape(-1))
-            K.step_weights_log(lrow, row.lo, nlev, count, d_ref, nj, fwd.c, buf)
-    pick = int(_inverse_cdf_pick(buf, rng.random()))
+            K.step_weights_log(lrow, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+    pick = int(inverse_cdf_pick(buf, rng.random()))
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick % count, pick // count + 1
 
 
-def _run_log_space(logw: FloatArray, gaps: FloatArray, c: float, budget: int) -> _Forward:
+def _run_log_space(
+    logw: FloatArray, pos: IntArray, gaps: FloatArray, c: float, budget: int
+) -> _Forward:
     """Forward pass in log space, widening the kept range until no row outruns it."""
     keep = LOG_KEEP
     while True:
-        fwd = _Forward(logw, gaps, c, log_space=True, budget=budget, keep=keep)
+        fwd = _Forward(logw, pos, gaps, c, log_space=True, budget=budget, keep=keep)
         try:
             fwd.run()
             return fwd
@@ -346,18 +350,21 @@ def _run_log_space(logw: FloatArray, gaps: FloatArray, c: float, budget: int) ->
 
 def sample_interval_sequence(
     logw: FloatArray,
+    pos: IntArray,
     gaps: FloatArray,
     c: float,
     rng: np.random.Generator,
     *,
     force_log_space: bool = False,
     budget: int = MEMORY_BUDGET_BYTES,
-) -> NDArray[np.int64]:
+) -> IntArray:
     """Exact draw of the nondecreasing interval sequence (i_1..i_m) of JointExp.
 
     Args:
-        logw: log of the n + 1 interval widths (``-inf`` for zero width); any constant shift
-            is irrelevant (the distribution is invariant to the width scale).
+        logw: log of the d + 1 interval weights (widths, or numbers of grid points; ``-inf``
+            for zero); any constant shift is irrelevant.
+        pos: the d + 1 interval positions (strictly increasing; ``pos[0] = 0``,
+            ``pos[-1] = n``).
         gaps: n_1..n_{m+1}.
         c: eps / (2 Δ).
         rng: the generator supplying uniforms (one per sampled block).
@@ -365,24 +372,38 @@ def sample_interval_sequence(
         budget: bytes of forward rows kept before checkpointing starts.
     """
     logw = logw - float(np.max(logw))
-    n = logw.size - 1
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    d1 = logw.size
     m = gaps.size - 1
     if force_log_space:
-        fwd = _run_log_space(logw, gaps, c, budget)
+        fwd = _run_log_space(logw, pos, gaps, c, budget)
     else:
-        fwd = _Forward(logw, gaps, c, log_space=False, budget=budget)
+        fwd = _Forward(logw, pos, gaps, c, log_space=False, budget=budget)
         try:
             fwd.run()
         except _LinearGuardTripped:
-            fwd = _run_log_space(logw, gaps, c, budget)
+            fwd = _run_log_space(logw, pos, gaps, c, budget)
     seq = np.empty(m, dtype=np.int64)
-    j, i_end, d_ref = m, n + 1, n
+    j, i_end, pos_ref = m, d1, int(pos[-1])
     while j > 0:
-        i, k = _draw_block(fwd, j, i_end, d_ref, float(gaps[j]), rng)
+        i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
         seq[j - k : j] = i
         j -= k
-        i_end, d_ref = i, i
+        i_end, pos_ref = i, int(pos[i])
     return seq
+
+
+def jointexp_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
+    """JointExp on a prepared support: interval sequence by the exact DP, then the points.
+
+    O(m d) time in the common case (d distinct values), O(d sqrt(m)) memory at worst.
+    """
+    c = sup.epsilon / (2.0 * jointexp_sensitivity(sup.quantiles, sup.neighbors))
+    widths = sup.widths
+    with np.errstate(divide="ignore"):
+        logw = np.log(widths / widths.max())
+    seq = sample_interval_sequence(logw, sup.cum, quantile_gaps(sup.quantiles, sup.n), c, rng)
+    return sup.points_in(seq, rng)
 
 
 def jointexp(
@@ -400,7 +421,8 @@ def jointexp(
     Guarantee: epsilon-DP (paper Theorem 1) under the chosen neighbour relation; the
     sensitivity is 2 (swap) or 2 (1 - min gap) (add/remove, gaps including q_1 and 1 - q_m).
 
-    Complexity: O(n log n + m n) time in the common case, O(n sqrt(m)) memory at worst.
+    Complexity: O(n log n) to sort and count, then O(m d) (d distinct values) in the common
+    case; O(d sqrt(m)) memory at worst.
 
     Args:
         data: 1-D finite values (any order); clamped to [lower, upper].
@@ -414,19 +436,15 @@ def jointexp(
     Returns:
         The m estimates, ascending, inside [lower, upper].
     """
-    prep = prepare(data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors)
-    gen = make_rng(rng)
-    c = prep.epsilon / (2.0 * jointexp_sensitivity(prep.quantiles, prep.neighbors))
-    widths = prep.widths
-    with np.errstate(divide="ignore"):
-        logw = np.log(widths / widths.max())
-    seq = sample_interval_sequence(logw, quantile_gaps(prep.quantiles, prep.n), c, gen)
-    return uniform_in_intervals(prep.edges, seq, gen)
+    sup = support_from_values(
+        data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
+    )
+    return np.asarray(jointexp_core(sup, make_rng(rng)), dtype=np.float64)
 
 
 JOINTEXP = Mechanism(
     name="jointexp",
-    fn=jointexp,
+    core=jointexp_core,
     notion=PrivacyNotion.PURE_DP,
     summary="JointExp: one exponential mechanism for all m quantiles (Gillenwater et al. 2021).",
 )
@@ -434,6 +452,7 @@ JOINTEXP = Mechanism(
 __all__: list[str] = [
     "JOINTEXP",
     "jointexp",
+    "jointexp_core",
     "jointexp_sensitivity",
     "quantile_gaps",
     "sample_interval_sequence",
