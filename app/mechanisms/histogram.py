@@ -23,8 +23,8 @@ Two kinds of support:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -110,9 +110,8 @@ class GridHistogram:
 
     @classmethod
     def from_arrays(cls, cells: ArrayLike, counts: ArrayLike, grid_points: int) -> GridHistogram:
-        return cls(
-            np.asarray(cells, dtype=np.int64), np.asarray(counts, dtype=np.int64), grid_points
-        )
+        """Build and validate; arrays of a non-integer dtype are refused, not truncated."""
+        return cls(np.asarray(cells), np.asarray(counts), grid_points)
 
     @classmethod
     def from_values(
@@ -121,11 +120,12 @@ class GridHistogram:
         """Tests and experiments only: clamp, map to the nearest grid index, count.
 
         The grid is ``lower + k * granularity`` for ``k = 0 .. floor((upper - lower) /
-        granularity)``. The service has its own (exact decimal) cell map.
+        granularity)`` (the count of steps taken in decimal, as the service does). The
+        service has its own exact cell map.
         """
         lo, hi = check_bounds(lower, upper)
         x = check_data(values)
-        k_max = math.floor((hi - lo) / granularity)
+        k_max = int((Decimal(repr(hi)) - Decimal(repr(lo))) / Decimal(repr(float(granularity))))
         k = np.clip(np.rint((np.clip(x, lo, hi) - lo) / granularity), 0, k_max).astype(np.int64)
         cells, counts = np.unique(k, return_counts=True)
         return cls(cells.astype(np.int64), counts.astype(np.int64), k_max + 1)
