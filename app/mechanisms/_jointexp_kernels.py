@@ -275,8 +275,11 @@ def step_weights_log(
     nj: float,
     c: float,
     out: np.ndarray,
-) -> None:
-    """Max-normalised exp(llevels[k, v] - c|pos_ref - P[lo + v] - nj| - max) for v < count."""
+) -> float:
+    """Max-normalised exp(llevels[k, v] - c|pos_ref - P[lo + v] - nj| - max) for v < count.
+
+    Returns the max (in the units of ``llevels``).
+    """
     top = NEG_INF
     for v in range(count):
         lk = -c * abs(pos_ref - P[lo + v] - nj)
@@ -288,6 +291,26 @@ def step_weights_log(
     for j in range(nlev * count):
         x = out[j]
         out[j] = math.exp(x - top) if x > NEG_INF else 0.0
+    return top
+
+
+@numba.njit(cache=True, nogil=True)
+def logsumexp_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """out[v] = log sum_k exp(x[k, v]) (max-shifted: one exp per term, one log per column)."""
+    nk, nv = x.shape
+    for v in range(nv):
+        mx = NEG_INF
+        for k in range(nk):
+            if x[k, v] > mx:
+                mx = x[k, v]
+        if mx == NEG_INF:
+            out[v] = NEG_INF
+            continue
+        acc = 0.0
+        for k in range(nk):
+            if x[k, v] > NEG_INF:
+                acc += math.exp(x[k, v] - mx)
+        out[v] = mx + math.log(acc)
 
 
 @numba.njit(cache=True, nogil=True)

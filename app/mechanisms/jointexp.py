@@ -51,9 +51,16 @@ from app.mechanisms.sampling import inverse_cdf_pick
 from app.mechanisms.validation import FloatArray, IntArray
 
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
-GUARD = 2.0**-100  # linear-space rows whose max falls below this trigger the log-space pass
+GUARD = 2.0**-100  # backward weights below this fraction of the row: form them in log space
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
-GUARD_MARGIN = 640.0  # a row may fall at most keep - margin e-folds below the previous one
+PROBE_KEEP = 750.0  # range of the probe pass that sizes LOG_KEEP from the rows' falls
+#: What a linear row can lose: each entry sums at most ~4 (d + 1) terms, each exact to the
+#: smallest normal double (2^-1022 = e^-708.4) of the larger of its own and the previous row's
+#: maximum; ``LINEAR_RANGE - log(4 (d + 1))`` e-folds is the row's truncation floor.
+LINEAR_RANGE = 708.0
+#: Required headroom (e-folds) between the propagated truncation error and a row's maximum:
+#: 2^-52 (36.04) plus the number of repeat levels (<= m, added as log) and slack.
+HEADROOM = 40.0
 MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
 
 
@@ -80,6 +87,10 @@ class _LinearGuardTripped(Exception):
 class _LogGuardTripped(Exception):
     """A log-space row fell further than its kept range allows; keep more and start over."""
 
+    def __init__(self, needed_keep: float = 0.0) -> None:
+        super().__init__(needed_keep)
+        self.needed_keep = needed_keep
+
 
 @dataclass(frozen=True)
 class _Row:
@@ -93,10 +104,18 @@ class _Row:
     lo: int
     levels: FloatArray
     top: float
+    gmax: float = 0.0  # log of the row's maximum on the pass's common scale (row 1: 0)
+    peak: float = -math.inf  # max over rows l <= j of (log truncation floor_l - l log kappa)
 
     @property
     def nbytes(self) -> int:
         return int(self.levels.nbytes)
+
+
+def _logsumexp_levels(levels: FloatArray) -> FloatArray:
+    out = np.empty(levels.shape[1])
+    K.logsumexp_rows(levels, out)
+    return out
 
 
 def _span(total: NDArray[np.float64] | NDArray[np.bool_]) -> tuple[int, int]:
@@ -129,6 +148,15 @@ class _Forward:
         self.m = gaps.size - 1
         self.n1 = logw.size
         self.w = np.exp(logw)  # normalised widths, max 1; zero-width intervals are 0
+        # kappa bounds how much an absolute error grows in one row: the single-copy kernel
+        # sums to at most (1 + r) / (1 - r) over distinct integer distances (and has at most
+        # d + 1 terms, each <= 1; widths <= 1), the repeat levels add at most 1/2.
+        r = math.exp(-c)
+        kern = (1.0 + r) / -math.expm1(-c)
+        self.log_kappa = math.log(min(kern, float(self.n1)) + 0.5)
+        self.headroom = HEADROOM + math.log(self.m + 1.0)
+        self.linear_floor = LINEAR_RANGE - math.log(4.0 * self.n1)
+        self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
         pw_len = int(min(int(pos[-1]) + 2, math.ceil(750.0 / c) + 2))
         self.pw = np.exp(-c * np.arange(max(pw_len, 2), dtype=np.float64))
         self.budget = budget
@@ -146,11 +174,24 @@ class _Forward:
         if self.log_space:
             lrow -= lrow.max()
             a, b = _span(lrow >= -self.keep)
-            return _Row(a, lrow[a:b].reshape(1, -1).copy(), 1.0)
+            peak = -self.keep - self.log_kappa
+            return _Row(a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
         row = np.empty(self.n1)
         K.exp_normalise(lrow, row)
         a, b = _span(row)
-        return _Row(a, row[a:b].reshape(1, -1).copy(), 1.0)
+        peak = -self.linear_floor - self.log_kappa
+        return _Row(a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
+
+    def _range_ok(self, peak: float, gmax: float, j: int) -> bool:
+        """Whether every earlier truncation, grown by kappa per row, is 2^-52 below ``gmax``.
+
+        With ``peak = max_l (floor_l - l log kappa)`` this is
+        ``floor_l + (j - l) log kappa <= gmax - headroom`` for all ``l <= j``: the sum of the
+        absolute errors any row's dropped entries can have caused in row j. Unlike a bound
+        on the fall from the previous row alone, it also catches several rows in a row
+        falling (each fall spends range that the earlier rows' truncation no longer has).
+        """
+        return peak + j * self.log_kappa <= gmax - self.headroom
 
     def step(self, prev: _Row, j: int) -> _Row:
         """Row j (1-based, j >= 2) from row j - 1."""
@@ -190,21 +231,27 @@ class _Forward:
         else:
             out = lev1.reshape(1, -1)
             tot = lev1
-        if not (top >= GUARD and math.isfinite(top)):
+        if not (top > 0.0 and math.isfinite(top)):
+            raise _LinearGuardTripped
+        gmax = prev.gmax + math.log(top)  # values are in units of the previous row's max
+        trunc = max(prev.gmax, gmax) - self.linear_floor  # this row's truncation floor
+        peak = max(prev.peak, trunc - j * self.log_kappa)
+        if not self._range_ok(peak, gmax, j):
             raise _LinearGuardTripped
         a, b = _span(tot)
-        return _Row(prev.lo + a, np.ascontiguousarray(out[:, a:b]), top)
+        return _Row(prev.lo + a, np.ascontiguousarray(out[:, a:b]), top, gmax, peak)
 
     def _step_log(self, prev: _Row, j: int) -> _Row:
         """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
 
-        The same rule as the linear pass (which drops what underflows, ~708 e-folds down,
-        and insists that no row falls more than 69 e-folds below the previous one), with a
-        range of ``keep`` e-folds and the same 640 e-fold margin.
+        The same range rule as the linear pass (:meth:`_range_ok`) with a truncation floor of
+        ``keep`` e-folds below each row's maximum. A row that needs more range records how
+        much (``needed_keep``) and the pass goes on, so that one restart can size the range
+        for every row; :meth:`run` raises at the end.
         """
         nj = float(self.gaps[j - 1])
         lev = prev.levels
-        ltotal = lev[0] if lev.shape[0] == 1 else np.logaddexp.reduce(lev, axis=0)
+        ltotal = lev[0] if lev.shape[0] == 1 else _logsumexp_levels(lev)
         n_t = ltotal.size
         ls = np.empty(self.n1 - prev.lo)
         count, top = K.transition_log(
@@ -235,15 +282,19 @@ class _Forward:
             out[0] = l1
             for k, cand in enumerate(repeats):
                 out[k + 1, :n_t] = cand
-            tot = np.logaddexp.reduce(out, axis=0)
+            tot = _logsumexp_levels(out)
             top = float(tot.max())
         else:
             out = l1.reshape(1, -1)
             tot = l1
         if not math.isfinite(top):
             raise FloatingPointError("JointExp: a forward row has no mass")
-        if top < -(self.keep - GUARD_MARGIN):
-            raise _LogGuardTripped
+        gmax = prev.gmax + top
+        peak = max(prev.peak, gmax - self.keep - j * self.log_kappa)
+        if not self._range_ok(peak, gmax, j):
+            # this row needs the earlier rows' floors lower by the shortfall
+            short = peak + j * self.log_kappa - (gmax - self.headroom)
+            self.needed_keep = max(self.needed_keep, self.keep + short)
         a, b = _span(tot >= top - self.keep)
         out = out[:, a:b] - top
         if out.shape[0] > 1:
@@ -252,7 +303,7 @@ class _Forward:
             out[out < -self.keep] = -np.inf
             nonempty = np.flatnonzero(np.any(out > -np.inf, axis=1))
             out = out[: int(nonempty[-1]) + 1]
-        return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0)
+        return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0, gmax, peak)
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -276,6 +327,8 @@ class _Forward:
                 self.stored_bytes -= self.rows.pop(j - 1).nbytes
             self._store(j, nxt)
             row = nxt
+        if self.needed_keep > 0.0:
+            raise _LogGuardTripped(self.needed_keep)
 
     def dense_total(self, j: int) -> FloatArray:
         """Row j summed over repeat counts, dense over all n + 1 intervals, max 1 (for tests)."""
@@ -308,7 +361,13 @@ def _draw_block(
     nj: float,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """Draw (i, k) ∝ alpha(j, i, k) r^|pos_ref - P[i] - nj| over i < i_end; k is 1-based."""
+    """Draw (i, k) ∝ alpha(j, i, k) r^|pos_ref - P[i] - nj| over i < i_end; k is 1-based.
+
+    The weights are checked against the row's truncation floor before the uniform is drawn
+    (the same range rule as the forward rows, the kernel being one more row): if they are
+    too small for it, the pass is rebuilt with more range (log space, or a wider log range)
+    and the caller retries the same step, so no draw is ever discarded.
+    """
     row = fwd.get(j)
     count = min(row.levels.shape[1], i_end - row.lo)
     if count <= 0:
@@ -317,17 +376,32 @@ def _draw_block(
     buf = np.empty(nlev * count)
     pos = fwd.pos
     if fwd.log_space:
-        K.step_weights_log(row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+        ltop = K.step_weights_log(row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+        g_draw = row.gmax + ltop
     else:
         top = K.step_weights_linear(
             row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.pw, buf
         )
-        if not top >= GUARD * row.top:
+        if top >= GUARD * row.top:
+            g_draw = row.gmax + math.log(top / row.top)
+        else:
             # The kernel pushed every candidate towards underflow: form the same weights in
-            # log space from the stored row (its entries are exact to 2^-1022 of its max).
+            # log space from the stored row.
             lrow = np.empty_like(row.levels)
             K.log_of(row.levels.reshape(-1), lrow.reshape(-1))
-            K.step_weights_log(lrow, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+            ltop = K.step_weights_log(lrow, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+            g_draw = row.gmax + ltop - math.log(row.top)
+    # Each weight's error is the row entry's error times its kernel factor, so the check
+    # compares the row's floor, scaled by the largest kernel factor, with the largest weight.
+    cand = pos[row.lo : row.lo + count]
+    at = int(np.searchsorted(cand, pos_ref - nj))
+    near = min(abs(float(cand[k]) - (pos_ref - nj)) for k in (at - 1, at) if 0 <= k < count)
+    g_rel = g_draw + fwd.c * near  # g_draw - log(max kernel factor)
+    if not fwd._range_ok(row.peak, g_rel, j):
+        if not fwd.log_space:
+            raise _LinearGuardTripped
+        short = row.peak + j * fwd.log_kappa - (g_rel - fwd.headroom)
+        raise _LogGuardTripped(fwd.keep + short)
     pick = int(inverse_cdf_pick(buf, rng.random()))
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
@@ -335,17 +409,41 @@ def _draw_block(
 
 
 def _run_log_space(
-    logw: FloatArray, pos: IntArray, gaps: FloatArray, c: float, budget: int
+    logw: FloatArray,
+    pos: IntArray,
+    gaps: FloatArray,
+    c: float,
+    budget: int,
+    keep: float | None = None,
 ) -> _Forward:
-    """Forward pass in log space, widening the kept range until no row outruns it."""
-    keep = LOG_KEEP
+    """Forward pass in log space, widening the kept range until every row has enough.
+
+    A pass that comes up short reports the largest range any row asked for; the next pass
+    keeps that much (plus slack). Without a ``keep`` a narrow probe pass (``PROBE_KEEP``
+    e-folds, rows a quarter as wide) measures the rows' falls first. Its rows lack range, so
+    the falls it sees are at least the true ones (missing mass only lowers a row's maximum),
+    and the exact pass then starts with the range they need. Every pass checks its own range
+    (:meth:`_Forward._range_ok`), so the probe only decides speed, never the result.
+    """
+    if keep is None:
+        probe = _Forward(logw, pos, gaps, c, log_space=True, budget=0, keep=PROBE_KEEP)
+        try:
+            probe.run()
+            keep = LOG_KEEP
+        except _LogGuardTripped as trip:
+            keep = max(LOG_KEEP, trip.needed_keep + 200.0)
     while True:
         fwd = _Forward(logw, pos, gaps, c, log_space=True, budget=budget, keep=keep)
         try:
             fwd.run()
             return fwd
-        except _LogGuardTripped:
-            keep = keep * 4.0 if keep < 1e6 else math.inf  # inf: dense, nothing dropped
+        except _LogGuardTripped as trip:
+            keep = _wider(keep, trip.needed_keep)
+
+
+def _wider(keep: float, needed: float) -> float:
+    new = max(needed + 200.0, 1.5 * keep)
+    return new if new < 1e6 else math.inf  # inf: dense, nothing dropped
 
 
 def sample_interval_sequence(
@@ -386,7 +484,14 @@ def sample_interval_sequence(
     seq = np.empty(m, dtype=np.int64)
     j, i_end, pos_ref = m, d1, int(pos[-1])
     while j > 0:
-        i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+        try:
+            i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+        except _LinearGuardTripped:
+            fwd = _run_log_space(logw, pos, gaps, c, budget)
+            continue  # same step, exact weights; nothing was drawn
+        except _LogGuardTripped as trip:
+            fwd = _run_log_space(logw, pos, gaps, c, budget, _wider(fwd.keep, trip.needed_keep))
+            continue
         seq[j - k : j] = i
         j -= k
         i_end, pos_ref = i, int(pos[i])
