@@ -154,6 +154,13 @@ class _Forward:
         r = math.exp(-c)
         kern = (1.0 + r) / -math.expm1(-c)
         self.log_kappa = math.log(min(kern, float(self.n1)) + 0.5)
+        # Errors grow per row by at most kappa times the width of the entry they land on;
+        # they are charged the median positive width (the rows' own mass is charged the same
+        # widths, so a uniform width scale is not a fall). This is the one step that is not a
+        # worst-case bound: see docs/mechanisms.md, "Range rule".
+        positive = self.w[self.w > 0.0]
+        lw_ref = math.log(float(np.median(positive))) if positive.size else 0.0
+        self.log_growth = self.log_kappa + lw_ref
         self.headroom = HEADROOM + math.log(self.m + 1.0)
         self.linear_floor = LINEAR_RANGE - math.log(4.0 * self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
@@ -174,24 +181,25 @@ class _Forward:
         if self.log_space:
             lrow -= lrow.max()
             a, b = _span(lrow >= -self.keep)
-            peak = -self.keep - self.log_kappa
+            peak = -self.keep - self.log_growth
             return _Row(a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
         row = np.empty(self.n1)
         K.exp_normalise(lrow, row)
         a, b = _span(row)
-        peak = -self.linear_floor - self.log_kappa
+        peak = -self.linear_floor - self.log_growth
         return _Row(a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
 
     def _range_ok(self, peak: float, gmax: float, j: int) -> bool:
-        """Whether every earlier truncation, grown by kappa per row, is 2^-52 below ``gmax``.
+        """Whether every earlier truncation, grown per row, is 2^-52 below ``gmax``.
 
-        With ``peak = max_l (floor_l - l log kappa)`` this is
-        ``floor_l + (j - l) log kappa <= gmax - headroom`` for all ``l <= j``: the sum of the
-        absolute errors any row's dropped entries can have caused in row j. Unlike a bound
-        on the fall from the previous row alone, it also catches several rows in a row
-        falling (each fall spends range that the earlier rows' truncation no longer has).
+        With ``g = log_growth`` (kappa times the median width) and
+        ``peak = max_l (floor_l - l g)`` this is ``floor_l + (j - l) g <= gmax - headroom``
+        for all ``l <= j``: the absolute error any row's dropped entries can have caused in
+        row j stays 2^-52 m below its maximum. Unlike a bound on the fall from the previous
+        row alone, it also catches several rows in a row falling (each fall spends range
+        that the earlier rows' truncation no longer has).
         """
-        return peak + j * self.log_kappa <= gmax - self.headroom
+        return peak + j * self.log_growth <= gmax - self.headroom
 
     def step(self, prev: _Row, j: int) -> _Row:
         """Row j (1-based, j >= 2) from row j - 1."""
@@ -211,21 +219,18 @@ class _Forward:
         )
         lev1 = s[:count]
         stay = math.exp(-self.c * nj) * scale  # r^{n_j}, in units of the previous row's max
-        repeats: list[FloatArray] = []
+        nrep = 0
         if stay > 0.0:
             w_here = self.w[prev.lo : prev.lo + n_t]
-            floor = PRUNE * lev1[:n_t]
-            for k in range(lev.shape[0]):
-                cand = lev[k] * w_here * (stay / (k + 2))
-                cand[cand < floor] = 0.0
-                repeats.append(cand)
-            while repeats and not repeats[-1].any():
-                repeats.pop()  # only trailing empty levels go: level index is the count
-        if repeats:
-            out = np.zeros((1 + len(repeats), count))
+            factor = stay / np.arange(2, lev.shape[0] + 2, dtype=np.float64)
+            cands = lev * w_here[None, :] * factor[:, None]
+            cands[cands < PRUNE * lev1[None, :n_t]] = 0.0
+            alive = np.flatnonzero(np.any(cands > 0.0, axis=1))
+            nrep = int(alive[-1]) + 1 if alive.size else 0  # level index is the count
+        if nrep:
+            out = np.zeros((1 + nrep, count))
             out[0] = lev1
-            for k, cand in enumerate(repeats):
-                out[k + 1, :n_t] = cand
+            out[1:, :n_t] = cands[:nrep]
             tot = out.sum(axis=0)
             top = float(tot.max())
         else:
@@ -235,7 +240,7 @@ class _Forward:
             raise _LinearGuardTripped
         gmax = prev.gmax + math.log(top)  # values are in units of the previous row's max
         trunc = max(prev.gmax, gmax) - self.linear_floor  # this row's truncation floor
-        peak = max(prev.peak, trunc - j * self.log_kappa)
+        peak = max(prev.peak, trunc - j * self.log_growth)
         if not self._range_ok(peak, gmax, j):
             raise _LinearGuardTripped
         a, b = _span(tot)
@@ -270,18 +275,16 @@ class _Forward:
         lw_here = self.logw[prev.lo : prev.lo + n_t]
         lstay = -self.c * nj
         lfloor = l1[:n_t] + math.log(PRUNE)
-        repeats: list[FloatArray] = []
-        for k in range(lev.shape[0]):
-            cand = lev[k] + lw_here + (lstay - math.log(k + 2))
-            cand[cand < lfloor] = -np.inf
-            repeats.append(cand)
-        while repeats and not np.any(repeats[-1] > -np.inf):
-            repeats.pop()
-        if repeats:
-            out = np.full((1 + len(repeats), count), -np.inf)
+        # level k + 1 (k + 2 copies) from level k: all levels at once
+        shift = lstay - np.log(np.arange(2, lev.shape[0] + 2, dtype=np.float64))
+        cands = lev + lw_here[None, :] + shift[:, None]
+        cands[cands < lfloor[None, :]] = -np.inf
+        alive = np.flatnonzero(np.any(cands > -np.inf, axis=1))
+        nrep = int(alive[-1]) + 1 if alive.size else 0  # only trailing empty levels go
+        if nrep:
+            out = np.full((1 + nrep, count), -np.inf)
             out[0] = l1
-            for k, cand in enumerate(repeats):
-                out[k + 1, :n_t] = cand
+            out[1:, :n_t] = cands[:nrep]
             tot = _logsumexp_levels(out)
             top = float(tot.max())
         else:
@@ -290,10 +293,10 @@ class _Forward:
         if not math.isfinite(top):
             raise FloatingPointError("JointExp: a forward row has no mass")
         gmax = prev.gmax + top
-        peak = max(prev.peak, gmax - self.keep - j * self.log_kappa)
+        peak = max(prev.peak, gmax - self.keep - j * self.log_growth)
         if not self._range_ok(peak, gmax, j):
             # this row needs the earlier rows' floors lower by the shortfall
-            short = peak + j * self.log_kappa - (gmax - self.headroom)
+            short = peak + j * self.log_growth - (gmax - self.headroom)
             self.needed_keep = max(self.needed_keep, self.keep + short)
         a, b = _span(tot >= top - self.keep)
         out = out[:, a:b] - top
@@ -400,7 +403,7 @@ def _draw_block(
     if not fwd._range_ok(row.peak, g_rel, j):
         if not fwd.log_space:
             raise _LinearGuardTripped
-        short = row.peak + j * fwd.log_kappa - (g_rel - fwd.headroom)
+        short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
         raise _LogGuardTripped(fwd.keep + short)
     pick = int(inverse_cdf_pick(buf, rng.random()))
     if pick < 0:
