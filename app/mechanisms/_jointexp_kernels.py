@@ -92,7 +92,27 @@ def transition_linear(
     wh = -1  # last index in the window
     S[0] = 0.0
     count = 1
-    for v in range(1, n_out):
+    # Outputs whose whole window is at distance L - D >= pw.size from the kernel's peak get a
+    # near factor of exactly 0.0 from the table (and have no far part yet): they are 0.0, as
+    # the loop would compute. Start at the first output that can be non-zero, with the
+    # window's suffix sums built over the elements already in it.
+    v0 = 1
+    reach = L - pw.size  # P[lo + v] - P[lo] <= reach: output v is exactly 0.0
+    if reach >= 1:
+        v0 = max(1, int(np.searchsorted(P[lo : lo + n_out], P[lo] + reach, side="right")))
+    if v0 > 1:
+        for v in range(1, v0):
+            S[v] = 0.0
+        wh = min(v0 - 2, nT - 1)
+        if wh >= 0:
+            acc = T[wh]
+            SA[wh] = acc
+            for k in range(wh - 1, -1, -1):
+                acc = T[k] + _pw(pw, P[lo + k + 1] - P[lo + k]) * acc
+                SA[k] = acc
+        B = wh + 1
+        count = v0
+    for v in range(v0, n_out):
         pv = P[lo + v]
         u = v - 1
         if u < nT:  # u joins the back of the window

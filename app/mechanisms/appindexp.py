@@ -172,6 +172,7 @@ def appindexp_core(
 
 APPINDEXP = Mechanism(
     name="appindexp",
+    fn=appindexp,
     core=appindexp_core,
     notion=PrivacyNotion.APPROX_DP,
     summary="Independent exponential mechanisms with Dong–Durfee–Rogers composition.",

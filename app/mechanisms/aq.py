@@ -174,6 +174,7 @@ def aq(
 
 AQ = Mechanism(
     name="aq",
+    fn=aq,
     core=aq_core,
     notion=PrivacyNotion.PURE_DP,
     summary="ApproximateQuantiles: recursive exponential-mechanism splitting (Kaplan et al. 2022).",

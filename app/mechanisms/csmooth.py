@@ -161,6 +161,7 @@ def csmooth_core(sup: Support, rng: np.random.Generator) -> FloatArray:
 
 CSMOOTH = Mechanism(
     name="csmooth",
+    fn=csmooth,
     core=csmooth_core,
     notion=PrivacyNotion.ZCDP,
     summary="Smooth sensitivity, Laplace-log-normal noise, epsilon-CDP (Bun-Steinke), swap only.",

@@ -62,6 +62,7 @@ def indexp(
 
 INDEXP = Mechanism(
     name="indexp",
+    fn=indexp,
     core=indexp_core,
     notion=PrivacyNotion.PURE_DP,
     summary="Independent exponential mechanisms, epsilon/m each (Smith 2011).",

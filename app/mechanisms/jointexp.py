@@ -552,6 +552,7 @@ def jointexp(
 
 JOINTEXP = Mechanism(
     name="jointexp",
+    fn=jointexp,
     core=jointexp_core,
     notion=PrivacyNotion.PURE_DP,
     summary="JointExp: one exponential mechanism for all m quantiles (Gillenwater et al. 2021).",

@@ -15,7 +15,6 @@ from app.mechanisms.histogram import (
     GridHistogram,
     Support,
     support_from_grid,
-    support_from_values,
 )
 from app.mechanisms.rng import make_rng
 from app.mechanisms.validation import FloatArray, IntArray, check_delta, check_epsilon
@@ -37,26 +36,28 @@ CoreFn = Callable[..., FloatArray | IntArray]
 
 @dataclass(frozen=True)
 class Mechanism:
-    """A registry entry: the sampling core plus its declared privacy guarantee.
+    """A registry entry: the sampling functions plus the declared privacy guarantee.
 
-    Calling the entry runs the raw-array form::
+    Calling the entry calls ``fn``, the raw-array form::
 
         f(data, quantiles, *, epsilon, lower, upper, neighbors="swap", rng=None,
           **method_params) -> np.ndarray  # m estimates, ascending, inside [lower, upper]
 
-    which builds (distinct clamped values, counts) and returns doubles drawn inside the chosen
-    intervals. :meth:`run_grid` runs the same mechanism on a :class:`GridHistogram` and
-    returns grid indices. ``dp_cost(epsilon, delta)`` is the (epsilon, delta)-DP cost of one
-    release with those parameters: the figures the service debits.
+    which builds (distinct clamped values, counts) and runs ``core`` on it, returning doubles
+    drawn inside the chosen intervals. :meth:`run_grid` runs ``core`` on a
+    :class:`GridHistogram` and returns grid indices. ``dp_cost(epsilon, delta)`` is the
+    (epsilon, delta)-DP cost of one release with those parameters: the figures the service
+    debits. Failure-injection tests replace ``fn`` (raw-array path) or ``core`` (run_grid).
     """
 
     name: str
-    core: CoreFn
+    fn: Callable[..., FloatArray]
     notion: PrivacyNotion
     summary: str
     requires_delta: bool = False
     method_params: tuple[str, ...] = ()
     cost_fn: CostFn | None = field(default=None, repr=False)
+    core: CoreFn | None = field(default=None, repr=False)
 
     def _check_params(self, method_params: dict[str, Any]) -> None:
         unknown = sorted(set(method_params) - set(self.method_params))
@@ -76,13 +77,16 @@ class Mechanism:
         **method_params: Any,
     ) -> FloatArray:
         self._check_params(method_params)
-        if "delta" in method_params:  # validated before any data is touched
-            check_delta(method_params["delta"])
-        sup = support_from_values(
-            data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
+        return self.fn(
+            data,
+            quantiles,
+            epsilon=epsilon,
+            lower=lower,
+            upper=upper,
+            neighbors=neighbors,
+            rng=rng,
+            **method_params,
         )
-        out = self.core(sup, make_rng(rng), **method_params)
-        return np.asarray(out, dtype=np.float64)
 
     @property
     def uses_delta(self) -> bool:
@@ -145,6 +149,8 @@ class Mechanism:
         and round to the nearest index (post-processing). Same delta rules as :meth:`run`.
         """
         extra = self._delta_kwargs(delta)
+        if self.core is None:
+            raise MechanismInputError("method", f"method {self.name!r} has no grid entry point")
         sup = support_from_grid(hist, quantiles, epsilon=epsilon, neighbors=neighbors)
         raw = np.asarray(self.core(sup, make_rng(rng), **extra))
         if raw.dtype == np.int64:

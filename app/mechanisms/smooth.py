@@ -286,6 +286,7 @@ def smooth_core(
 
 SMOOTH = Mechanism(
     name="smooth",
+    fn=smooth,
     core=smooth_core,
     notion=PrivacyNotion.APPROX_DP,
     summary="Smooth-sensitivity Laplace mechanism (Nissim-Raskhodnikova-Smith), swap only.",
