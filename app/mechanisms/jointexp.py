@@ -10,29 +10,42 @@ The mechanism (paper Sec. 3) samples a nondecreasing sequence of intervals
 uniform point inside each chosen interval, sorted. It is eps-DP with Δ = 2 (swap) or
 Δ = 2 (1 - min gap) with the gaps including q_1 and 1 - q_m (add/remove, paper Lemma 10).
 
+Here the intervals are the d + 1 intervals between *distinct* clamped values (a
+:class:`~app.mechanisms.histogram.Support`); interval i has position ``P_i = cum[i]`` (points
+``<=`` any output in it), and the paper's ``i_j - i_{j-1}`` becomes ``P_{i_j} - P_{i_{j-1}}``.
+The zero-width intervals of tied or clamped points that the paper's sequence space also
+contains carry no measure, so the law is the paper's. On a grid support the widths are the
+numbers of grid points per block and the law is that of the exponential mechanism over
+ordered grid tuples (docs/mechanisms.md).
+
 Sampling is exact, by the paper's forward/backward dynamic program over
 ``alpha(j, i, k)`` (mass of length-j prefixes ending in exactly k copies of i), computed here
 without the O(m^2 n) table:
 
-* The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|i - i' - n_j|``
-  is a two-sided geometric kernel, evaluated for all i in O(n) by recursive filters
+* The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|P_i - P_i'
+  - n_j|`` is a two-sided geometric kernel in the position difference, evaluated for all i in
+  O(d) by a causal recursion and a two-stack window queue
   (:mod:`app.mechanisms._jointexp_kernels`) that only ever add non-negative terms.
 * Repeats ``alpha(j, i, k) = w_i r^{n_j} alpha(j-1, i, k-1) / k`` are kept as extra rows only
   where they are not dominated: an entry below 2^-60 of ``alpha(j, i, 1)`` at the same interval
   is dropped. Every completion of such a prefix is also a completion of the single-copy prefix
   at the same interval with at least the same weight, so the error this introduces in any
   later weight is below 2^-60 of that weight's row (times m).
-* Rows are max-normalised in linear space (fast path). If a row's maximum drops below 2^-100
-  of the previous row's, contributions may have underflowed; the whole forward pass is then
-  redone in log space (exact for any dynamic range: long runs of tied or clamped points).
-* The backward pass draws (i, k) for the last block from ``alpha(m, i, k) r^|n - i - n_{m+1}|``,
-  then block by block from ``alpha(j, i, k) r^|i_next - i - n_{j+1}|`` over ``i < i_next``, each
-  by inverse CDF with a single uniform.
+* Rows are max-normalised in linear space (fast path). Each row carries its maximum on a
+  common log scale; the range rule (:meth:`_Forward._range_ok`) requires every earlier row's
+  truncation floor, grown per row, to stay 2^-52 below the current row's maximum (and below
+  each backward draw's largest weight). A linear row that breaks it sends the pass to log
+  space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
+  and widened until every row and draw has enough.
+* The backward pass draws (i, k) for the last block from ``alpha(m, i, k) r^|n - P_i -
+  n_{m+1}|``, then block by block from ``alpha(j, i, k) r^|P_next - P_i - n_{j+1}|`` over
+  ``i < i_next``, each by inverse CDF with a single uniform.
 * Rows are stored while they fit a memory budget; beyond it, only every ~sqrt(m)-th row is kept
   and the others are recomputed block by block during the backward pass.
 
-Complexity: O(n log n) to sort, then O(n) per quantile and row for the forward pass (plus
-O(n) per surviving repeat level) and O(n) per sampled block; memory O(n sqrt(m)) at worst.
+Complexity: O(n log n) to sort and count (raw call; none for a histogram), then O(d) per
+quantile and row for the forward pass (O(row support) in the common case; plus O(d) per
+surviving repeat level) and O(d) per sampled block; memory O(d sqrt(m)) at worst.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ distance, so they never win). For fixed ``v`` let ``u*(v)`` be the largest maxim
 in ``v``; NRS's divide and conquer computes ``u*`` at the middle ``v`` by a scan and recurses on
 the two halves with the ``u`` range split at ``u*``. Every level of the recursion scans
 O(n) candidates in total, so the computation is O(n log n) (O(n) space, explicit stack).
+On (distinct values, counts) only run boundaries can maximise (the first rank of each value
+for u, the last for v), so the same divide and conquer runs over O(d) candidates: O(d log d).
 Pairs farther apart than ``K = ln((b - a) / L) / t``, with ``L`` a value attained by some pair,
 cannot reach the maximum and are skipped exactly, so the work is O(K log K) for K <= n.
 
