@@ -25,7 +25,7 @@ without the O(m^2 n) table:
 * The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|P_i - P_i'
   - n_j|`` is a two-sided geometric kernel in the position difference, evaluated for all i in
   O(d) by a causal recursion and a two-stack window queue
-  (:mod:`app.mechanisms._jointexp_kernels`) that only ever add non-negative terms.
+  (:mod:`app.mechanisms.jointexp_kernels`) that only ever add non-negative terms.
 * Repeats ``alpha(j, i, k) = w_i r^{n_j} alpha(j-1, i, k-1) / k`` are kept as extra rows only
   where they are not dominated: an entry below 2^-60 of ``alpha(j, i, 1)`` at the same interval
   is dropped. Every completion of such a prefix is also a completion of the single-copy prefix
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from app.mechanisms import _jointexp_kernels as K
+from app.mechanisms import jointexp_kernels as K
 from app.mechanisms.histogram import Support, support_from_values
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
