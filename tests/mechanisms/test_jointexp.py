@@ -352,3 +352,29 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     )
     with pytest.raises(_LinearGuardTripped):
         linear2.run()
+
+
+def test_linear_rows_on_narrow_data_in_loose_bounds_match_the_dense_log_pass() -> None:
+    """The range rule charges error growth at the median width (its one assumption).
+
+    N(0, 5^2) data in [-100, 100]: the data intervals are ~1e-4 of the outer ones, so every
+    row's maximum is ~11 e-folds below the previous one on the widest-interval scale, 500+
+    e-folds over the pass, more than a linear row holds. The rule accepts the linear pass
+    (the fall is a uniform width factor); its rows agree with the log pass that keeps
+    everything (keep = inf) to 1e-13 of each row's maximum.
+    """
+    rng = np.random.default_rng(12)
+    x = rng.normal(0.0, 5.0, size=20_000)
+    q = np.arange(1, 50) / 50.0
+    sup = support_for(x, -100.0, 100.0, q)
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths / sup.widths.max())
+    gaps = quantile_gaps(q, x.size)
+    linear = _Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear.run()  # accepted by the range rule
+    rows = [linear.get(j) for j in range(1, q.size + 1)]
+    assert rows[0].gmax - rows[-1].gmax > 300.0  # the width fall really is that large
+    dense = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    dense.run()
+    for j in range(1, q.size + 1):
+        np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)
