@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
 from app.db import make_engine, transaction
-from app.mechanisms import MECHANISMS
+from app.mechanisms import MECHANISMS, GridHistogram
 from app.releases.runner import (
     FAILURE_ERROR,
     FAILURE_TIMEOUT,
@@ -133,16 +133,18 @@ def warm_up() -> None:
     seconds longer than later ones (a timing difference that says nothing about the data,
     but wastes run-time budget). The outputs are discarded.
     """
-    values = np.linspace(0.0, 1.0, 64)
+    histogram = GridHistogram(
+        cells=np.arange(0, 64, 2, dtype=np.int64),
+        counts=np.ones(32, dtype=np.int64),
+        grid_points=101,
+    )
     for mech in MECHANISMS.values():
         try:
-            mech.run(
-                values,
+            mech.run_grid(
+                histogram,
                 [0.25, 0.5, 0.75],
                 epsilon=1.0,
                 delta=1e-6 if mech.uses_delta else None,
-                lower=0.0,
-                upper=1.0,
             )
         except Exception as exc:
             logger.warning("warm-up of %s failed (%s)", mech.name, type(exc).__name__)

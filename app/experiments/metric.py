@@ -5,7 +5,7 @@ Definitions, for a sample ``x_(1) <= ... <= x_(n)`` and a quantile level ``q`` i
 * **Rank of a value.** ``rank(v) = #{i : x_i <= v}``. A value inside the interval
   ``[x_(k), x_(k+1))`` has rank ``k``; values below ``x_(1)`` have rank 0 and values at or
   above ``x_(n)`` have rank ``n``. This is the same convention as the mechanisms' intervals
-  (``app.mechanisms.base``: for ``o`` inside interval ``i`` exactly ``i`` points are ``<= o``)
+  (``app.mechanisms.histogram``: inside interval ``t`` exactly ``cum[t]`` points are ``<= o``)
   and as the utility ``#{x <= o} - qn`` of IndExp.
 * **True quantile.** ``t = x_(r)`` with ``r = ceil(q n)`` (1-based), i.e. the smallest sample
   value whose empirical CDF reaches ``q``: ``min{v : rank(v) >= q n}``. ``ceil`` is taken

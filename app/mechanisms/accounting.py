@@ -18,7 +18,8 @@ import math
 
 from scipy.optimize import minimize_scalar
 
-from app.mechanisms.base import MechanismInputError, check_delta
+from app.mechanisms.errors import MechanismInputError
+from app.mechanisms.validation import check_delta
 
 
 def _check_rho(rho: float) -> float:

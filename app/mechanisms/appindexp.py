@@ -27,17 +27,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import gammaln, logsumexp
 
-from app.mechanisms.base import (
-    FloatArray,
-    Mechanism,
-    MechanismInputError,
-    PrivacyNotion,
-    check_delta,
-    check_epsilon,
-    make_rng,
-    prepare,
-)
+from app.mechanisms.errors import MechanismInputError
+from app.mechanisms.histogram import Support, support_from_values
 from app.mechanisms.indexp import independent_exponential
+from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.rng import make_rng
+from app.mechanisms.validation import FloatArray, IntArray, check_delta, check_epsilon
 
 #: Width of the final bisection bracket on the per-quantile epsilon.
 EPS_TOLERANCE = 1e-6
@@ -152,22 +147,33 @@ def appindexp(
     calibration, and DDR's non-adaptive composition (paper Lemma 12) of m eps0-BR mechanisms
     is (epsilon, delta)-DP for ``eps0 = per_quantile_epsilon(epsilon, delta, m)``.
 
-    Complexity: O(n log n + m n) time, O(n) memory; the eps0 search is O(m^2 log(1/tol)),
+    Complexity: O(n log n) to sort and count, then O(m d) at worst, O(d) memory; the eps0
+    search is O(m^2 log(1/tol)),
     data-independent and cached.
 
     Raises:
         MechanismInputError: for invalid data, quantiles, epsilon, bounds, neighbours or delta.
     """
+    check_delta(delta)
+    sup = support_from_values(
+        data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
+    )
+    return np.asarray(appindexp_core(sup, make_rng(rng), delta=delta), dtype=np.float64)
+
+
+def appindexp_core(
+    sup: Support, rng: np.random.Generator, *, delta: float | None = None
+) -> FloatArray | IntArray:
+    """AppIndExp on a prepared support."""
     d = check_delta(delta)
-    prep = prepare(data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors)
-    gen = make_rng(rng)
-    eps0 = per_quantile_epsilon(prep.epsilon, d, int(prep.quantiles.size))
-    return independent_exponential(prep, eps0, gen)
+    eps0 = per_quantile_epsilon(sup.epsilon, d, int(sup.quantiles.size))
+    return independent_exponential(sup, eps0, rng)
 
 
 APPINDEXP = Mechanism(
     name="appindexp",
     fn=appindexp,
+    core=appindexp_core,
     notion=PrivacyNotion.APPROX_DP,
     summary="Independent exponential mechanisms with Dong–Durfee–Rogers composition.",
     requires_delta=True,

@@ -49,14 +49,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.mechanisms.base import (
-    FloatArray,
-    Mechanism,
-    PrivacyNotion,
-    _node_pick,
-    make_rng,
-    prepare,
-)
+from app.mechanisms.exponential import node_pick
+from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.rng import make_rng, uniform_integer
+from app.mechanisms.validation import FloatArray, IntArray
 
 
 def recursion_depth(m: int) -> int:
@@ -67,6 +64,83 @@ def recursion_depth(m: int) -> int:
         depth += 1
         r = r // 2  # the larger child gets floor(r/2) quantiles (r - 1 - (r - 1)//2)
     return depth
+
+
+def aq_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
+    """AQ on a prepared support (distinct values with counts; values or grid).
+
+    A node is a run ``edges[lo:hi]`` of distinct values with the domain ``[left, right]``;
+    positions inside it are cumulative counts. On a grid support the domain is the grid
+    points ``left .. right - 1`` (``right`` exclusive), the split point ``v`` is a uniform
+    integer inside the chosen block, and the children get ``left .. v`` and ``v .. right - 1``
+    (points ``<= v`` left, ``> v`` right, as for values).
+    """
+    edges = sup.edges
+    cum = sup.cum
+    qs = sup.quantiles
+    m = int(qs.size)
+    d = sup.d
+    eps_level = sup.epsilon / recursion_depth(m)
+    swap = sup.neighbors == "swap"
+    grid = sup.grid
+    buf = np.empty(d + 1, dtype=np.float64)
+    out = np.empty(m, dtype=np.float64)
+
+    # A node: (lo, hi) edges index range of its distinct values, [left, right] its domain
+    # (grid: right exclusive), [qa, qb) its quantile indices, (q_lo, q_hi) the global
+    # quantiles bounding it. Invariants: the nodes of one level have disjoint index ranges
+    # and disjoint domains (up to shared endpoints); every value of a node lies in its domain.
+    level: list[tuple[int, int, float, float, int, int, float, float]] = [
+        (1, d + 1, float(edges[0]), float(edges[-1]), 0, m, 0.0, 1.0)
+    ]
+    while level:
+        nxt: list[tuple[int, int, float, float, int, int, float, float]] = []
+        single = len(level) == 1
+        for lo, hi, left, right, qa, qb, q_lo, q_hi in level:
+            mid = qa + (qb - qa - 1) // 2
+            rel = (float(qs[mid]) - q_lo) / (q_hi - q_lo)
+            rel = min(max(rel, 0.0), 1.0)
+            sens = max(rel, 1.0 - rel)  # add/remove sensitivity of the node's utility
+            if not swap:
+                c = eps_level / (2.0 * sens)
+            elif single:
+                c = eps_level / 2.0
+            else:
+                c = eps_level / (4.0 * sens)
+            k = hi - lo
+            count = int(cum[hi - 1] - cum[lo - 1])
+            if right > left:
+                j = int(
+                    node_pick(edges, cum, lo, hi, left, right, rel * count, c, rng.random(), buf)
+                )
+                if j < 0:
+                    raise FloatingPointError("exponential-mechanism weights are all zero")
+                a_j = left if j == 0 else float(edges[lo + j - 1])
+                b_j = right if j == k else float(edges[lo + j])
+                if grid:
+                    v = float(uniform_integer(int(a_j), int(b_j), rng))
+                else:
+                    v = a_j + rng.random() * (b_j - a_j)
+                    if v >= b_j:  # keep [a_j, b_j) half-open under rounding
+                        v = float(np.nextafter(b_j, -np.inf))
+                    v = max(v, a_j)
+            else:  # zero-width domain (probability ~0 for values): the only possible output
+                j, v = 0, left
+            out[mid] = v
+            if qa < mid:
+                nxt.append(
+                    (lo, lo + j, left, v + 1.0 if grid else v, qa, mid, q_lo, float(qs[mid]))
+                )
+            if mid + 1 < qb:
+                nxt.append((lo + j, hi, v, right, mid + 1, qb, float(qs[mid]), q_hi))
+        level = nxt
+    # Outputs are nondecreasing by construction (children live inside [left, v] / [v, right]);
+    # clip and sort only guard rounding.
+    np.clip(out, sup.lower, sup.upper, out=out)
+    out.sort()
+    if grid:
+        return out.astype(np.int64)
+    return out
 
 
 def aq(
@@ -86,72 +160,22 @@ def aq(
     ``c = eps_L / (4 max(q', 1-q'))`` on multi-node swap levels, ``eps_L / 2`` on single-node
     swap levels, ``eps_L / (2 max(q', 1-q'))`` under add/remove).
 
-    Complexity: O(n log n) for the sort plus O(n log m) for the recursion; O(n) memory.
+    Complexity: O(n log n) to sort and count, then O(d log m) for the recursion over the d
+    distinct values; O(d) memory.
 
     Raises:
         MechanismInputError: for invalid data, quantiles, epsilon, bounds or neighbours.
     """
-    prep = prepare(data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors)
-    gen = make_rng(rng)
-    edges = prep.edges
-    qs = prep.quantiles
-    m = int(qs.size)
-    n = prep.n
-    eps_level = prep.epsilon / recursion_depth(m)
-    swap = prep.neighbors == "swap"
-    buf = np.empty(n + 1, dtype=np.float64)
-    out = np.empty(m, dtype=np.float64)
-
-    # A node: (lo, hi) edges index range of its points, [left, right] its domain, [qa, qb) its
-    # quantile indices, (q_lo, q_hi) the global quantiles bounding it. Invariants: the nodes
-    # of one level have disjoint index ranges and disjoint domains (up to shared endpoints),
-    # and every point of a node lies in its domain.
-    level: list[tuple[int, int, float, float, int, int, float, float]] = [
-        (1, n + 1, prep.lower, prep.upper, 0, m, 0.0, 1.0)
-    ]
-    while level:
-        nxt: list[tuple[int, int, float, float, int, int, float, float]] = []
-        single = len(level) == 1
-        for lo, hi, left, right, qa, qb, q_lo, q_hi in level:
-            mid = qa + (qb - qa - 1) // 2
-            rel = (float(qs[mid]) - q_lo) / (q_hi - q_lo)
-            rel = min(max(rel, 0.0), 1.0)
-            sens = max(rel, 1.0 - rel)  # add/remove sensitivity of the node's utility
-            if not swap:
-                c = eps_level / (2.0 * sens)
-            elif single:
-                c = eps_level / 2.0
-            else:
-                c = eps_level / (4.0 * sens)
-            k = hi - lo
-            if right > left:
-                j = int(_node_pick(edges, lo, hi, left, right, rel * k, c, gen.random(), buf))
-                if j < 0:
-                    raise FloatingPointError("exponential-mechanism weights are all zero")
-                a_j = left if j == 0 else float(edges[lo + j - 1])
-                b_j = right if j == k else float(edges[lo + j])
-                v = a_j + gen.random() * (b_j - a_j)
-                if v >= b_j:  # keep [a_j, b_j) half-open under rounding
-                    v = float(np.nextafter(b_j, -np.inf))
-                v = max(v, a_j)
-            else:  # zero-width domain (probability ~0): the only possible output
-                j, v = 0, left
-            out[mid] = v
-            if qa < mid:
-                nxt.append((lo, lo + j, left, v, qa, mid, q_lo, float(qs[mid])))
-            if mid + 1 < qb:
-                nxt.append((lo + j, hi, v, right, mid + 1, qb, float(qs[mid]), q_hi))
-        level = nxt
-    # Outputs are nondecreasing by construction (children live inside [left, v] / [v, right]);
-    # clip and sort only guard rounding.
-    np.clip(out, prep.lower, prep.upper, out=out)
-    out.sort()
-    return out
+    sup = support_from_values(
+        data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
+    )
+    return np.asarray(aq_core(sup, make_rng(rng)), dtype=np.float64)
 
 
 AQ = Mechanism(
     name="aq",
     fn=aq,
+    core=aq_core,
     notion=PrivacyNotion.PURE_DP,
     summary="ApproximateQuantiles: recursive exponential-mechanism splitting (Kaplan et al. 2022).",
 )

@@ -36,14 +36,11 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 
 from app.mechanisms.accounting import cdp_cost
-from app.mechanisms.base import (
-    FloatArray,
-    Mechanism,
-    PrivacyNotion,
-    make_rng,
-    prepare,
-)
+from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.rng import make_rng
 from app.mechanisms.smooth import quantile_index, reject_add_remove, smooth_sensitivity
+from app.mechanisms.validation import FloatArray
 
 #: Public tuning set (paper App. E.2): size, bounds and a fixed, published seed.
 TUNING_N = 1000
@@ -137,21 +134,27 @@ def csmooth(
     Raises:
         MechanismInputError: for invalid input or add/remove neighbours.
     """
-    prep = prepare(data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors)
-    reject_add_remove(prep, "csmooth")
-    gen = make_rng(rng)
-    m = int(prep.quantiles.size)
-    n = prep.n
-    eps_q = prep.epsilon / math.sqrt(m)
+    sup = support_from_values(
+        data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
+    )
+    return csmooth_core(sup, make_rng(rng))
+
+
+def csmooth_core(sup: Support, rng: np.random.Generator) -> FloatArray:
+    """CSmooth on a prepared support (order statistics from cumulative counts)."""
+    reject_add_remove(sup, "csmooth")
+    m = int(sup.quantiles.size)
+    n = sup.n
+    eps_q = sup.epsilon / math.sqrt(m)
     out = np.empty(m, dtype=np.float64)
-    for k, q in enumerate(prep.quantiles):
+    for k, q in enumerate(sup.quantiles):
         t = tuned_t(eps_q, float(q))
         sigma, s = lln_parameters(eps_q, t)
         j = quantile_index(float(q), n)
-        sens = smooth_sensitivity(prep.edges, j, t)
-        z = gen.laplace() * math.exp(sigma * gen.standard_normal())
-        out[k] = prep.edges[j] + sens * z / s
-    np.clip(out, prep.lower, prep.upper, out=out)
+        sens = smooth_sensitivity(sup.edges, j, t, cum=sup.cum)
+        z = rng.laplace() * math.exp(sigma * rng.standard_normal())
+        out[k] = sup.value_of_rank(j) + sens * z / s
+    np.clip(out, sup.lower, sup.upper, out=out)
     out.sort()
     return out
 
@@ -159,6 +162,7 @@ def csmooth(
 CSMOOTH = Mechanism(
     name="csmooth",
     fn=csmooth,
+    core=csmooth_core,
     notion=PrivacyNotion.ZCDP,
     summary="Smooth sensitivity, Laplace-log-normal noise, epsilon-CDP (Bun-Steinke), swap only.",
     cost_fn=cdp_cost,

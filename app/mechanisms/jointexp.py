@@ -10,29 +10,42 @@ The mechanism (paper Sec. 3) samples a nondecreasing sequence of intervals
 uniform point inside each chosen interval, sorted. It is eps-DP with Δ = 2 (swap) or
 Δ = 2 (1 - min gap) with the gaps including q_1 and 1 - q_m (add/remove, paper Lemma 10).
 
+Here the intervals are the d + 1 intervals between *distinct* clamped values (a
+:class:`~app.mechanisms.histogram.Support`); interval i has position ``P_i = cum[i]`` (points
+``<=`` any output in it), and the paper's ``i_j - i_{j-1}`` becomes ``P_{i_j} - P_{i_{j-1}}``.
+The zero-width intervals of tied or clamped points that the paper's sequence space also
+contains carry no measure, so the law is the paper's. On a grid support the widths are the
+numbers of grid points per block and the law is that of the exponential mechanism over
+ordered grid tuples (docs/mechanisms.md).
+
 Sampling is exact, by the paper's forward/backward dynamic program over
 ``alpha(j, i, k)`` (mass of length-j prefixes ending in exactly k copies of i), computed here
 without the O(m^2 n) table:
 
-* The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|i - i' - n_j|``
-  is a two-sided geometric kernel, evaluated for all i in O(n) by recursive filters
-  (:mod:`app.mechanisms._jointexp_kernels`) that only ever add non-negative terms.
+* The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|P_i - P_i'
+  - n_j|`` is a two-sided geometric kernel in the position difference, evaluated for all i in
+  O(d) by a causal recursion and a two-stack window queue
+  (:mod:`app.mechanisms.jointexp_kernels`) that only ever add non-negative terms.
 * Repeats ``alpha(j, i, k) = w_i r^{n_j} alpha(j-1, i, k-1) / k`` are kept as extra rows only
   where they are not dominated: an entry below 2^-60 of ``alpha(j, i, 1)`` at the same interval
   is dropped. Every completion of such a prefix is also a completion of the single-copy prefix
   at the same interval with at least the same weight, so the error this introduces in any
   later weight is below 2^-60 of that weight's row (times m).
-* Rows are max-normalised in linear space (fast path). If a row's maximum drops below 2^-100
-  of the previous row's, contributions may have underflowed; the whole forward pass is then
-  redone in log space (exact for any dynamic range: long runs of tied or clamped points).
-* The backward pass draws (i, k) for the last block from ``alpha(m, i, k) r^|n - i - n_{m+1}|``,
-  then block by block from ``alpha(j, i, k) r^|i_next - i - n_{j+1}|`` over ``i < i_next``, each
-  by inverse CDF with a single uniform.
+* Rows are max-normalised in linear space (fast path). Each row carries its maximum on a
+  common log scale; the range rule (:meth:`_Forward._range_ok`) requires every earlier row's
+  truncation floor, grown per row, to stay 2^-52 below the current row's maximum (and below
+  each backward draw's largest weight). A linear row that breaks it sends the pass to log
+  space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
+  and widened until every row and draw has enough.
+* The backward pass draws (i, k) for the last block from ``alpha(m, i, k) r^|n - P_i -
+  n_{m+1}|``, then block by block from ``alpha(j, i, k) r^|P_next - P_i - n_{j+1}|`` over
+  ``i < i_next``, each by inverse CDF with a single uniform.
 * Rows are stored while they fit a memory budget; beyond it, only every ~sqrt(m)-th row is kept
   and the others are recomputed block by block during the backward pass.
 
-Complexity: O(n log n) to sort, then O(n) per quantile and row for the forward pass (plus
-O(n) per surviving repeat level) and O(n) per sampled block; memory O(n sqrt(m)) at worst.
+Complexity: O(n log n) to sort and count (raw call; none for a histogram), then O(d) per
+quantile and row for the forward pass (O(row support) in the common case; plus O(d) per
+surviving repeat level) and O(d) per sampled block; memory O(d sqrt(m)) at worst.
 """
 
 from __future__ import annotations
@@ -43,21 +56,24 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from app.mechanisms import _jointexp_kernels as K
-from app.mechanisms.base import (
-    FloatArray,
-    Mechanism,
-    PrivacyNotion,
-    _inverse_cdf_pick,
-    make_rng,
-    prepare,
-    uniform_in_intervals,
-)
+from app.mechanisms import jointexp_kernels as K
+from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.rng import make_rng
+from app.mechanisms.sampling import inverse_cdf_pick
+from app.mechanisms.validation import FloatArray, IntArray
 
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
-GUARD = 2.0**-100  # linear-space rows whose max falls below this trigger the log-space pass
+GUARD = 2.0**-100  # backward weights below this fraction of the row: form them in log space
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
-GUARD_MARGIN = 640.0  # a row may fall at most keep - margin e-folds below the previous one
+PROBE_KEEP = 750.0  # range of the probe pass that sizes LOG_KEEP from the rows' falls
+#: What a linear row can lose: each entry sums at most ~4 (d + 1) terms, each exact to the
+#: smallest normal double (2^-1022 = e^-708.4) of the larger of its own and the previous row's
+#: maximum; ``LINEAR_RANGE - log(4 (d + 1))`` e-folds is the row's truncation floor.
+LINEAR_RANGE = 708.0
+#: Required headroom (e-folds) between the propagated truncation error and a row's maximum:
+#: 2^-52 (36.04) plus the number of repeat levels (<= m, added as log) and slack.
+HEADROOM = 40.0
 MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
 
 
@@ -84,6 +100,10 @@ class _LinearGuardTripped(Exception):
 class _LogGuardTripped(Exception):
     """A log-space row fell further than its kept range allows; keep more and start over."""
 
+    def __init__(self, needed_keep: float = 0.0) -> None:
+        super().__init__(needed_keep)
+        self.needed_keep = needed_keep
+
 
 @dataclass(frozen=True)
 class _Row:
@@ -97,10 +117,18 @@ class _Row:
     lo: int
     levels: FloatArray
     top: float
+    gmax: float = 0.0  # log of the row's maximum on the pass's common scale (row 1: 0)
+    peak: float = -math.inf  # max over rows l <= j of (log truncation floor_l - l log kappa)
 
     @property
     def nbytes(self) -> int:
         return int(self.levels.nbytes)
+
+
+def _logsumexp_levels(levels: FloatArray) -> FloatArray:
+    out = np.empty(levels.shape[1])
+    K.logsumexp_rows(levels, out)
+    return out
 
 
 def _span(total: NDArray[np.float64] | NDArray[np.bool_]) -> tuple[int, int]:
@@ -114,6 +142,7 @@ class _Forward:
     def __init__(
         self,
         logw: FloatArray,
+        pos: IntArray,
         gaps: FloatArray,
         c: float,
         *,
@@ -122,6 +151,7 @@ class _Forward:
         keep: float = LOG_KEEP,
     ) -> None:
         self.logw = logw
+        self.pos = pos
         self.keep = keep
         # suffix maxima of the log widths bound the log pass's geometric tails (log pass only)
         self.suf_logw = np.maximum.accumulate(logw[::-1])[::-1].copy() if log_space else logw
@@ -131,7 +161,23 @@ class _Forward:
         self.m = gaps.size - 1
         self.n1 = logw.size
         self.w = np.exp(logw)  # normalised widths, max 1; zero-width intervals are 0
-        pw_len = int(min(self.n1 + 2, math.ceil(750.0 / c) + 2))
+        # kappa bounds how much an absolute error grows in one row: the single-copy kernel
+        # sums to at most (1 + r) / (1 - r) over distinct integer distances (and has at most
+        # d + 1 terms, each <= 1; widths <= 1), the repeat levels add at most 1/2.
+        r = math.exp(-c)
+        kern = (1.0 + r) / -math.expm1(-c)
+        self.log_kappa = math.log(min(kern, float(self.n1)) + 0.5)
+        # Errors grow per row by at most kappa times the width of the entry they land on;
+        # they are charged the median positive width (the rows' own mass is charged the same
+        # widths, so a uniform width scale is not a fall). This is the one step that is not a
+        # worst-case bound: see docs/mechanisms.md, "Range rule".
+        positive = self.w[self.w > 0.0]
+        lw_ref = math.log(float(np.median(positive))) if positive.size else 0.0
+        self.log_growth = self.log_kappa + lw_ref
+        self.headroom = HEADROOM + math.log(self.m + 1.0)
+        self.linear_floor = LINEAR_RANGE - math.log(4.0 * self.n1)
+        self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
+        pw_len = int(min(int(pos[-1]) + 2, math.ceil(750.0 / c) + 2))
         self.pw = np.exp(-c * np.arange(max(pw_len, 2), dtype=np.float64))
         self.budget = budget
         self.block = max(1, math.isqrt(self.m - 1) + 1)  # ~sqrt(m) rows per checkpoint block
@@ -144,15 +190,29 @@ class _Forward:
 
     def first(self) -> _Row:
         lrow = np.empty(self.n1)
-        K.first_row_log(self.logw, float(self.gaps[0]), self.c, lrow)
+        K.first_row_log(self.logw, self.pos, float(self.gaps[0]), self.c, lrow)
         if self.log_space:
             lrow -= lrow.max()
             a, b = _span(lrow >= -self.keep)
-            return _Row(a, lrow[a:b].reshape(1, -1).copy(), 1.0)
+            peak = -self.keep - self.log_growth
+            return _Row(a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
         row = np.empty(self.n1)
         K.exp_normalise(lrow, row)
         a, b = _span(row)
-        return _Row(a, row[a:b].reshape(1, -1).copy(), 1.0)
+        peak = -self.linear_floor - self.log_growth
+        return _Row(a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
+
+    def _range_ok(self, peak: float, gmax: float, j: int) -> bool:
+        """Whether every earlier truncation, grown per row, is 2^-52 below ``gmax``.
+
+        With ``g = log_growth`` (kappa times the median width) and
+        ``peak = max_l (floor_l - l g)`` this is ``floor_l + (j - l) g <= gmax - headroom``
+        for all ``l <= j``: the absolute error any row's dropped entries can have caused in
+        row j stays 2^-52 m below its maximum. Unlike a bound on the fall from the previous
+        row alone, it also catches several rows in a row falling (each fall spends range
+        that the earlier rows' truncation no longer has).
+        """
+        return peak + j * self.log_growth <= gmax - self.headroom
 
     def step(self, prev: _Row, j: int) -> _Row:
         """Row j (1-based, j >= 2) from row j - 1."""
@@ -168,45 +228,48 @@ class _Forward:
         tail = n_t + math.floor(nj) + math.ceil((math.log(n_t + 1.0) + 746.0) / self.c) + 4
         s = np.empty(min(self.n1 - prev.lo, tail))
         count, top = K.transition_linear(
-            total, prev.lo, scale, self.w, nj, self.c, self.pw, np.empty(n_t), s
+            total, prev.lo, scale, self.w, self.pos, nj, self.c, self.pw, np.empty(n_t), s
         )
         lev1 = s[:count]
         stay = math.exp(-self.c * nj) * scale  # r^{n_j}, in units of the previous row's max
-        repeats: list[FloatArray] = []
+        nrep = 0
         if stay > 0.0:
             w_here = self.w[prev.lo : prev.lo + n_t]
-            floor = PRUNE * lev1[:n_t]
-            for k in range(lev.shape[0]):
-                cand = lev[k] * w_here * (stay / (k + 2))
-                cand[cand < floor] = 0.0
-                repeats.append(cand)
-            while repeats and not repeats[-1].any():
-                repeats.pop()  # only trailing empty levels go: level index is the count
-        if repeats:
-            out = np.zeros((1 + len(repeats), count))
+            factor = stay / np.arange(2, lev.shape[0] + 2, dtype=np.float64)
+            cands = lev * w_here[None, :] * factor[:, None]
+            cands[cands < PRUNE * lev1[None, :n_t]] = 0.0
+            alive = np.flatnonzero(np.any(cands > 0.0, axis=1))
+            nrep = int(alive[-1]) + 1 if alive.size else 0  # level index is the count
+        if nrep:
+            out = np.zeros((1 + nrep, count))
             out[0] = lev1
-            for k, cand in enumerate(repeats):
-                out[k + 1, :n_t] = cand
+            out[1:, :n_t] = cands[:nrep]
             tot = out.sum(axis=0)
             top = float(tot.max())
         else:
             out = lev1.reshape(1, -1)
             tot = lev1
-        if not (top >= GUARD and math.isfinite(top)):
+        if not (top > 0.0 and math.isfinite(top)):
+            raise _LinearGuardTripped
+        gmax = prev.gmax + math.log(top)  # values are in units of the previous row's max
+        trunc = max(prev.gmax, gmax) - self.linear_floor  # this row's truncation floor
+        peak = max(prev.peak, trunc - j * self.log_growth)
+        if not self._range_ok(peak, gmax, j):
             raise _LinearGuardTripped
         a, b = _span(tot)
-        return _Row(prev.lo + a, np.ascontiguousarray(out[:, a:b]), top)
+        return _Row(prev.lo + a, np.ascontiguousarray(out[:, a:b]), top, gmax, peak)
 
     def _step_log(self, prev: _Row, j: int) -> _Row:
         """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
 
-        The same rule as the linear pass (which drops what underflows, ~708 e-folds down,
-        and insists that no row falls more than 69 e-folds below the previous one), with a
-        range of ``keep`` e-folds and the same 640 e-fold margin.
+        The same range rule as the linear pass (:meth:`_range_ok`) with a truncation floor of
+        ``keep`` e-folds below each row's maximum. A row that needs more range records how
+        much (``needed_keep``) and the pass goes on, so that one restart can size the range
+        for every row; :meth:`run` raises at the end.
         """
         nj = float(self.gaps[j - 1])
         lev = prev.levels
-        ltotal = lev[0] if lev.shape[0] == 1 else np.logaddexp.reduce(lev, axis=0)
+        ltotal = lev[0] if lev.shape[0] == 1 else _logsumexp_levels(lev)
         n_t = ltotal.size
         ls = np.empty(self.n1 - prev.lo)
         count, top = K.transition_log(
@@ -214,6 +277,7 @@ class _Forward:
             prev.lo,
             self.logw,
             self.suf_logw,
+            self.pos,
             nj,
             self.c,
             self.keep,
@@ -224,27 +288,29 @@ class _Forward:
         lw_here = self.logw[prev.lo : prev.lo + n_t]
         lstay = -self.c * nj
         lfloor = l1[:n_t] + math.log(PRUNE)
-        repeats: list[FloatArray] = []
-        for k in range(lev.shape[0]):
-            cand = lev[k] + lw_here + (lstay - math.log(k + 2))
-            cand[cand < lfloor] = -np.inf
-            repeats.append(cand)
-        while repeats and not np.any(repeats[-1] > -np.inf):
-            repeats.pop()
-        if repeats:
-            out = np.full((1 + len(repeats), count), -np.inf)
+        # level k + 1 (k + 2 copies) from level k: all levels at once
+        shift = lstay - np.log(np.arange(2, lev.shape[0] + 2, dtype=np.float64))
+        cands = lev + lw_here[None, :] + shift[:, None]
+        cands[cands < lfloor[None, :]] = -np.inf
+        alive = np.flatnonzero(np.any(cands > -np.inf, axis=1))
+        nrep = int(alive[-1]) + 1 if alive.size else 0  # only trailing empty levels go
+        if nrep:
+            out = np.full((1 + nrep, count), -np.inf)
             out[0] = l1
-            for k, cand in enumerate(repeats):
-                out[k + 1, :n_t] = cand
-            tot = np.logaddexp.reduce(out, axis=0)
+            out[1:, :n_t] = cands[:nrep]
+            tot = _logsumexp_levels(out)
             top = float(tot.max())
         else:
             out = l1.reshape(1, -1)
             tot = l1
         if not math.isfinite(top):
             raise FloatingPointError("JointExp: a forward row has no mass")
-        if top < -(self.keep - GUARD_MARGIN):
-            raise _LogGuardTripped
+        gmax = prev.gmax + top
+        peak = max(prev.peak, gmax - self.keep - j * self.log_growth)
+        if not self._range_ok(peak, gmax, j):
+            # this row needs the earlier rows' floors lower by the shortfall
+            short = peak + j * self.log_growth - (gmax - self.headroom)
+            self.needed_keep = max(self.needed_keep, self.keep + short)
         a, b = _span(tot >= top - self.keep)
         out = out[:, a:b] - top
         if out.shape[0] > 1:
@@ -253,7 +319,7 @@ class _Forward:
             out[out < -self.keep] = -np.inf
             nonempty = np.flatnonzero(np.any(out > -np.inf, axis=1))
             out = out[: int(nonempty[-1]) + 1]
-        return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0)
+        return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0, gmax, peak)
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -277,6 +343,8 @@ class _Forward:
                 self.stored_bytes -= self.rows.pop(j - 1).nbytes
             self._store(j, nxt)
             row = nxt
+        if self.needed_keep > 0.0:
+            raise _LogGuardTripped(self.needed_keep)
 
     def dense_total(self, j: int) -> FloatArray:
         """Row j summed over repeat counts, dense over all n + 1 intervals, max 1 (for tests)."""
@@ -305,59 +373,112 @@ def _draw_block(
     fwd: _Forward,
     j: int,
     i_end: int,
-    d_ref: int,
+    pos_ref: int,
     nj: float,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """Draw (i, k) ∝ alpha(j, i, k) r^|d_ref - i - nj| over i < i_end; k is 1-based."""
+    """Draw (i, k) ∝ alpha(j, i, k) r^|pos_ref - P[i] - nj| over i < i_end; k is 1-based.
+
+    The weights are checked against the row's truncation floor before the uniform is drawn
+    (the same range rule as the forward rows, the kernel being one more row): if they are
+    too small for it, the pass is rebuilt with more range (log space, or a wider log range)
+    and the caller retries the same step, so no draw is ever discarded.
+    """
     row = fwd.get(j)
     count = min(row.levels.shape[1], i_end - row.lo)
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.levels.shape[0], j)
     buf = np.empty(nlev * count)
+    pos = fwd.pos
     if fwd.log_space:
-        K.step_weights_log(row.levels, row.lo, nlev, count, d_ref, nj, fwd.c, buf)
+        ltop = K.step_weights_log(row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+        g_draw = row.gmax + ltop
     else:
-        top = K.step_weights_linear(row.levels, row.lo, nlev, count, d_ref, nj, fwd.c, fwd.pw, buf)
-        if not top >= GUARD * row.top:
+        top = K.step_weights_linear(
+            row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.pw, buf
+        )
+        if top >= GUARD * row.top:
+            g_draw = row.gmax + math.log(top / row.top)
+        else:
             # The kernel pushed every candidate towards underflow: form the same weights in
-            # log space from the stored row (its entries are exact to 2^-1022 of its max).
+            # log space from the stored row.
             lrow = np.empty_like(row.levels)
             K.log_of(row.levels.reshape(-1), lrow.reshape(-1))
-            K.step_weights_log(lrow, row.lo, nlev, count, d_ref, nj, fwd.c, buf)
-    pick = int(_inverse_cdf_pick(buf, rng.random()))
+            ltop = K.step_weights_log(lrow, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+            g_draw = row.gmax + ltop - math.log(row.top)
+    # Each weight's error is the row entry's error times its kernel factor, so the check
+    # compares the row's floor, scaled by the largest kernel factor, with the largest weight.
+    cand = pos[row.lo : row.lo + count]
+    at = int(np.searchsorted(cand, pos_ref - nj))
+    near = min(abs(float(cand[k]) - (pos_ref - nj)) for k in (at - 1, at) if 0 <= k < count)
+    g_rel = g_draw + fwd.c * near  # g_draw - log(max kernel factor)
+    if not fwd._range_ok(row.peak, g_rel, j):
+        if not fwd.log_space:
+            raise _LinearGuardTripped
+        short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
+        raise _LogGuardTripped(fwd.keep + short)
+    pick = int(inverse_cdf_pick(buf, rng.random()))
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick % count, pick // count + 1
 
 
-def _run_log_space(logw: FloatArray, gaps: FloatArray, c: float, budget: int) -> _Forward:
-    """Forward pass in log space, widening the kept range until no row outruns it."""
-    keep = LOG_KEEP
+def _run_log_space(
+    logw: FloatArray,
+    pos: IntArray,
+    gaps: FloatArray,
+    c: float,
+    budget: int,
+    keep: float | None = None,
+) -> _Forward:
+    """Forward pass in log space, widening the kept range until every row has enough.
+
+    A pass that comes up short reports the largest range any row asked for; the next pass
+    keeps that much (plus slack). Without a ``keep`` a narrow probe pass (``PROBE_KEEP``
+    e-folds, rows a quarter as wide) measures the rows' falls first. Its rows lack range, so
+    the falls it sees are at least the true ones (missing mass only lowers a row's maximum),
+    and the exact pass then starts with the range they need. Every pass checks its own range
+    (:meth:`_Forward._range_ok`), so the probe only decides speed, never the result.
+    """
+    if keep is None:
+        probe = _Forward(logw, pos, gaps, c, log_space=True, budget=0, keep=PROBE_KEEP)
+        try:
+            probe.run()
+            keep = LOG_KEEP
+        except _LogGuardTripped as trip:
+            keep = max(LOG_KEEP, trip.needed_keep + 200.0)
     while True:
-        fwd = _Forward(logw, gaps, c, log_space=True, budget=budget, keep=keep)
+        fwd = _Forward(logw, pos, gaps, c, log_space=True, budget=budget, keep=keep)
         try:
             fwd.run()
             return fwd
-        except _LogGuardTripped:
-            keep = keep * 4.0 if keep < 1e6 else math.inf  # inf: dense, nothing dropped
+        except _LogGuardTripped as trip:
+            keep = _wider(keep, trip.needed_keep)
+
+
+def _wider(keep: float, needed: float) -> float:
+    new = max(needed + 200.0, 1.5 * keep)
+    return new if new < 1e6 else math.inf  # inf: dense, nothing dropped
 
 
 def sample_interval_sequence(
     logw: FloatArray,
+    pos: IntArray,
     gaps: FloatArray,
     c: float,
     rng: np.random.Generator,
     *,
     force_log_space: bool = False,
     budget: int = MEMORY_BUDGET_BYTES,
-) -> NDArray[np.int64]:
+) -> IntArray:
     """Exact draw of the nondecreasing interval sequence (i_1..i_m) of JointExp.
 
     Args:
-        logw: log of the n + 1 interval widths (``-inf`` for zero width); any constant shift
-            is irrelevant (the distribution is invariant to the width scale).
+        logw: log of the d + 1 interval weights (widths, or numbers of grid points; ``-inf``
+            for zero); any constant shift is irrelevant.
+        pos: the d + 1 interval positions (strictly increasing; ``pos[0] = 0``,
+            ``pos[-1] = n``).
         gaps: n_1..n_{m+1}.
         c: eps / (2 Δ).
         rng: the generator supplying uniforms (one per sampled block).
@@ -365,24 +486,45 @@ def sample_interval_sequence(
         budget: bytes of forward rows kept before checkpointing starts.
     """
     logw = logw - float(np.max(logw))
-    n = logw.size - 1
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    d1 = logw.size
     m = gaps.size - 1
     if force_log_space:
-        fwd = _run_log_space(logw, gaps, c, budget)
+        fwd = _run_log_space(logw, pos, gaps, c, budget)
     else:
-        fwd = _Forward(logw, gaps, c, log_space=False, budget=budget)
+        fwd = _Forward(logw, pos, gaps, c, log_space=False, budget=budget)
         try:
             fwd.run()
         except _LinearGuardTripped:
-            fwd = _run_log_space(logw, gaps, c, budget)
+            fwd = _run_log_space(logw, pos, gaps, c, budget)
     seq = np.empty(m, dtype=np.int64)
-    j, i_end, d_ref = m, n + 1, n
+    j, i_end, pos_ref = m, d1, int(pos[-1])
     while j > 0:
-        i, k = _draw_block(fwd, j, i_end, d_ref, float(gaps[j]), rng)
+        try:
+            i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+        except _LinearGuardTripped:
+            fwd = _run_log_space(logw, pos, gaps, c, budget)
+            continue  # same step, exact weights; nothing was drawn
+        except _LogGuardTripped as trip:
+            fwd = _run_log_space(logw, pos, gaps, c, budget, _wider(fwd.keep, trip.needed_keep))
+            continue
         seq[j - k : j] = i
         j -= k
-        i_end, d_ref = i, i
+        i_end, pos_ref = i, int(pos[i])
     return seq
+
+
+def jointexp_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
+    """JointExp on a prepared support: interval sequence by the exact DP, then the points.
+
+    O(m d) time in the common case (d distinct values), O(d sqrt(m)) memory at worst.
+    """
+    c = sup.epsilon / (2.0 * jointexp_sensitivity(sup.quantiles, sup.neighbors))
+    widths = sup.widths
+    with np.errstate(divide="ignore"):
+        logw = np.log(widths / widths.max())
+    seq = sample_interval_sequence(logw, sup.cum, quantile_gaps(sup.quantiles, sup.n), c, rng)
+    return sup.points_in(seq, rng)
 
 
 def jointexp(
@@ -400,7 +542,8 @@ def jointexp(
     Guarantee: epsilon-DP (paper Theorem 1) under the chosen neighbour relation; the
     sensitivity is 2 (swap) or 2 (1 - min gap) (add/remove, gaps including q_1 and 1 - q_m).
 
-    Complexity: O(n log n + m n) time in the common case, O(n sqrt(m)) memory at worst.
+    Complexity: O(n log n) to sort and count, then O(m d) (d distinct values) in the common
+    case; O(d sqrt(m)) memory at worst.
 
     Args:
         data: 1-D finite values (any order); clamped to [lower, upper].
@@ -414,19 +557,16 @@ def jointexp(
     Returns:
         The m estimates, ascending, inside [lower, upper].
     """
-    prep = prepare(data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors)
-    gen = make_rng(rng)
-    c = prep.epsilon / (2.0 * jointexp_sensitivity(prep.quantiles, prep.neighbors))
-    widths = prep.widths
-    with np.errstate(divide="ignore"):
-        logw = np.log(widths / widths.max())
-    seq = sample_interval_sequence(logw, quantile_gaps(prep.quantiles, prep.n), c, gen)
-    return uniform_in_intervals(prep.edges, seq, gen)
+    sup = support_from_values(
+        data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
+    )
+    return np.asarray(jointexp_core(sup, make_rng(rng)), dtype=np.float64)
 
 
 JOINTEXP = Mechanism(
     name="jointexp",
     fn=jointexp,
+    core=jointexp_core,
     notion=PrivacyNotion.PURE_DP,
     summary="JointExp: one exponential mechanism for all m quantiles (Gillenwater et al. 2021).",
 )
@@ -434,6 +574,7 @@ JOINTEXP = Mechanism(
 __all__: list[str] = [
     "JOINTEXP",
     "jointexp",
+    "jointexp_core",
     "jointexp_sensitivity",
     "quantile_gaps",
     "sample_interval_sequence",

@@ -15,6 +15,8 @@ distance, so they never win). For fixed ``v`` let ``u*(v)`` be the largest maxim
 in ``v``; NRS's divide and conquer computes ``u*`` at the middle ``v`` by a scan and recurses on
 the two halves with the ``u`` range split at ``u*``. Every level of the recursion scans
 O(n) candidates in total, so the computation is O(n log n) (O(n) space, explicit stack).
+On (distinct values, counts) only run boundaries can maximise (the first rank of each value
+for u, the last for v), so the same divide and conquer runs over O(d) candidates: O(d log d).
 Pairs farther apart than ``K = ln((b - a) / L) / t``, with ``L`` a value attained by some pair,
 cannot reach the maximum and are skipped exactly, so the work is O(K log K) for K <= n.
 
@@ -39,16 +41,11 @@ import numba
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.mechanisms.base import (
-    FloatArray,
-    Mechanism,
-    MechanismInputError,
-    Prepared,
-    PrivacyNotion,
-    check_delta,
-    make_rng,
-    prepare,
-)
+from app.mechanisms.errors import MechanismInputError
+from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.rng import make_rng
+from app.mechanisms.validation import FloatArray, IntArray, check_delta
 
 
 def quantile_index(q: float, n: int) -> int:
@@ -62,15 +59,38 @@ def quantile_index(q: float, n: int) -> int:
 
 
 @numba.njit(cache=True, nogil=True)
-def _log_lower_bound(edges: FloatArray, j: int, t: float) -> float:  # pragma: no cover
-    """log of a value attained by some admissible pair, hence a lower bound on log S^t.
+def _rank_value(edges: FloatArray, cum: IntArray, r: int) -> float:  # pragma: no cover
+    """x_r for 0 <= r <= n + 1 (x_0 = a, x_{n+1} = b) from the cumulative counts."""
+    n = cum[cum.size - 1]
+    if r <= 0:
+        return float(edges[0])
+    if r > n:
+        return float(edges[edges.size - 1])
+    return float(edges[np.searchsorted(cum, r, side="left")])
 
-    Evaluates one pair per distance k in {0, 1, 2, 4, ..., n} (centred on j where possible)
-    and the whole-range pair (a, b) at k = n. O(log n).
+
+@numba.njit(cache=True, nogil=True)
+def _log_smooth_sensitivity(  # pragma: no cover - compiled
+    edges: FloatArray, cum: IntArray, j: int, t: float
+) -> float:
+    """log max_{0<=v<=j<=u<=n+1} (x_u - x_v) e^{-t (u - v - 1)} on (distinct values, counts).
+
+    Candidates: x_u is constant on the ranks of one distinct value, so for u >= j only the
+    smallest rank of each value run (and j itself, and n + 1) can maximise, and for v <= j
+    only the largest rank of each run (and j, and 0). Exact pruning as for dense data: with
+    ``L`` a value attained by some pair (one pair per distance 0, 1, 2, 4, ..., n), pairs with
+    ``u - v - 1 > K = (log(b - a) - log L) / t`` cannot win, so only candidates with ranks in
+    ``[j - K - 1, j + K + 1]`` are scanned. Divide and conquer over the v candidates with the
+    u range split at the largest maximiser (monotone: ``(x_u - x_v) e^{-t u}`` is
+    log-supermodular, also on the candidate sub-chains). O((d + 1) log d) at worst.
     """
-    last = edges.size - 1  # n + 1
-    n = last - 1
-    best = math.log(edges[last] - edges[0]) - t * n
+    d = edges.size - 2
+    n = int(cum[d])
+    last = n + 1
+    tj = int(np.searchsorted(cum, j, side="left"))  # run of rank j: cum[tj - 1] < j <= cum[tj]
+    # lower bound
+    log_range = math.log(edges[d + 1] - edges[0])
+    best = log_range - t * n
     k = 0
     while k <= n:
         u = j + (k + 1) // 2
@@ -80,49 +100,57 @@ def _log_lower_bound(edges: FloatArray, j: int, t: float) -> float:  # pragma: n
         if u > last:
             u, v = last, last - k - 1
         if 0 <= v <= j <= u <= last:
-            d = edges[u] - edges[v]
-            if d > 0.0:
-                val = math.log(d) - t * k
+            diff = _rank_value(edges, cum, u) - _rank_value(edges, cum, v)
+            if diff > 0.0:
+                val = math.log(diff) - t * k
                 if val > best:
                     best = val
         k = 1 if k == 0 else 2 * k
-    return best
-
-
-@numba.njit(cache=True, nogil=True)
-def _log_smooth_sensitivity(edges: FloatArray, j: int, t: float) -> float:  # pragma: no cover
-    """log max_{0<=v<=j<=u<=n+1} (edges[u] - edges[v]) e^{-t (u - v - 1)}, O(n log n).
-
-    Exact pruning: with ``L`` a value attained by some pair (:func:`_log_lower_bound`), any
-    pair with ``u - v - 1 > K = (log(b - a) - log L) / t`` is worth at most
-    ``(b - a) e^{-t (K + 1)} < L`` and is skipped, so v runs over ``[j - K - 1, j]`` and u over
-    ``[j, j + K + 1]`` only.
-
-    Divide and conquer over v with an explicit stack of (v_lo, v_hi, u_lo, u_hi): all v in
-    [v_lo, v_hi] have a maximiser u*(v) in [u_lo, u_hi] (monotonicity of the largest maximiser
-    of the log-supermodular ``(x_u - x_v) e^{-t u}``). For fixed v the scan maximises
-    ``(x_u - x_v) E[u - j]`` with ``E[d] = e^{-t d}`` tabulated once (no log per pair); when
-    ``E`` could underflow inside the window (``log((b - a) / L) > 600``) the scan is done in
-    log space instead.
-    """
-    last = edges.size - 1  # = n + 1
-    log_range = math.log(edges[last] - edges[0])
-    log_low = _log_lower_bound(edges, j, t)
-    span = (log_range - log_low) / t
+    span = (log_range - best) / t
     kmax = last if span >= last else int(span) + 1
     v_first = j - kmax - 1 if j - kmax - 1 > 0 else 0
     u_final = j + kmax + 1 if j + kmax + 1 < last else last
-    linear = log_range - log_low + t <= 600.0
-    table = np.empty(u_final - j + 1 if linear else 1, dtype=np.float64)
-    if linear:
-        for d in range(u_final - j + 1):
-            table[d] = math.exp(-t * d)
-    best = log_low
+    # v candidates (ranks ascending): 0, the last rank of each run ending below j, j
+    nv_max = tj + 2
+    RV = np.empty(nv_max, dtype=np.int64)
+    XV = np.empty(nv_max, dtype=np.float64)
+    nv = 0
+    if v_first == 0:
+        RV[nv] = 0
+        XV[nv] = edges[0]
+        nv += 1
+    t_lo = int(np.searchsorted(cum, v_first, side="left"))  # first run with cum[t] >= v_first
+    for tt in range(max(t_lo, 1), tj):
+        if cum[tt] < j and cum[tt] >= v_first and cum[tt] > 0:
+            RV[nv] = cum[tt]
+            XV[nv] = edges[tt]
+            nv += 1
+    RV[nv] = j
+    XV[nv] = edges[tj]
+    nv += 1
+    # u candidates: j, the first rank of each run starting above j, n + 1
+    RU = np.empty(d - tj + 2, dtype=np.int64)
+    XU = np.empty(d - tj + 2, dtype=np.float64)
+    nu = 0
+    RU[nu] = j
+    XU[nu] = edges[tj]
+    nu += 1
+    for tt in range(tj + 1, d + 1):
+        r = cum[tt - 1] + 1
+        if r > u_final:
+            break
+        RU[nu] = r
+        XU[nu] = edges[tt]
+        nu += 1
+    if u_final == last:
+        RU[nu] = last
+        XU[nu] = edges[d + 1]
+        nu += 1
     stack = np.empty((64, 4), dtype=np.int64)
-    stack[0, 0] = v_first
-    stack[0, 1] = j
-    stack[0, 2] = j
-    stack[0, 3] = u_final
+    stack[0, 0] = 0
+    stack[0, 1] = nv - 1
+    stack[0, 2] = 0
+    stack[0, 3] = nu - 1
     top = 1
     while top > 0:
         top -= 1
@@ -130,69 +158,69 @@ def _log_smooth_sensitivity(edges: FloatArray, j: int, t: float) -> float:  # pr
         v_hi = stack[top, 1]
         u_lo = stack[top, 2]
         u_hi = stack[top, 3]
-        v = (v_lo + v_hi) // 2
-        xv = edges[v]
+        vi = (v_lo + v_hi) // 2
+        xv = XV[vi]
         arg = u_hi
-        if linear:
-            val = 0.0
-            for u in range(u_lo, u_hi + 1):
-                s = (edges[u] - xv) * table[u - j]
-                if s >= val and s > 0.0:  # ">=": keep the largest maximiser
-                    val = s
-                    arg = u
-            if val > 0.0:
-                # (x_u - x_v) e^{-t(u - v - 1)} = (x_u - x_v) E[u - j] e^{-t (j - v - 1)}
-                cand = math.log(val) - t * (j - v - 1)
-                if cand > best:
-                    best = cand
-        else:
-            lval = -np.inf
-            for u in range(u_lo, u_hi + 1):
-                d = edges[u] - xv
-                if d > 0.0:
-                    s = math.log(d) - t * u
-                    if s >= lval:
-                        lval = s
-                        arg = u
-            if lval > -np.inf:
-                cand = lval + t * (v + 1)
-                if cand > best:
-                    best = cand
-        # Left half keeps u in [u_lo, arg]; right half u in [arg, u_hi]. Depth <= log2(n) + 2.
-        if v_lo <= v - 1:
+        lval = -np.inf
+        for ui in range(u_lo, u_hi + 1):
+            diff = XU[ui] - xv
+            if diff > 0.0:
+                s = math.log(diff) - t * RU[ui]
+                if s >= lval:  # ">=": keep the largest maximiser
+                    lval = s
+                    arg = ui
+        if lval > -np.inf:
+            cand = lval + t * (RV[vi] + 1)
+            if cand > best:
+                best = float(cand)
+        if v_lo <= vi - 1:
             stack[top, 0] = v_lo
-            stack[top, 1] = v - 1
+            stack[top, 1] = vi - 1
             stack[top, 2] = u_lo
             stack[top, 3] = arg
             top += 1
-        if v + 1 <= v_hi:
-            stack[top, 0] = v + 1
+        if vi + 1 <= v_hi:
+            stack[top, 0] = vi + 1
             stack[top, 1] = v_hi
             stack[top, 2] = arg
             stack[top, 3] = u_hi
             top += 1
-    return best
+    return float(best)
 
 
-def smooth_sensitivity(edges: FloatArray, j: int, t: float) -> float:
+def support_of_dense(edges: FloatArray) -> tuple[FloatArray, IntArray]:
+    """(distinct edges, cumulative counts) of dense edges ``[a, x_1 <= ... <= x_n, b]``."""
+    x = edges[1:-1]
+    ends = np.flatnonzero(x[1:] != x[:-1]) + 1
+    out_edges = np.concatenate(([edges[0]], x[:1], x[ends], [edges[-1]]))
+    cum = np.concatenate(([0], ends, [x.size])).astype(np.int64)
+    return out_edges, cum
+
+
+def smooth_sensitivity(
+    edges: FloatArray, j: int, t: float, *, cum: IntArray | None = None
+) -> float:
     """t-smooth sensitivity (paper Lemma 13) of the order statistic ``x_j`` (1-based ``j``).
 
-    ``edges`` is ``[a, x_1, ..., x_n, b]`` with x sorted and clamped to [a, b], ``a < b``.
-    O(n log n) worst case, O(K log K) with the exact pruning window K (see
-    :func:`_log_smooth_sensitivity`).
+    With ``cum=None``, ``edges`` is the dense ``[a, x_1, ..., x_n, b]`` (x sorted, clamped to
+    [a, b], ``a < b``); otherwise ``edges = [a, v_1, ..., v_d, b]`` are the distinct values and
+    ``cum`` their cumulative counts (a :class:`Support`). O(d log d) worst case, less with the
+    exact pruning window (see :func:`_log_smooth_sensitivity`).
     """
-    n = edges.size - 2
+    if cum is None:
+        edges, cum = support_of_dense(np.asarray(edges, dtype=np.float64))
+    n = int(cum[-1])
     if not 1 <= j <= n:
         raise ValueError("j must lie in [1, n]")
     if not t > 0.0:
         raise ValueError("t must be > 0")
     if not edges[-1] > edges[0]:
         raise ValueError("the bounds must satisfy a < b")
-    return math.exp(float(_log_smooth_sensitivity(edges, int(j), float(t))))
+    return math.exp(float(_log_smooth_sensitivity(edges, cum, int(j), float(t))))
 
 
-def reject_add_remove(prep: Prepared, method: str) -> None:
-    if prep.neighbors != "swap":
+def reject_add_remove(sup: Support, method: str) -> None:
+    if sup.neighbors != "swap":
         raise MechanismInputError(
             "neighbors",
             f"method {method!r} supports only 'swap': its smooth-sensitivity analysis is for "
@@ -226,21 +254,34 @@ def smooth(
     Raises:
         MechanismInputError: for invalid input, a delta outside (0, 1), or add/remove neighbours.
     """
+    check_delta(delta)
+    sup = support_from_values(
+        data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
+    )
+    return np.asarray(smooth_core(sup, make_rng(rng), delta=delta), dtype=np.float64)
+
+
+def smooth_core(
+    sup: Support, rng: np.random.Generator, *, delta: float | None = None
+) -> FloatArray:
+    """Smooth on a prepared support (order statistics from cumulative counts).
+
+    On a grid support the statistic and the noise are in grid units; the registry rounds
+    the noisy value to the nearest grid index (post-processing).
+    """
     d = check_delta(delta)
-    prep = prepare(data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors)
-    reject_add_remove(prep, "smooth")
-    gen = make_rng(rng)
-    m = int(prep.quantiles.size)
-    n = prep.n
-    eps_q = prep.epsilon / m
+    reject_add_remove(sup, "smooth")
+    m = int(sup.quantiles.size)
+    n = sup.n
+    eps_q = sup.epsilon / m
     delta_q = d / m
     t = eps_q / (2.0 * math.log(2.0 / delta_q))
     out = np.empty(m, dtype=np.float64)
-    for k, q in enumerate(prep.quantiles):
+    for k, q in enumerate(sup.quantiles):
         j = quantile_index(float(q), n)
-        s = smooth_sensitivity(prep.edges, j, t)
-        out[k] = prep.edges[j] + s * gen.laplace() / (eps_q / 2.0)
-    np.clip(out, prep.lower, prep.upper, out=out)
+        s = smooth_sensitivity(sup.edges, j, t, cum=sup.cum)
+        out[k] = sup.value_of_rank(j) + s * rng.laplace() / (eps_q / 2.0)
+    np.clip(out, sup.lower, sup.upper, out=out)
     out.sort()
     return out
 
@@ -248,6 +289,7 @@ def smooth(
 SMOOTH = Mechanism(
     name="smooth",
     fn=smooth,
+    core=smooth_core,
     notion=PrivacyNotion.APPROX_DP,
     summary="Smooth-sensitivity Laplace mechanism (Nissim-Raskhodnikova-Smith), swap only.",
     requires_delta=True,

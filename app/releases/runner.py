@@ -24,10 +24,11 @@ from numpy.typing import NDArray
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
+from app.datasets.grid import grid_size, grid_values
 from app.datasets.models import Dataset
-from app.datasets.service import load_values, snap_to_grid
+from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
-from app.mechanisms import MechanismInputError, get_mechanism
+from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
 from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.service import FINISHED_CHANNEL, PENDING_CHANNEL
 
@@ -64,7 +65,7 @@ class Job:
     upper: float
     granularity: float
     neighbors: str
-    values: FloatArray
+    histogram: GridHistogram
 
 
 class RunFailed(Exception):
@@ -116,14 +117,21 @@ def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | No
 
 
 def load_job(session: Session, claim: Claim) -> Job | None:
-    """The release's parameters and its dataset's frozen values; None if the lease was lost."""
+    """The release's parameters and its dataset's frozen grid histogram; None if the lease was
+    lost. O(distinct cells), whatever n is."""
     release = session.get(Release, claim.release_id, populate_existing=True)
     if release is None or release.status != PENDING or release.lease_token != claim.token:
         return None
     dataset = session.get(Dataset, release.dataset_id)
-    loaded = load_values(session, dataset_id=release.dataset_id)
+    loaded = load_histogram(session, dataset_id=release.dataset_id)
     if dataset is None or loaded is None:
         raise RunFailed("dataset or values missing")
+    _, cells, counts = loaded
+    histogram = GridHistogram(
+        cells=cells,
+        counts=counts,
+        grid_points=grid_size(dataset.lower, dataset.upper, dataset.granularity),
+    )
     return Job(
         claim=claim,
         method=release.method,
@@ -134,29 +142,31 @@ def load_job(session: Session, claim: Claim) -> Job | None:
         upper=dataset.upper,
         granularity=dataset.granularity,
         neighbors=dataset.neighbors,
-        values=loaded[1],
+        histogram=histogram,
     )
 
 
 def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
-    """Run the mechanism (no database involved) and snap its output to the public grid.
+    """Run the mechanism on the grid histogram (no database involved); the estimates are
+    grid points.
 
+    ``Mechanism.run_grid`` returns grid indices drawn exactly (integer weights, an integer
+    uniform draw); each index k becomes ``lower + k * granularity`` evaluated in decimal and
+    rounded once to a double, so the released numbers are a fixed, data-independent set.
     ``rng=None`` draws from the OS CSPRNG. Raises :class:`RunFailed` on any failure; its
     message never carries a data value.
     """
     try:
         mech = get_mechanism(job.method)
-        raw = mech.run(
-            job.values,
+        cells = mech.run_grid(
+            job.histogram,
             job.quantiles,
             epsilon=mechanism_float(job.epsilon),
             delta=None if job.delta is None else mechanism_float(job.delta),
-            lower=job.lower,
-            upper=job.upper,
             neighbors=job.neighbors,
             rng=rng,
         )
-        estimates = snap_to_grid(raw, lower=job.lower, upper=job.upper, granularity=job.granularity)
+        estimates = grid_values(cells, job.lower, job.granularity)
     except MechanismInputError as exc:
         # The parameter name is public; the problem text could in principle quote a value.
         raise RunFailed(f"{type(exc).__name__} on {exc.parameter}") from None

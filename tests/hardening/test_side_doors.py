@@ -33,7 +33,7 @@ import uvicorn
 from sqlalchemy.exc import OperationalError
 
 from app.main import create_app
-from app.mechanisms import MECHANISMS
+from app.mechanisms import MECHANISMS, GridHistogram
 from app.releases.runner import Claim, Job, RunFailed, run_job
 
 from .conftest import ADMIN, Api, report, settings_for
@@ -56,6 +56,11 @@ LOGGERS = [
     "fastapi",
     "starlette",
 ]
+
+
+def broken_indexp(boom: Any) -> Any:
+    """IndExp with both entry points (raw array and grid) replaced by ``boom``."""
+    return dataclasses.replace(MECHANISMS["indexp"], fn=boom, core=boom)
 
 
 def patterns() -> list[str]:
@@ -362,7 +367,11 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
             with monkeypatch.context() as m:
                 # Mechanisms run in the workers (issue 8): the text a worker logs for a
                 # failed run is the RunFailed message, built from the class name only.
-                m.setitem(MECHANISMS, "indexp", dataclasses.replace(MECHANISMS["indexp"], fn=boom))
+                m.setitem(
+                    MECHANISMS,
+                    "indexp",
+                    broken_indexp(boom),
+                )
                 job = Job(
                     claim=Claim(uuid.uuid4(), uuid.uuid4(), 1),
                     method="indexp",
@@ -373,7 +382,11 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                     upper=1000.0,
                     granularity=1.0,
                     neighbors="swap",
-                    values=np.array([float(v) for v in SECRETS[:3]]),
+                    histogram=GridHistogram(
+                        cells=np.array([int(v) for v in SECRETS[:3]], dtype=np.int64),
+                        counts=np.ones(3, dtype=np.int64),
+                        grid_points=1001,
+                    ),
                 )
                 with pytest.raises(RunFailed) as failed:
                     run_job(job)

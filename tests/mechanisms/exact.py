@@ -8,11 +8,28 @@ import math
 import numpy as np
 from scipy import stats
 
-from app.mechanisms.base import prepare
+from app.mechanisms.histogram import Support, support_from_values
+
+
+def dense_edges(data: object, lower: float, upper: float) -> np.ndarray:
+    """``[a, x_(1), ..., x_(n), b]``: every data point, clamped and sorted (ties repeated)."""
+    x = np.sort(np.clip(np.asarray(data, dtype=np.float64), lower, upper))
+    return np.concatenate(([float(lower)], x, [float(upper)]))
 
 
 def edges_for(data: list[float], lower: float, upper: float) -> np.ndarray:
-    return prepare(data, [0.5], epsilon=1.0, lower=lower, upper=upper, neighbors="swap").edges
+    return dense_edges(data, lower, upper)
+
+
+def support_for(data: object, lower: float, upper: float, q: object = (0.5,)) -> Support:
+    return support_from_values(
+        data,  # type: ignore[arg-type]
+        q,  # type: ignore[arg-type]
+        epsilon=1.0,
+        lower=lower,
+        upper=upper,
+        neighbors="swap",
+    )
 
 
 def jointexp_sequence_probs(

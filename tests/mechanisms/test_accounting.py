@@ -9,6 +9,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from app.mechanisms import MechanismInputError
 from app.mechanisms.accounting import (
     cdp_cost,
     cks_delta_at_order,
@@ -17,7 +18,6 @@ from app.mechanisms.accounting import (
     zcdp_epsilon_cks,
     zcdp_to_approx_dp,
 )
-from app.mechanisms.base import MechanismInputError
 
 RHOS = [1e-4, 0.01, 0.125, 0.5, 2.0, 10.0]
 DELTAS = [1e-3, 1e-6, 1e-10]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.mechanisms import MECHANISMS
+from app.mechanisms import MECHANISMS, MechanismInputError, PrivacyNotion
 from app.mechanisms.appindexp import (
     appindexp,
     ddr_candidate_ts,
@@ -18,7 +18,7 @@ from app.mechanisms.appindexp import (
     ddr_log_delta_at,
     per_quantile_epsilon,
 )
-from app.mechanisms.base import MechanismInputError, PrivacyNotion, prepare
+from tests.mechanisms.exact import dense_edges
 
 # --------------------------------------------------------------------- references
 
@@ -149,7 +149,7 @@ TINY = [0.3, 1.7, 1.7, 4.0, -2.0, 9.0]  # a tie and two points clamped to [0, 5]
 @pytest.mark.parametrize("neighbors", ["swap", "add_remove"])
 def test_sorted_pair_distribution_is_exact(neighbors: str) -> None:
     eps, delta, qs = 2.0, 1e-4, [0.3, 0.7]
-    edges = prepare(TINY, qs, epsilon=eps, lower=0.0, upper=5.0, neighbors=neighbors).edges
+    edges = dense_edges(TINY, 0.0, 5.0)
     e0 = per_quantile_epsilon(eps, delta, 2)
 
     def pair_probs(scale: float) -> dict[tuple[int, ...], float]:

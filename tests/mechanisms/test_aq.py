@@ -12,15 +12,11 @@ import pytest
 from scipy import stats
 
 import app.mechanisms.aq as aqmod
-from app.mechanisms import MECHANISMS
+from app.mechanisms import MECHANISMS, PrivacyNotion
 from app.mechanisms.aq import aq, recursion_depth
-from app.mechanisms.base import (
-    PrivacyNotion,
-    _fill_weights,
-    _fill_weights_log,
-    prepare,
-)
-from tests.mechanisms.exact import assert_rejects
+from app.mechanisms.exponential import fill_weights, fill_weights_log
+from app.mechanisms.smooth import support_of_dense
+from tests.mechanisms.exact import assert_rejects, dense_edges
 
 # --------------------------------------------------------------------- helpers
 
@@ -138,7 +134,7 @@ TINY = [0.3, 1.7, 1.7, 4.0, -2.0, 9.0, 2.2]  # a tie and two points clamped to [
 @pytest.mark.parametrize(("neighbors", "q"), [("swap", 0.5), ("swap", 0.2), ("add_remove", 0.2)])
 def test_single_quantile_is_the_exponential_mechanism(neighbors: str, q: float) -> None:
     eps, lower, upper = 2.0, 0.0, 5.0
-    edges = prepare(TINY, [q], epsilon=eps, lower=lower, upper=upper, neighbors=neighbors).edges
+    edges = dense_edges(TINY, lower, upper)
     sens = 1.0 if neighbors == "swap" else max(q, 1 - q)
     draws = 20_000
     rng = np.random.default_rng(17)
@@ -169,11 +165,20 @@ def test_log_domain_fallback_on_fully_tied_data() -> None:
 
 
 def exact_weights(
-    edges: np.ndarray, lo: int, hi: int, left: float, right: float, target: float, c: float
+    edges: np.ndarray,
+    cum: np.ndarray,
+    lo: int,
+    hi: int,
+    left: float,
+    right: float,
+    target: float,
+    c: float,
 ) -> np.ndarray:
+    """Node weights straight from the definition: width_j exp(-c |pos_j - target|)."""
     ends = np.concatenate(([left], edges[lo:hi], [right]))
+    pos = cum[lo - 1 : hi] - cum[lo - 1]
     with np.errstate(divide="ignore"):
-        s = np.log(np.diff(ends)) - c * np.abs(np.arange(hi - lo + 1) - target)
+        s = np.log(np.diff(ends)) - c * np.abs(pos - target)
     return np.exp(s - s.max())
 
 
@@ -182,19 +187,20 @@ def test_fast_weights_are_exact_to_2_pow_minus_50() -> None:
     for _ in range(400):
         n = int(rng.integers(1, 3000))
         x = np.round(rng.normal(size=n) * rng.choice([0.01, 1.0, 100.0]), int(rng.integers(0, 4)))
-        edges = prepare(x, [0.5], epsilon=1.0, lower=-5.0, upper=5.0, neighbors="swap").edges
-        lo = int(rng.integers(1, n + 1))
-        hi = int(rng.integers(lo, n + 2))
+        edges, cum = support_of_dense(dense_edges(x, -5.0, 5.0))  # distinct values, counts
+        d = edges.size - 2
+        lo = int(rng.integers(1, d + 1))
+        hi = int(rng.integers(lo, d + 2))
         left = float(edges[lo - 1]) - float(rng.uniform(0, 0.5))
-        right = float(edges[hi]) + float(rng.uniform(0, 0.5)) if hi <= n else 5.0
+        right = float(edges[hi]) + float(rng.uniform(0, 0.5)) if hi <= d else 5.0
         k = hi - lo
-        target = float(rng.uniform(0, 1)) * k
+        target = float(rng.uniform(0, 1)) * float(cum[hi - 1] - cum[lo - 1])
         c = float(10 ** rng.uniform(-5, 1.5))
-        buf = np.empty(n + 1)
-        j0, cnt, top = _fill_weights(edges, lo, hi, left, right, target, c, buf)
-        want = exact_weights(edges, lo, hi, left, right, target, c)
+        buf = np.empty(d + 1)
+        j0, cnt, top = fill_weights(edges, cum, lo, hi, left, right, target, c, buf)
+        want = exact_weights(edges, cum, lo, hi, left, right, target, c)
         if top < 2.0**-900:
-            j0, cnt, top = _fill_weights_log(edges, lo, hi, left, right, target, c, buf)
+            j0, cnt, top = fill_weights_log(edges, cum, lo, hi, left, right, target, c, buf)
         got = np.zeros(k + 1)
         got[j0 : j0 + cnt] = buf[:cnt] / top
         assert np.max(np.abs(got - want)) <= 2.0**-50
@@ -207,25 +213,25 @@ def test_node_pick_inverse_cdf_matches_reference() -> None:
     rng = np.random.default_rng(12)
     # Ties, clamped points at both ends, and more than 64 intervals (several blocks).
     raw = np.concatenate(([-9.0, -9.0], np.round(rng.uniform(0, 3, size=300), 1), [9.0]))
-    edges = prepare(raw, [0.5], epsilon=1.0, lower=0.0, upper=3.0, neighbors="swap").edges
-    n = edges.size - 2
+    edges, cum = support_of_dense(dense_edges(raw, 0.0, 3.0))
+    n = edges.size - 2  # number of distinct values
     buf = np.empty(n + 1)
     for c in (1e-4, 0.05, 2.0):
-        target = 0.37 * n
-        w = exact_weights(edges, 1, n + 1, 0.0, 3.0, target, c)
+        target = 0.37 * int(cum[-1])
+        w = exact_weights(edges, cum, 1, n + 1, 0.0, 3.0, target, c)
         cdf = np.cumsum(w) / w.sum()
         positive = np.flatnonzero(w > 0)
-        assert aqmod._node_pick(edges, 1, n + 1, 0.0, 3.0, target, c, 0.0, buf) == positive[0]
+        assert aqmod.node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, 0.0, buf) == positive[0]
         # The largest uniform lands on a positive weight at the top of the CDF (weights below
         # 2**-53 of the total are beyond the reach of one double uniform, as everywhere).
         top_u = float(np.nextafter(1.0, 0.0))
-        got = aqmod._node_pick(edges, 1, n + 1, 0.0, 3.0, target, c, top_u, buf)
+        got = aqmod.node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, top_u, buf)
         assert w[got] > 0 and cdf[got] >= top_u - 1e-12
         for u in rng.uniform(size=300):
             want = int(np.searchsorted(cdf, u, side="right"))
             if min(abs(cdf[max(want - 1, 0)] - u), abs(cdf[min(want, n)] - u)) < 1e-12:
                 continue  # too close to a boundary for a float comparison
-            got = aqmod._node_pick(edges, 1, n + 1, 0.0, 3.0, target, c, float(u), buf)
+            got = aqmod.node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, float(u), buf)
             assert got == want and w[got] > 0
 
 
@@ -379,13 +385,13 @@ def test_sampler_uses_the_calibrated_node_parameters(
     per_level = node_nodes_per_level(len(qs))
     eps_l = eps / len(per_level)
     seen: list[tuple[int, float, float]] = []
-    real = aqmod._node_pick
+    real = aqmod.node_pick
 
-    def spy(edges, lo, hi, left, right, target, c, u, buf):  # type: ignore[no-untyped-def]
-        seen.append((hi - lo, target, c))
-        return real(edges, lo, hi, left, right, target, c, u, buf)
+    def spy(edges, cum, lo, hi, left, right, target, c, u, buf):  # type: ignore[no-untyped-def]
+        seen.append((int(cum[hi - 1] - cum[lo - 1]), target, c))
+        return real(edges, cum, lo, hi, left, right, target, c, u, buf)
 
-    monkeypatch.setattr(aqmod, "_node_pick", spy)
+    monkeypatch.setattr(aqmod, "node_pick", spy)
     data = np.random.default_rng(0).normal(size=200)
     out = aq(
         data,

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from app.mechanisms import MECHANISMS, MechanismInputError, PrivacyNotion, get_mechanism
-from app.mechanisms.base import Mechanism, make_rng
+from app.mechanisms import MECHANISMS, Mechanism, MechanismInputError, PrivacyNotion, get_mechanism
+from app.mechanisms.rng import make_rng
 from tests.mechanisms.exact import chi_square_p, edges_for, indexp_interval_probs, to_intervals
 
 NAMES = sorted(MECHANISMS)

@@ -10,12 +10,11 @@ from numpy.polynomial.hermite_e import hermegauss
 from scipy import stats
 
 import app.mechanisms.csmooth as cs
-from app.mechanisms import MECHANISMS
+from app.mechanisms import MECHANISMS, MechanismInputError, PrivacyNotion
 from app.mechanisms.accounting import cdp_cost
-from app.mechanisms.base import MechanismInputError, PrivacyNotion, prepare
 from app.mechanisms.csmooth import csmooth, lln_parameters, lln_sigma, tuned_t
 from app.mechanisms.smooth import quantile_index, smooth_sensitivity
-from tests.mechanisms.exact import assert_rejects
+from tests.mechanisms.exact import assert_rejects, dense_edges
 
 
 @pytest.mark.parametrize("eps", [0.05, 0.3, 1.0, 4.0])
@@ -45,9 +44,9 @@ def test_tuning_uses_only_public_data_and_is_cached(monkeypatch: pytest.MonkeyPa
     seen: list[int] = []
     real = cs.smooth_sensitivity
 
-    def spy(edges: np.ndarray, j: int, t: float) -> float:
+    def spy(edges: np.ndarray, j: int, t: float, **kw: np.ndarray) -> float:
         seen.append(id(edges))
-        return real(edges, j, t)
+        return real(edges, j, t, **kw)
 
     monkeypatch.setattr(cs, "smooth_sensitivity", spy)
     public = id(cs._tuning_edges())
@@ -85,7 +84,7 @@ def test_noise_is_laplace_log_normal_scaled_to_smooth_sensitivity() -> None:
     data = rng.normal(size=200)
     q, eps = 0.5, 1.0
     lower, upper = -1e6, 1e6  # clamping never bites
-    edges = prepare(data, [q], epsilon=eps, lower=lower, upper=upper, neighbors="swap").edges
+    edges = dense_edges(data, lower, upper)
     j = quantile_index(q, 200)
     t = tuned_t(eps, q)
     sigma, s = lln_parameters(eps, t)
@@ -105,7 +104,7 @@ def test_per_quantile_epsilon_is_epsilon_over_sqrt_m() -> None:
     qs = [0.1, 0.5, 0.9]
     eps, m = 1.2, 3
     lo, hi = -100.0, 100.0
-    edges = prepare(data, qs, epsilon=eps, lower=lo, upper=hi, neighbors="swap").edges
+    edges = dense_edges(data, lo, hi)
     got = csmooth(data, qs, epsilon=eps, lower=lo, upper=hi, rng=np.random.default_rng(4))
     replay = np.random.default_rng(4)
     e = eps / math.sqrt(m)

@@ -18,7 +18,13 @@ from app.mechanisms.jointexp import (
     quantile_gaps,
     sample_interval_sequence,
 )
-from tests.mechanisms.exact import chi_square_p, edges_for, jointexp_sequence_probs, to_intervals
+from tests.mechanisms.exact import (
+    chi_square_p,
+    edges_for,
+    jointexp_sequence_probs,
+    support_for,
+    to_intervals,
+)
 
 DRAWS = 20_000
 
@@ -41,16 +47,15 @@ def _observed(case, *, seed: int, force_log: bool) -> tuple[collections.Counter,
     edges = edges_for(data, lo, hi)
     counts: collections.Counter = collections.Counter()
     if force_log:
-        from app.mechanisms.base import prepare
-
-        prep = prepare(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
-        c = eps / (2 * jointexp_sensitivity(prep.quantiles, nb))
+        sup = support_for(data, lo, hi, q)
+        c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
         with np.errstate(divide="ignore"):
-            logw = np.log(prep.widths)
-        gaps = quantile_gaps(prep.quantiles, prep.n)
+            logw = np.log(sup.widths)
+        gaps = quantile_gaps(sup.quantiles, sup.n)
         for _ in range(DRAWS):
-            seq = sample_interval_sequence(logw, gaps, c, rng, force_log_space=True)
-            counts[tuple(int(i) for i in seq)] += 1
+            seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, force_log_space=True)
+            # support interval t is the dense interval cum[t] (its position)
+            counts[tuple(int(sup.cum[i]) for i in seq)] += 1
         return counts, DRAWS
     for _ in range(DRAWS):
         out = jointexp(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb, rng=rng)
@@ -88,7 +93,9 @@ def test_never_outputs_zero_width_intervals() -> None:
         assert np.all((out >= 0.0) & (out <= 5.0))
 
 
-def _exact_rows(logw: np.ndarray, gaps: np.ndarray, c: float) -> list[list[mpmath.mpf]]:
+def _exact_rows(
+    logw: np.ndarray, pos: np.ndarray, gaps: np.ndarray, c: float
+) -> list[list[mpmath.mpf]]:
     """alpha(j, i) summed over k, by the paper's recursion in 50-digit arithmetic."""
     mpmath.mp.dps = 50
     n1 = logw.size
@@ -97,14 +104,16 @@ def _exact_rows(logw: np.ndarray, gaps: np.ndarray, c: float) -> list[list[mpmat
     m = gaps.size - 1
     alpha = [[mpmath.mpf(0)] * (m + 1) for _ in range(n1)]  # alpha[i][k]
     for i in range(n1):
-        alpha[i][1] = w[i] * r ** abs(i - mpmath.mpf(float(gaps[0])))
+        alpha[i][1] = w[i] * r ** abs(int(pos[i]) - mpmath.mpf(float(gaps[0])))
     rows = [[sum(alpha[i]) for i in range(n1)]]
     for j in range(2, m + 1):
         nj = mpmath.mpf(float(gaps[j - 1]))
         tot = [sum(alpha[i]) for i in range(n1)]
         new = [[mpmath.mpf(0)] * (m + 1) for _ in range(n1)]
         for i in range(n1):
-            new[i][1] = w[i] * sum(tot[ip] * r ** abs(i - ip - nj) for ip in range(i))
+            new[i][1] = w[i] * sum(
+                tot[ip] * r ** abs(int(pos[i]) - int(pos[ip]) - nj) for ip in range(i)
+            )
             for k in range(2, j + 1):
                 new[i][k] = w[i] * r**nj * alpha[i][k - 1] / k
         alpha = new
@@ -119,14 +128,15 @@ def test_forward_rows_match_high_precision_reference(eps: float, force_log: bool
     rng = np.random.default_rng(3)
     x = np.concatenate([np.round(rng.normal(size=60), 1), rng.normal(size=60)])  # with ties
     q = np.array([0.2, 0.45, 0.5, 0.9])
-    edges = edges_for(list(x), -3.0, 3.0)
+    sup = support_for(x, -3.0, 3.0)  # distinct values with counts
+    pos = sup.cum
     with np.errstate(divide="ignore"):
-        logw = np.log(np.diff(edges) / np.diff(edges).max())
+        logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
     c = eps / 4.0
-    fwd = _Forward(logw, gaps, c, log_space=force_log, budget=1 << 30)
+    fwd = _Forward(logw, pos, gaps, c, log_space=force_log, budget=1 << 30)
     fwd.run()
-    exact = _exact_rows(logw, gaps, c)
+    exact = _exact_rows(logw, pos, gaps, c)
     worst = 0.0
     for j in range(1, q.size + 1):
         got = fwd.dense_total(j)
@@ -141,12 +151,13 @@ def test_linear_and_log_paths_agree_on_tie_heavy_data() -> None:
     rng = np.random.default_rng(5)
     x = np.round(rng.normal(size=3000), 1)  # ~60 distinct values: long tie runs
     q = np.linspace(0.05, 0.95, 9)
-    edges = edges_for(list(x), -4.0, 4.0)
+    sup = support_for(x, -4.0, 4.0)  # distinct values with counts
+    pos = sup.cum
     with np.errstate(divide="ignore"):
-        logw = np.log(np.diff(edges) / np.diff(edges).max())
+        logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    lin = _Forward(logw, gaps, 0.05, log_space=False, budget=1 << 30)
-    log = _Forward(logw, gaps, 0.05, log_space=True, budget=1 << 30)
+    lin = _Forward(logw, pos, gaps, 0.05, log_space=False, budget=1 << 30)
+    log = _Forward(logw, pos, gaps, 0.05, log_space=True, budget=1 << 30)
     lin.run()
     log.run()
     for j in range(1, q.size + 1):
@@ -162,11 +173,12 @@ def test_long_clamped_run_falls_back_to_log_space_and_stays_finite() -> None:
     rng = np.random.default_rng(11)
     x = np.concatenate([rng.uniform(0, 10, size=6000), np.full(4000, 50.0)])
     q = np.array([0.5, 0.7, 0.9, 0.99])
-    edges = edges_for(list(x), 0.0, 10.0)
+    sup = support_for(x, 0.0, 10.0)  # distinct values with counts
+    pos = sup.cum
     with np.errstate(divide="ignore"):
-        logw = np.log(np.diff(edges) / np.diff(edges).max())
+        logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    linear = _Forward(logw, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
     with pytest.raises(_LinearGuardTripped):
         linear.run()
     out = MECHANISMS["jointexp"](x, q, epsilon=1.0, lower=0.0, upper=10.0, rng=rng)
@@ -181,12 +193,13 @@ def test_checkpointing_gives_the_same_draws_as_full_storage() -> None:
     rng_data = np.random.default_rng(8)
     x = rng_data.normal(size=5000)
     q = np.linspace(0.01, 0.99, 40)
-    edges = edges_for(list(x), -10, 10)
+    sup = support_for(x, -10, 10)  # distinct values with counts
+    pos = sup.cum
     with np.errstate(divide="ignore"):
-        logw = np.log(np.diff(edges))
+        logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    a = sample_interval_sequence(logw, gaps, 0.25, np.random.default_rng(1), budget=1 << 30)
-    b = sample_interval_sequence(logw, gaps, 0.25, np.random.default_rng(1), budget=1)
+    a = sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(1), budget=1 << 30)
+    b = sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(1), budget=1)
     np.testing.assert_array_equal(a, b)
 
 
@@ -282,14 +295,86 @@ def test_trimmed_log_rows_equal_dense_log_rows_where_it_matters() -> None:
     rng = np.random.default_rng(17)
     x = np.concatenate([rng.normal(size=4000), np.full(400, 1e9)])  # clamped top run
     q = np.array([0.3, 0.6, 0.92, 0.95, 0.97, 0.99])
-    edges = edges_for(list(x), -5.0, 5.0)
+    sup = support_for(x, -5.0, 5.0)  # distinct values with counts
+    pos = sup.cum
     with np.errstate(divide="ignore"):
-        logw = np.log(np.diff(edges) / np.diff(edges).max())
+        logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    trimmed = _run_log_space(logw, gaps, 0.25, 1 << 30)
-    dense = _Forward(logw, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    trimmed = _run_log_space(logw, pos, gaps, 0.25, 1 << 30)
+    dense = _Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
     dense.run()
     assert trimmed.keep < math.inf
     for j in range(1, q.size + 1):
         assert trimmed.get(j).levels.shape[1] < x.size  # rows really are trimmed
         np.testing.assert_allclose(trimmed.dense_total(j), dense.dense_total(j), atol=1e-13)
+
+
+def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
+    """Nine quantiles inside a clamped run: each row falls, and the falls add up.
+
+    A rule that only bounds each row's fall below the previous one passes a pass whose
+    truncated rows then push the last rows' weights off by up to 2% of their maximum (seen
+    with a 200 e-fold range). The cumulative rule refuses such a range and the pass that it
+    settles on matches the dense (nothing dropped) pass to rounding.
+    """
+    from app.mechanisms.jointexp import _LogGuardTripped, _run_log_space
+
+    rng = np.random.default_rng(1)
+    n = 20_000
+    x = np.concatenate([rng.uniform(0, 10, size=int(n * 0.9)), np.full(n // 10, 50.0)])
+    q = np.array([0.5, 0.9, 0.91, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99])
+    sup = support_for(x, 0.0, 10.0, q)
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths / sup.widths.max())
+    gaps = quantile_gaps(q, n)
+    narrow = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=400.0)
+    with pytest.raises(_LogGuardTripped) as info:
+        narrow.run()
+    assert info.value.needed_keep > 400.0
+    chosen = _run_log_space(logw, sup.cum, gaps, 0.25, 1 << 30)
+    dense = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    dense.run()
+    assert chosen.keep < math.inf
+    for j in range(1, q.size + 1):
+        np.testing.assert_allclose(chosen.dense_total(j), dense.dense_total(j), atol=1e-13)
+    # The linear pass (range ~700 e-folds) has enough for these falls (~50 each) and agrees.
+    linear = _Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear.run()
+    for j in range(1, q.size + 1):
+        np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)
+    # Twice the falls (5% per quantile step at n = 40000) are too much for it.
+    x2 = np.concatenate([rng.uniform(0, 10, size=36_000), np.full(4_000, 50.0)])
+    sup2 = support_for(x2, 0.0, 10.0, q)
+    with np.errstate(divide="ignore"):
+        logw2 = np.log(sup2.widths / sup2.widths.max())
+    linear2 = _Forward(
+        logw2, sup2.cum, quantile_gaps(q, x2.size), 0.25, log_space=False, budget=1 << 30
+    )
+    with pytest.raises(_LinearGuardTripped):
+        linear2.run()
+
+
+def test_linear_rows_on_narrow_data_in_loose_bounds_match_the_dense_log_pass() -> None:
+    """The range rule charges error growth at the median width (its one assumption).
+
+    N(0, 5^2) data in [-100, 100]: the data intervals are ~1e-4 of the outer ones, so every
+    row's maximum is ~11 e-folds below the previous one on the widest-interval scale, 500+
+    e-folds over the pass, more than a linear row holds. The rule accepts the linear pass
+    (the fall is a uniform width factor); its rows agree with the log pass that keeps
+    everything (keep = inf) to 1e-13 of each row's maximum.
+    """
+    rng = np.random.default_rng(12)
+    x = rng.normal(0.0, 5.0, size=20_000)
+    q = np.arange(1, 50) / 50.0
+    sup = support_for(x, -100.0, 100.0, q)
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths / sup.widths.max())
+    gaps = quantile_gaps(q, x.size)
+    linear = _Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear.run()  # accepted by the range rule
+    rows = [linear.get(j) for j in range(1, q.size + 1)]
+    assert rows[0].gmax - rows[-1].gmax > 300.0  # the width fall really is that large
+    dense = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    dense.run()
+    for j in range(1, q.size + 1):
+        np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)

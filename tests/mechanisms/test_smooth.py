@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from app.mechanisms import MECHANISMS
-from app.mechanisms.base import MechanismInputError, PrivacyNotion, prepare
+from app.mechanisms import MECHANISMS, MechanismInputError, PrivacyNotion
 from app.mechanisms.smooth import quantile_index, smooth, smooth_sensitivity
-from tests.mechanisms.exact import assert_rejects
+from tests.mechanisms.exact import assert_rejects, dense_edges
 
 
 def brute_smooth_sensitivity(edges: np.ndarray, j: int, t: float) -> float:
@@ -32,7 +31,7 @@ def brute_smooth_sensitivity(edges: np.ndarray, j: int, t: float) -> float:
 def random_edges(rng: np.random.Generator, n: int) -> np.ndarray:
     raw = rng.normal(size=n) * rng.choice([0.2, 1.0, 4.0])
     raw = np.round(raw, int(rng.integers(0, 3)))  # rounding makes ties
-    return prepare(raw, [0.5], epsilon=1.0, lower=-2.0, upper=2.5, neighbors="swap").edges
+    return dense_edges(raw, -2.0, 2.5)
 
 
 def test_fast_matches_brute_force_on_random_inputs() -> None:
@@ -59,7 +58,7 @@ def test_fast_matches_brute_force_on_random_inputs() -> None:
     ],
 )
 def test_fast_matches_brute_force_on_degenerate_inputs(data: list[float]) -> None:
-    edges = prepare(data, [0.5], epsilon=1.0, lower=-2.0, upper=2.5, neighbors="swap").edges
+    edges = dense_edges(data, -2.0, 2.5)
     n = edges.size - 2
     for j in range(1, n + 1):
         for t in (1e-3, 0.3, 5.0):
@@ -74,7 +73,7 @@ def test_fast_matches_brute_force_where_the_window_prunes(t: float, bound: float
     # t = 2, bound = 1e200 the linear-domain table would underflow: log-space scan).
     rng = np.random.default_rng(int(t * 100))
     x = np.round(rng.standard_cauchy(size=400), 2)
-    edges = prepare(x, [0.5], epsilon=1.0, lower=-bound, upper=bound, neighbors="swap").edges
+    edges = dense_edges(x, -bound, bound)
     for j in (1, 37, 200, 399, 400):
         assert smooth_sensitivity(edges, j, t) == pytest.approx(
             brute_smooth_sensitivity(edges, j, t), rel=1e-12
@@ -84,7 +83,7 @@ def test_fast_matches_brute_force_where_the_window_prunes(t: float, bound: float
 def test_large_input_is_subquadratic() -> None:
     # The O(n^2) definition would need ~10^11 operations here.
     x = np.random.default_rng(0).normal(size=300_000)
-    edges = prepare(x, [0.5], epsilon=1.0, lower=-10.0, upper=10.0, neighbors="swap").edges
+    edges = dense_edges(x, -10.0, 10.0)
     smooth_sensitivity(edges, 150_000, 1e-3)  # compile / warm
     t0 = time.perf_counter()
     s = smooth_sensitivity(edges, 150_000, 1e-4)
@@ -114,7 +113,7 @@ def test_noise_is_laplace_scaled_to_smooth_sensitivity() -> None:
     data = rng.uniform(0.0, 1.0, size=60)
     eps, delta, q = 2.0, 1e-3, 0.4
     lower, upper = -1e4, 1e4  # far bounds: clamping never bites
-    edges = prepare(data, [q], epsilon=eps, lower=lower, upper=upper, neighbors="swap").edges
+    edges = dense_edges(data, lower, upper)
     j = quantile_index(q, 60)
     t = eps / (2.0 * math.log(2.0 / delta))
     scale = smooth_sensitivity(edges, j, t) / (eps / 2.0)
@@ -134,7 +133,7 @@ def test_per_quantile_budget_is_epsilon_over_m() -> None:
     data = np.linspace(0.0, 10.0, 101)
     qs = [0.2, 0.5, 0.8]
     eps, delta, m = 1.5, 1e-5, 3
-    edges = prepare(data, qs, epsilon=eps, lower=-50.0, upper=60.0, neighbors="swap").edges
+    edges = dense_edges(data, -50.0, 60.0)
     got = smooth(
         data, qs, epsilon=eps, lower=-50.0, upper=60.0, rng=np.random.default_rng(9), delta=delta
     )

@@ -32,6 +32,11 @@ from tests.support import ApiBase, app_settings, auth, release_workers, wait_for
 from .conftest import ADMIN, ADMIN_KEY, SAMPLE
 
 
+def broken_indexp(boom: Any) -> Any:
+    """IndExp with both entry points (raw array and grid) replaced by ``boom``."""
+    return dataclasses.replace(MECHANISMS["indexp"], fn=boom, core=boom)
+
+
 @dataclasses.dataclass
 class Quiet:
     """A schema without workers: an app, a raw engine and a session factory for the runner."""
@@ -174,7 +179,7 @@ def test_a_failed_run_keeps_its_debit_and_a_retry_resumes_it_without_a_new_one(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise FloatingPointError("injected failure 42.5")  # a message a value could be in
 
-    monkeypatch.setitem(MECHANISMS, "indexp", dataclasses.replace(MECHANISMS["indexp"], fn=boom))
+    monkeypatch.setitem(MECHANISMS, "indexp", broken_indexp(boom))
     first = _query(quiet, ds, key=key, prefer="respond-async")
     assert first.status_code == 202
     assert quiet.run_one()
@@ -206,7 +211,7 @@ def test_runs_per_release_are_bounded_by_max_runs(
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError
 
-    monkeypatch.setitem(MECHANISMS, "indexp", dataclasses.replace(MECHANISMS["indexp"], fn=boom))
+    monkeypatch.setitem(MECHANISMS, "indexp", broken_indexp(boom))
     rid = _query(quiet, ds, key=key, prefer="respond-async").json()["id"]
     for _ in range(quiet.settings.max_runs):
         assert quiet.run_one()
@@ -444,11 +449,12 @@ def test_the_mechanism_runs_with_a_float_at_most_the_paid_decimal(
     seen: list[float] = []
     real = MECHANISMS["indexp"]
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs["epsilon"])
-        return real.fn(*args, **kwargs)
+    def spy(support: Any, rng: Any, **kwargs: Any) -> Any:
+        seen.append(support.epsilon)
+        assert real.core is not None
+        return real.core(support, rng, **kwargs)
 
-    monkeypatch.setitem(MECHANISMS, "indexp", dataclasses.replace(real, fn=spy))
+    monkeypatch.setitem(MECHANISMS, "indexp", dataclasses.replace(real, core=spy))
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
     assert _query(quiet, ds, prefer="respond-async", epsilon="0.1").status_code == 202
     assert quiet.run_one()

@@ -1,0 +1,258 @@
+"""Datasets as (distinct value, count) pairs: the grid histogram and the prepared support.
+
+Every mechanism runs on a :class:`Support`: the distinct clamped data values
+``v_1 < ... < v_d`` with their counts, framed by the public bounds. Interval ``t``
+(``0 <= t <= d``) is ``[edges[t], edges[t + 1])`` with ``edges = [a, v_1, ..., v_d, b]``;
+its *position* ``cum[t] = #{x <= v_t}`` (``cum[0] = 0``, ``cum[d] = n``) is the number of
+data points at or below any output inside it. Values are distinct, so only the two end
+intervals can have zero width (points clamped to, or lying on, a bound); they carry weight
+zero and are never output. Work and memory are O(d), whatever n is.
+
+Two kinds of support:
+
+* **values** (the raw-array call): ``a, b`` are the real bounds, outputs are doubles drawn
+  uniformly inside the chosen intervals (``left + u * width``, as in the paper).
+* **grid** (:meth:`app.mechanisms.registry.Mechanism.run_grid`): the output space is the
+  integer grid ``0 .. K`` (``grid_points = K + 1``); ``edges = [0, v_1, ..., v_d, K + 1]``
+  with integer cells ``v``. The block of grid points ``y`` with ``#{x <= y} = cum[t]`` is
+  exactly the integers of ``[edges[t], edges[t + 1])``, so an interval's width *is* the
+  number of grid points it holds (an exact integer in a double, since ``K + 1 <= 2^53``),
+  and the final point is a uniform integer drawn with integer arithmetic only
+  (:func:`app.mechanisms.rng.uniform_integer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from app.mechanisms.errors import MechanismInputError
+from app.mechanisms.rng import uniform_integer
+from app.mechanisms.validation import (
+    FloatArray,
+    IntArray,
+    Neighbors,
+    check_bounds,
+    check_data,
+    check_epsilon,
+    check_neighbors,
+    check_quantiles,
+)
+
+#: Largest grid (K + 1 points) a histogram may have: every grid point and every block size is
+#: an exact integer in a double, and every count sum fits an int64 with room to spare.
+GRID_POINTS_MAX = 2**53
+#: Largest total count n: positions are exact in a double (the dynamic program's kernels
+#: take differences of positions in floating point only through exact integers).
+N_MAX = 2**53
+
+
+def _int_array(values: ArrayLike, name: str) -> IntArray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise MechanismInputError(name, "must be one-dimensional")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise MechanismInputError(name, "must hold integers")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class GridHistogram:
+    """A dataset as counts on its public grid ``0 .. grid_points - 1``.
+
+    ``cells`` are strictly increasing grid indices in ``[0, grid_points - 1]`` and
+    ``counts`` (same length, each >= 1) the number of records in each; ``n = counts.sum()``.
+    The service maps index ``k`` to the value ``lower + k * granularity``; mechanisms never
+    see values, only indices. Validated on construction (errors name ``cells``, ``counts``
+    or ``grid_points`` and never repeat a count or a cell).
+    """
+
+    cells: IntArray
+    counts: IntArray
+    grid_points: int
+
+    def __post_init__(self) -> None:
+        cells = _int_array(self.cells, "cells")
+        counts = _int_array(self.counts, "counts")
+        if isinstance(self.grid_points, bool) or not isinstance(self.grid_points, int | np.integer):
+            raise MechanismInputError("grid_points", "must be an integer")
+        k1 = int(self.grid_points)
+        if not 2 <= k1 <= GRID_POINTS_MAX:
+            raise MechanismInputError(
+                "grid_points", f"must lie in [2, 2**53] (got {self.grid_points!r})"
+            )
+        if cells.size == 0:
+            raise MechanismInputError("cells", "must not be empty")
+        if counts.size != cells.size:
+            raise MechanismInputError("counts", "must have the same length as cells")
+        if cells[0] < 0 or cells[-1] > k1 - 1:
+            raise MechanismInputError("cells", "every cell must lie in [0, grid_points - 1]")
+        if cells.size > 1 and not np.all(cells[1:] > cells[:-1]):
+            first = int(np.argmin(cells[1:] > cells[:-1])) + 1
+            raise MechanismInputError("cells", f"must be strictly increasing (index {first})")
+        if not np.all(counts >= 1):
+            first = int(np.argmin(counts >= 1))
+            raise MechanismInputError("counts", f"must be >= 1 (index {first})")
+        # exact total: Python integers, no int64 wrap-around
+        total = int(counts.sum(dtype=np.uint64)) if counts.max() < 2**53 else N_MAX + 1
+        if total > N_MAX:
+            raise MechanismInputError("counts", "the total count exceeds 2**53")
+        object.__setattr__(self, "cells", cells)
+        object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "grid_points", k1)
+
+    @property
+    def n(self) -> int:
+        return int(self.counts.sum())
+
+    @classmethod
+    def from_arrays(cls, cells: ArrayLike, counts: ArrayLike, grid_points: int) -> GridHistogram:
+        """Build and validate; arrays of a non-integer dtype are refused, not truncated."""
+        return cls(np.asarray(cells), np.asarray(counts), grid_points)
+
+    @classmethod
+    def from_values(
+        cls, values: ArrayLike, lower: float, upper: float, granularity: float
+    ) -> GridHistogram:
+        """Tests and experiments only: clamp, map to the nearest grid index, count.
+
+        The grid is ``lower + k * granularity`` for ``k = 0 .. floor((upper - lower) /
+        granularity)`` (the count of steps taken in decimal, as the service does). The
+        service has its own exact cell map.
+        """
+        lo, hi = check_bounds(lower, upper)
+        x = check_data(values)
+        k_max = int((Decimal(repr(hi)) - Decimal(repr(lo))) / Decimal(repr(float(granularity))))
+        k = np.clip(np.rint((np.clip(x, lo, hi) - lo) / granularity), 0, k_max).astype(np.int64)
+        cells, counts = np.unique(k, return_counts=True)
+        return cls(cells.astype(np.int64), counts.astype(np.int64), k_max + 1)
+
+
+@dataclass(frozen=True)
+class Support:
+    """Validated mechanism input: intervals between distinct clamped values, with positions.
+
+    ``edges`` has length d + 2 and ``cum`` length d + 1 (see the module docstring).
+    """
+
+    edges: FloatArray
+    cum: IntArray
+    quantiles: FloatArray
+    epsilon: float
+    neighbors: Neighbors
+    grid: bool
+
+    @property
+    def n(self) -> int:
+        return int(self.cum[-1])
+
+    @property
+    def d(self) -> int:
+        """Number of distinct (clamped) data values."""
+        return int(self.edges.size - 2)
+
+    @property
+    def widths(self) -> FloatArray:
+        """Interval widths (grid: the number of grid points in each block, exact)."""
+        return np.diff(self.edges)
+
+    @property
+    def lower(self) -> float:
+        return float(self.edges[0])
+
+    @property
+    def upper(self) -> float:
+        """The largest possible output (grid: the last grid index K)."""
+        return float(self.edges[-1] - 1.0) if self.grid else float(self.edges[-1])
+
+    def value_of_rank(self, j: int) -> float:
+        """The order statistic x_(j), 1-based, from the cumulative counts (O(log d))."""
+        t = int(np.searchsorted(self.cum, j, side="left"))
+        return float(self.edges[t])
+
+    def points_in(self, idx: IntArray, rng: np.random.Generator) -> FloatArray | IntArray:
+        """One uniform output inside each interval ``idx[k]``, returned sorted.
+
+        Values: ``left + u * width`` (half-open under rounding). Grid: a uniform integer in
+        ``[edges[t], edges[t + 1])`` from raw generator words, integer arithmetic only.
+        """
+        if self.grid:
+            out = np.empty(idx.size, dtype=np.int64)
+            for k, t in enumerate(idx.tolist()):
+                out[k] = uniform_integer(int(self.edges[t]), int(self.edges[t + 1]), rng)
+            out.sort()
+            return out
+        return uniform_in_intervals(self.edges, idx, rng)
+
+
+def uniform_in_intervals(edges: FloatArray, idx: IntArray, rng: np.random.Generator) -> FloatArray:
+    """One uniform double inside each interval ``[edges[i], edges[i+1])``, returned sorted."""
+    left = edges[idx]
+    right = edges[idx + 1]
+    out = left + rng.random(idx.size) * (right - left)
+    # Rounding can land exactly on the right end; keep the half-open interval half-open.
+    hit = out >= right
+    if np.any(hit):
+        out[hit] = np.nextafter(right[hit], -np.inf)
+    np.maximum(out, left, out=out)
+    out.sort()
+    return out
+
+
+def _common(
+    quantiles: ArrayLike, epsilon: float, neighbors: str
+) -> tuple[FloatArray, float, Neighbors]:
+    eps = check_epsilon(epsilon)
+    nb = check_neighbors(neighbors)
+    return check_quantiles(quantiles), eps, nb
+
+
+def support_from_values(
+    data: ArrayLike,
+    quantiles: ArrayLike,
+    *,
+    epsilon: float,
+    lower: float,
+    upper: float,
+    neighbors: str,
+) -> Support:
+    """Validate the raw-array call and build (distinct clamped values, counts). O(n log n)."""
+    eps = check_epsilon(epsilon)
+    lo, hi = check_bounds(lower, upper)
+    nb = check_neighbors(neighbors)
+    q = check_quantiles(quantiles)
+    x = check_data(data)
+    xs = np.clip(x, lo, hi)
+    xs.sort(kind="quicksort")
+    ends = np.flatnonzero(xs[1:] != xs[:-1]) + 1  # first index of each new value
+    d = ends.size + 1
+    edges = np.empty(d + 2, dtype=np.float64)
+    edges[0], edges[-1] = lo, hi
+    edges[1] = xs[0]
+    edges[2:-1] = xs[ends]
+    cum = np.empty(d + 1, dtype=np.int64)
+    cum[0] = 0
+    cum[1:-1] = ends
+    cum[-1] = xs.size
+    return Support(edges=edges, cum=cum, quantiles=q, epsilon=eps, neighbors=nb, grid=False)
+
+
+def support_from_grid(
+    hist: GridHistogram, quantiles: ArrayLike, *, epsilon: float, neighbors: str
+) -> Support:
+    """Validate a grid call: edges ``[0, cells..., K + 1]`` (exact doubles), cumulative counts."""
+    if not isinstance(hist, GridHistogram):
+        raise MechanismInputError("hist", "must be a GridHistogram")
+    q, eps, nb = _common(quantiles, epsilon, neighbors)
+    d = hist.cells.size
+    edges = np.empty(d + 2, dtype=np.float64)
+    edges[0] = 0.0
+    edges[1:-1] = hist.cells
+    edges[-1] = float(hist.grid_points)
+    cum = np.empty(d + 1, dtype=np.int64)
+    cum[0] = 0
+    np.cumsum(hist.counts, out=cum[1:])
+    return Support(edges=edges, cum=cum, quantiles=q, epsilon=eps, neighbors=nb, grid=True)

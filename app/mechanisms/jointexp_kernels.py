@@ -1,0 +1,339 @@
+"""Numba kernels for JointExp's forward rows and backward draws over uneven positions.
+
+Index ``i`` runs over the d + 1 intervals between distinct clamped values; ``P[i]`` is the
+position of interval i (the number of data points <= any output in it; strictly increasing
+integers); ``T`` is the previous row summed over repeat counts; ``c = epsilon / (2 * Δ)``,
+``r = exp(-c)``. The transition weight from ``i'`` to ``i > i'`` for quantile gap ``nj`` is
+``r ** |D - nj|`` with ``D = P[i] - P[i']`` (an integer >= 1). Writing ``L = floor(nj)``,
+``f = nj - L``:
+
+* near part, ``1 <= D <= L``: weight ``r**f * r**(L - D)``;
+* far part,  ``D >= L + 1``:  weight ``r**(1 - f) * r**(D - L - 1)``.
+
+For output i let ``t(i)`` be the last i' with ``P[i'] <= P[i] - L - 1`` (monotone in i).
+The far part is ``r**(1-f) * G(t) * r**(P[i] - P[t] - L - 1)`` with the causal geometric
+recursion ``G(t) = T[t] + r**(P[t] - P[t-1]) G(t-1)``. The near part is a window sum over
+``i' in (t(i), i)`` whose two ends only move forward: it is kept as a two-stack queue (the
+front holds suffix sums ``SA[k] = sum_{u=k}^{B-1} T[u] r**(P[u] - P[k])``, recomputed when
+the front empties; the back a running sum relative to ``P[B]``), so every element enters one
+suffix recomputation at most once: O(d) per row, O(1) amortised per output. Every sum adds
+non-negative terms only (no subtraction, no cancellation), and every partial sum carries a
+factor no smaller than the one it finally gets, so a term can only underflow if its final
+contribution is below the smallest normal double (times the row scale).
+
+``pw[e] = exp(-c e)`` is a table of exact powers for integer ``e``; entries past its end are
+zero (they underflow a double). The ``_log`` variants run the same recursions in log space.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+NEG_INF = -np.inf
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _pw(pw: np.ndarray, e: int) -> float:
+    if e < pw.size:
+        return float(pw[e])
+    return 0.0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lae(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow or underflow."""
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+# --------------------------------------------------------------------------- linear space
+
+
+@numba.njit(cache=True, nogil=True)
+def transition_linear(
+    T: np.ndarray,
+    lo: int,
+    scale: float,
+    w: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    pw: np.ndarray,
+    SA: np.ndarray,
+    S: np.ndarray,
+) -> tuple[int, float]:
+    """Single-copy transition in linear space over a row stored from global index ``lo``.
+
+    ``T[u]`` is the previous row (summed over repeats) at global index ``lo + u``, zero
+    outside. Writes ``S[v] = w[lo + v] * scale * sum_{u < v} T[u] r**|P[lo+v] - P[lo+u] - nj|``
+    for ``v = 0, 1, ...`` and returns ``(count, max)``: entries from ``count`` on are exactly
+    zero (the far tail has underflowed to 0.0), so the loop stops there. ``SA`` is scratch of
+    at least ``T.size`` entries; ``S`` holds up to ``d + 1 - lo`` entries.
+    """
+    nT = T.size
+    n_out = min(S.size, w.size - lo)
+    L = int(math.floor(nj))
+    f = nj - L
+    r_f = math.exp(-c * f)
+    r_1mf = math.exp(-c * (1.0 - f))
+    top = 0.0
+    t = -1  # far pointer (local index)
+    G = 0.0
+    B = 0  # first index of the back stack; front = [wl, B)
+    BA = 0.0  # sum_{u=B}^{wh} T[u] r**(P[u] - P[B])
+    wh = -1  # last index in the window
+    S[0] = 0.0
+    count = 1
+    # Outputs whose whole window is at distance L - D >= pw.size from the kernel's peak get a
+    # near factor of exactly 0.0 from the table (and have no far part yet): they are 0.0, as
+    # the loop would compute. Start at the first output that can be non-zero, with the
+    # window's suffix sums built over the elements already in it.
+    v0 = 1
+    reach = L - pw.size  # P[lo + v] - P[lo] <= reach: output v is exactly 0.0
+    if reach >= 1:
+        v0 = max(1, int(np.searchsorted(P[lo : lo + n_out], P[lo] + reach, side="right")))
+    if v0 > 1:
+        for v in range(1, v0):
+            S[v] = 0.0
+        wh = min(v0 - 2, nT - 1)
+        if wh >= 0:
+            acc = T[wh]
+            SA[wh] = acc
+            for k in range(wh - 1, -1, -1):
+                acc = T[k] + _pw(pw, P[lo + k + 1] - P[lo + k]) * acc
+                SA[k] = acc
+        B = wh + 1
+        count = v0
+    for v in range(v0, n_out):
+        pv = P[lo + v]
+        u = v - 1
+        if u < nT:  # u joins the back of the window
+            BA += T[u] * _pw(pw, P[lo + u] - P[lo + B]) if u >= B else 0.0
+            if u < B:
+                B = u
+                BA = T[u]
+            wh = u
+        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+            t += 1
+            G = T[t] + (_pw(pw, P[lo + t] - P[lo + t - 1]) * G if t > 0 else 0.0)
+        a = 0.0
+        wl = t + 1
+        if wl <= wh:
+            if wl >= B:  # front empty: rebuild suffix sums over [wl, wh]
+                acc = T[wh]
+                SA[wh] = acc
+                for k in range(wh - 1, wl - 1, -1):
+                    acc = T[k] + _pw(pw, P[lo + k + 1] - P[lo + k]) * acc
+                    SA[k] = acc
+                B = wh + 1
+                BA = 0.0
+            agg = SA[wl]
+            if BA > 0.0:
+                agg += _pw(pw, P[lo + B] - P[lo + wl]) * BA
+            a = r_f * _pw(pw, L - (pv - P[lo + wl])) * agg
+        far = 0.0
+        if t >= 0:
+            far = r_1mf * G * _pw(pw, pv - P[lo + t] - L - 1)
+            a += far
+        val = w[lo + v] * (scale * a)
+        S[v] = val
+        if val > top:
+            top = val
+        count = v + 1
+        if t == nT - 1 and far == 0.0:
+            break  # window past the row and the geometric tail is exactly zero
+    return count, top
+
+
+@numba.njit(cache=True, nogil=True)
+def first_row_log(logw: np.ndarray, P: np.ndarray, n1: float, c: float, out: np.ndarray) -> None:
+    """out[i] = log(w_i) - c |P[i] - n1|  (log of alpha(1, i, 1) up to a constant)."""
+    for i in range(logw.size):
+        out[i] = logw[i] - c * abs(P[i] - n1)
+
+
+@numba.njit(cache=True, nogil=True)
+def exp_normalise(lx: np.ndarray, out: np.ndarray) -> float:
+    """out = exp(lx - max(lx)); returns max(lx)."""
+    top = NEG_INF
+    for i in range(lx.size):
+        if lx[i] > top:
+            top = lx[i]
+    for i in range(lx.size):
+        v = lx[i]
+        out[i] = math.exp(v - top) if v > NEG_INF else 0.0
+    return top
+
+
+# --------------------------------------------------------------------------- log space
+
+
+@numba.njit(cache=True, nogil=True)
+def transition_log(
+    lT: np.ndarray,
+    lo: int,
+    logw: np.ndarray,
+    suf_logw: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    keep: float,
+    lSA: np.ndarray,
+    lS: np.ndarray,
+) -> tuple[int, float]:
+    """Log-space twin of :func:`transition_linear` (exact for any dynamic range).
+
+    Writes ``lS[v] = logw[lo + v] + log sum_{u < v} exp(lT[u]) r**|P[lo+v] - P[lo+u] - nj|``
+    and returns ``(count, max)``. Once the window has passed the row, values only fall (by at
+    least ``c`` per position, times the widths ahead, bounded by ``suf_logw``, the suffix
+    maximum of ``logw``); the loop stops when none can come within ``keep`` of the maximum.
+    """
+    nT = lT.size
+    n_out = min(lS.size, logw.size - lo)
+    L = int(math.floor(nj))
+    f = nj - L
+    lr = -c
+    top = NEG_INF
+    t = -1
+    lG = NEG_INF
+    B = 0
+    lBA = NEG_INF
+    wh = -1
+    lS[0] = NEG_INF
+    count = 1
+    for v in range(1, n_out):
+        pv = P[lo + v]
+        u = v - 1
+        if u < nT:
+            if u >= B:
+                lBA = _lae(lBA, lT[u] + lr * (P[lo + u] - P[lo + B]))
+            else:
+                B = u
+                lBA = lT[u]
+            wh = u
+        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+            t += 1
+            lG = _lae(lT[t], lr * (P[lo + t] - P[lo + t - 1]) + lG) if t > 0 else lT[t]
+        a = NEG_INF
+        wl = t + 1
+        if wl <= wh:
+            if wl >= B:
+                acc = lT[wh]
+                lSA[wh] = acc
+                for k in range(wh - 1, wl - 1, -1):
+                    acc = _lae(lT[k], lr * (P[lo + k + 1] - P[lo + k]) + acc)
+                    lSA[k] = acc
+                B = wh + 1
+                lBA = NEG_INF
+            agg = lSA[wl]
+            if lBA > NEG_INF:
+                agg = _lae(agg, lr * (P[lo + B] - P[lo + wl]) + lBA)
+            a = lr * f + lr * (L - (pv - P[lo + wl])) + agg
+        lfar = NEG_INF
+        if t >= 0:
+            lfar = lr * (1.0 - f) + lG + lr * (pv - P[lo + t] - L - 1)
+            a = _lae(a, lfar)
+        val = logw[lo + v] + a
+        lS[v] = val
+        if val > top:
+            top = val
+        count = v + 1
+        if t == nT - 1 and lfar + suf_logw[lo + v] < top - keep:
+            break
+    return count, top
+
+
+# --------------------------------------------------------------------------- backward draws
+
+
+@numba.njit(cache=True, nogil=True)
+def step_weights_linear(
+    levels: np.ndarray,
+    lo: int,
+    nlev: int,
+    count: int,
+    pos_ref: int,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    pw: np.ndarray,
+    out: np.ndarray,
+) -> float:
+    """out[k * count + v] = levels[k, v] * r**|pos_ref - P[lo + v] - nj| for v < count; max."""
+    L = int(math.floor(nj))
+    f = nj - L
+    r_f = math.exp(-c * f)
+    r_1mf = math.exp(-c * (1.0 - f))
+    top = 0.0
+    for v in range(count):
+        d = pos_ref - P[lo + v]
+        kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pw, d - L - 1)
+        for k in range(nlev):
+            x = levels[k, v] * kern
+            out[k * count + v] = x
+            if x > top:
+                top = x
+    return top
+
+
+@numba.njit(cache=True, nogil=True)
+def step_weights_log(
+    llevels: np.ndarray,
+    lo: int,
+    nlev: int,
+    count: int,
+    pos_ref: int,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    out: np.ndarray,
+) -> float:
+    """Max-normalised exp(llevels[k, v] - c|pos_ref - P[lo + v] - nj| - max) for v < count.
+
+    Returns the max (in the units of ``llevels``).
+    """
+    top = NEG_INF
+    for v in range(count):
+        lk = -c * abs(pos_ref - P[lo + v] - nj)
+        for k in range(nlev):
+            x = llevels[k, v] + lk
+            out[k * count + v] = x
+            if x > top:
+                top = x
+    for j in range(nlev * count):
+        x = out[j]
+        out[j] = math.exp(x - top) if x > NEG_INF else 0.0
+    return top
+
+
+@numba.njit(cache=True, nogil=True)
+def logsumexp_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """out[v] = log sum_k exp(x[k, v]) (max-shifted: one exp per term, one log per column)."""
+    nk, nv = x.shape
+    for v in range(nv):
+        mx = NEG_INF
+        for k in range(nk):
+            if x[k, v] > mx:
+                mx = x[k, v]
+        if mx == NEG_INF:
+            out[v] = NEG_INF
+            continue
+        acc = 0.0
+        for k in range(nk):
+            if x[k, v] > NEG_INF:
+                acc += math.exp(x[k, v] - mx)
+        out[v] = mx + math.log(acc)
+
+
+@numba.njit(cache=True, nogil=True)
+def log_of(x: np.ndarray, out: np.ndarray) -> None:
+    for i in range(x.size):
+        out[i] = math.log(x[i]) if x[i] > 0.0 else NEG_INF

@@ -1,0 +1,183 @@
+"""The registry entry: one mechanism, its two entry points and its declared guarantee."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from app.mechanisms.errors import MechanismInputError
+from app.mechanisms.histogram import (
+    GridHistogram,
+    Support,
+    support_from_grid,
+)
+from app.mechanisms.rng import make_rng
+from app.mechanisms.validation import FloatArray, IntArray, check_delta, check_epsilon
+
+
+class PrivacyNotion(StrEnum):
+    """The privacy definition a mechanism is proven in."""
+
+    PURE_DP = "pure_dp"  # epsilon-DP
+    APPROX_DP = "approx_dp"  # (epsilon, delta)-DP
+    ZCDP = "zcdp"  # rho-zCDP, converted to (epsilon, delta)-DP for pricing
+
+
+CostFn = Callable[[float, float | None], tuple[float, float]]
+#: ``core(support, rng, **method_params)``: sorted outputs, doubles on a value support and
+#: int64 grid indices on a grid support.
+CoreFn = Callable[..., FloatArray | IntArray]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A registry entry: the sampling functions plus the declared privacy guarantee.
+
+    Calling the entry calls ``fn``, the raw-array form::
+
+        f(data, quantiles, *, epsilon, lower, upper, neighbors="swap", rng=None,
+          **method_params) -> np.ndarray  # m estimates, ascending, inside [lower, upper]
+
+    which builds (distinct clamped values, counts) and runs ``core`` on it, returning doubles
+    drawn inside the chosen intervals. :meth:`run_grid` runs ``core`` on a
+    :class:`GridHistogram` and returns grid indices. ``dp_cost(epsilon, delta)`` is the
+    (epsilon, delta)-DP cost of one release with those parameters: the figures the service
+    debits. Failure-injection tests replace ``fn`` (raw-array path) or ``core`` (run_grid).
+    """
+
+    name: str
+    fn: Callable[..., FloatArray]
+    notion: PrivacyNotion
+    summary: str
+    requires_delta: bool = False
+    method_params: tuple[str, ...] = ()
+    cost_fn: CostFn | None = field(default=None, repr=False)
+    core: CoreFn | None = field(default=None, repr=False)
+    #: Neighbour relations the mechanism's privacy analysis covers.
+    neighbors: tuple[str, ...] = ("swap", "add_remove")
+
+    def _check_params(self, method_params: dict[str, Any]) -> None:
+        unknown = sorted(set(method_params) - set(self.method_params))
+        if unknown:
+            raise MechanismInputError(unknown[0], f"is not a parameter of method {self.name!r}")
+
+    def __call__(
+        self,
+        data: ArrayLike,
+        quantiles: ArrayLike,
+        *,
+        epsilon: float,
+        lower: float,
+        upper: float,
+        neighbors: str = "swap",
+        rng: np.random.Generator | None = None,
+        **method_params: Any,
+    ) -> FloatArray:
+        self._check_params(method_params)
+        return self.fn(
+            data,
+            quantiles,
+            epsilon=epsilon,
+            lower=lower,
+            upper=upper,
+            neighbors=neighbors,
+            rng=rng,
+            **method_params,
+        )
+
+    @property
+    def uses_delta(self) -> bool:
+        """True when a release must name a delta: the function takes one or the cost needs one."""
+        return self.requires_delta or self.notion is not PrivacyNotion.PURE_DP
+
+    def _delta_kwargs(self, delta: float | None) -> dict[str, Any]:
+        """Refuse a delta the method has no use for; require one where it is used."""
+        if delta is not None and not self.uses_delta:
+            raise MechanismInputError("delta", f"is not used by method {self.name!r}")
+        if self.uses_delta:
+            check_delta(delta)
+        return {"delta": delta} if "delta" in self.method_params else {}
+
+    def run(
+        self,
+        data: ArrayLike,
+        quantiles: ArrayLike,
+        *,
+        epsilon: float,
+        delta: float | None,
+        lower: float,
+        upper: float,
+        neighbors: str = "swap",
+        rng: np.random.Generator | None = None,
+    ) -> FloatArray:
+        """Call the mechanism with ``delta`` passed exactly when the method takes one.
+
+        A delta given to a method that has no use for it is refused rather than ignored, so a
+        caller never believes it bought something it did not.
+        """
+        extra = self._delta_kwargs(delta)
+        return self(
+            data,
+            quantiles,
+            epsilon=epsilon,
+            lower=lower,
+            upper=upper,
+            neighbors=neighbors,
+            rng=rng,
+            **extra,
+        )
+
+    def run_grid(
+        self,
+        hist: GridHistogram,
+        quantiles: ArrayLike,
+        *,
+        epsilon: float,
+        delta: float | None,
+        neighbors: str = "swap",
+        rng: np.random.Generator | None = None,
+    ) -> IntArray:
+        """Run the mechanism on a grid histogram; m grid indices, ascending, in [0, K].
+
+        The output space is the grid itself. The exponential-mechanism methods (jointexp,
+        indexp, appindexp, aq) draw exactly on it: block weights are numbers of grid points
+        and the point inside a block is a uniform integer from raw generator words. The
+        noise-adding methods (smooth, csmooth) add their floating-point noise in grid units
+        and round to the nearest index (post-processing). Same delta rules as :meth:`run`.
+        """
+        extra = self._delta_kwargs(delta)
+        if self.core is None:
+            raise MechanismInputError("method", f"method {self.name!r} has no grid entry point")
+        sup = support_from_grid(hist, quantiles, epsilon=epsilon, neighbors=neighbors)
+        raw = np.asarray(self.core(sup, make_rng(rng), **extra))
+        if raw.dtype == np.int64:
+            return raw.astype(np.int64, copy=False)
+        # noise-adding methods: round to the grid (post-processing)
+        out = np.clip(np.rint(raw), 0, hist.grid_points - 1).astype(np.int64)
+        out.sort()
+        return out
+
+    def dp_cost(self, *, epsilon: float, delta: float | None = None) -> tuple[float, float]:
+        """The (epsilon, delta)-DP guarantee of one release with these parameters."""
+        check_epsilon(epsilon)
+        if self.uses_delta:
+            if delta is None:
+                raise MechanismInputError("delta", f"is required for method {self.name!r}")
+            check_delta(delta)
+        elif delta is not None:
+            raise MechanismInputError("delta", f"is not used by method {self.name!r}")
+        if self.cost_fn is not None:
+            return self.cost_fn(epsilon, delta)
+        if self.notion is PrivacyNotion.PURE_DP:
+            return (epsilon, 0.0)
+        if delta is None:  # unreachable: uses_delta checked above
+            raise MechanismInputError("delta", "is required for this method")
+        return (epsilon, delta)
+
+
+__all__ = ["CoreFn", "CostFn", "Mechanism", "PrivacyNotion", "Support"]
