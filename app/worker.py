@@ -38,6 +38,7 @@ from app.releases.runner import (
     FAILURE_ERROR,
     FAILURE_TIMEOUT,
     Claim,
+    Job,
     RunFailed,
     claim_next,
     complete,
@@ -100,18 +101,26 @@ def process_one(
 ) -> bool:
     """Claim and run one release; False when there was nothing to run."""
     lease_s = settings.run_timeout_s + settings.lease_margin_s
-    claim = transaction(
-        factory, lambda s: claim_next(s, lease_s=lease_s, max_runs=settings.max_runs)
-    )
-    if claim is None:
+
+    def claim_and_load(session: Session) -> tuple[Claim, Job | None] | None:
+        claim = claim_next(session, lease_s=lease_s, max_runs=settings.max_runs)
+        if claim is None:
+            return None
+        try:
+            return claim, load_job(session, claim)
+        except RunFailed:
+            return claim, None  # settled below, in its own transaction
+
+    claimed = transaction(factory, claim_and_load)
+    if claimed is None:
         return False
+    claim, job = claimed
     if slot is not None:
         slot.set(claim, time.monotonic() + settings.run_timeout_s)
     try:
         try:
-            job = transaction(factory, lambda s: load_job(s, claim))
             if job is None:
-                return True  # the lease was taken over: someone else runs it
+                raise RunFailed("dataset or values missing")
             if settings.chaos_run_delay_ms:
                 time.sleep(settings.chaos_run_delay_ms / 1000.0)
             estimates = run_job(job)

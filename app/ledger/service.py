@@ -91,6 +91,36 @@ def budgets(session: Session, *, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID
     }
 
 
+def dataset_with_budget(
+    session: Session, *, dataset_id: uuid.UUID
+) -> tuple[Dataset, Budget] | None:
+    """The dataset row and its budget in one statement, without a lock (pre-checks only).
+
+    Never combine the dataset lock with this join: after waiting for ``FOR UPDATE OF
+    dataset`` PostgreSQL re-reads only the locked row, not the joined balance row, which then
+    predates the commit that released the lock. Lock first, then read the budget in a new
+    statement (:func:`budget`).
+    """
+    stmt = (
+        select(Dataset, BudgetBalance)
+        .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
+        .where(Dataset.id == dataset_id)
+    )
+    row = session.execute(stmt).first()
+    if row is None:
+        return None
+    dataset, balance = row
+    zero = Decimal(0)
+    if balance is None:
+        figures = Budget(granted=Amount(zero, zero), spent=Amount(zero, zero))
+    else:
+        figures = Budget(
+            granted=Amount(balance.granted_epsilon, balance.granted_delta),
+            spent=Amount(balance.spent_epsilon, balance.spent_delta),
+        )
+    return dataset, figures
+
+
 def budget(session: Session, *, dataset_id: uuid.UUID) -> Budget:
     """Like :func:`find_budget` for a dataset known to exist."""
     found = find_budget(session, dataset_id=dataset_id)

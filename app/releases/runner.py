@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,7 +32,7 @@ from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
 from app.releases.models import DONE, FAILED, PENDING, Release
-from app.releases.service import FINISHED_CHANNEL, PENDING_CHANNEL
+from app.releases.service import PENDING_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,13 @@ FAILURE_LOST = "worker_lost"  # the worker running it died max_runs times
 
 @dataclass(frozen=True)
 class Claim:
-    """A release this worker holds the lease of."""
+    """A release this worker holds the lease of (and, from :func:`claim_next`, the release's
+    parameters and its dataset's public description, read by the claiming statement)."""
 
     release_id: uuid.UUID
     token: uuid.UUID
     attempts: int
+    row: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -72,19 +76,15 @@ class RunFailed(Exception):
     """The mechanism could not produce an answer (the reason is public, the cause is not)."""
 
 
-def _notify_finished(session: Session, release_id: uuid.UUID) -> None:
-    session.execute(
-        text("SELECT pg_notify(:channel, :payload)"),
-        {"channel": FINISHED_CHANNEL, "payload": str(release_id)},
-    )
-
-
 def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | None:
     """Lease the oldest runnable release (pending, lease free or expired); None when idle.
 
     A release that already started ``max_runs`` runs is marked failed instead (its workers
     kept dying) and the next one is tried.
     """
+    # A lease lost in a crash is harmless (the release is claimed again when it expires), so
+    # the claim does not wait for a WAL flush.
+    session.execute(text("SET LOCAL synchronous_commit = off"))
     while True:
         row = session.execute(
             text(
@@ -98,16 +98,19 @@ def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | No
                         AND (lease_until IS NULL OR lease_until < clock_timestamp())
                       ORDER BY seq
                       LIMIT 1
-                      FOR UPDATE SKIP LOCKED) AS next
-                WHERE r.id = next.id
-                RETURNING r.id, r.lease_token, r.attempts
+                      FOR UPDATE SKIP LOCKED) AS next,
+                     dataset AS d
+                WHERE r.id = next.id AND d.id = r.dataset_id
+                RETURNING r.id, r.lease_token, r.attempts, r.dataset_id, r.method,
+                          r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
+                          d.granularity, d.neighbors
                 """
             ),
             {"token": uuid.uuid4(), "lease": float(lease_s)},
         ).first()
         if row is None:
             return None
-        claim = Claim(release_id=row[0], token=row[1], attempts=int(row[2]))
+        claim = Claim(release_id=row[0], token=row[1], attempts=int(row[2]), row=dict(row._mapping))
         if claim.attempts <= max_runs:
             return claim
         logger.warning(
@@ -118,31 +121,44 @@ def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | No
 
 def load_job(session: Session, claim: Claim) -> Job | None:
     """The release's parameters and its dataset's frozen grid histogram; None if the lease was
-    lost. O(distinct cells), whatever n is."""
-    release = session.get(Release, claim.release_id, populate_existing=True)
-    if release is None or release.status != PENDING or release.lease_token != claim.token:
-        return None
-    dataset = session.get(Dataset, release.dataset_id)
-    loaded = load_histogram(session, dataset_id=release.dataset_id)
-    if dataset is None or loaded is None:
-        raise RunFailed("dataset or values missing")
+    lost. O(distinct cells), whatever n is (the histogram usually comes from the cache)."""
+    params = claim.row
+    if params is None:
+        release = session.get(Release, claim.release_id, populate_existing=True)
+        if release is None or release.status != PENDING or release.lease_token != claim.token:
+            return None
+        dataset = session.get(Dataset, release.dataset_id)
+        if dataset is None:
+            raise RunFailed("dataset missing")
+        params = {
+            "dataset_id": release.dataset_id,
+            "method": release.method,
+            "quantiles": release.quantiles,
+            "epsilon": release.epsilon,
+            "delta": release.delta,
+            "lower": dataset.lower,
+            "upper": dataset.upper,
+            "granularity": dataset.granularity,
+            "neighbors": dataset.neighbors,
+        }
+    loaded = load_histogram(session, dataset_id=params["dataset_id"])
+    if loaded is None:
+        raise RunFailed("values missing")
     _, cells, counts = loaded
-    histogram = GridHistogram(
-        cells=cells,
-        counts=counts,
-        grid_points=grid_size(dataset.lower, dataset.upper, dataset.granularity),
-    )
+    lower, upper, granularity = params["lower"], params["upper"], params["granularity"]
     return Job(
         claim=claim,
-        method=release.method,
-        quantiles=list(release.quantiles),
-        epsilon=release.epsilon,
-        delta=release.delta,
-        lower=dataset.lower,
-        upper=dataset.upper,
-        granularity=dataset.granularity,
-        neighbors=dataset.neighbors,
-        histogram=histogram,
+        method=params["method"],
+        quantiles=[float(q) for q in params["quantiles"]],
+        epsilon=Decimal(params["epsilon"]),
+        delta=None if params["delta"] is None else Decimal(params["delta"]),
+        lower=lower,
+        upper=upper,
+        granularity=granularity,
+        neighbors=params["neighbors"],
+        histogram=GridHistogram(
+            cells=cells, counts=counts, grid_points=grid_size(lower, upper, granularity)
+        ),
     )
 
 
@@ -198,10 +214,8 @@ def complete(session: Session, *, claim: Claim, estimates: list[float]) -> bool:
         )
         .execution_options(synchronize_session=False)
     )
-    stored = int(getattr(result, "rowcount", 0) or 0) == 1
-    if stored:
-        _notify_finished(session, claim.release_id)
-    return stored
+    # The state change notifies the waiters (trigger release_notify, at commit).
+    return int(getattr(result, "rowcount", 0) or 0) == 1
 
 
 def fail(session: Session, *, claim: Claim, reason: str) -> bool:
@@ -219,10 +233,7 @@ def fail(session: Session, *, claim: Claim, reason: str) -> bool:
             lease_until=None,
         ).execution_options(synchronize_session=False)
     )
-    failed = int(getattr(result, "rowcount", 0) or 0) == 1
-    if failed:
-        _notify_finished(session, claim.release_id)
-    return failed
+    return int(getattr(result, "rowcount", 0) or 0) == 1
 
 
 def expire_lease(session: Session, *, claim: Claim) -> None:
@@ -240,4 +251,4 @@ def expire_lease(session: Session, *, claim: Claim) -> None:
     session.execute(
         text("SELECT pg_notify(:channel, :payload)"),
         {"channel": PENDING_CHANNEL, "payload": str(claim.release_id)},
-    )
+    )  # still pending, so no trigger fires: wake the workers here

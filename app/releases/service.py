@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth.principal import Principal
@@ -37,14 +38,22 @@ from app.datasets.models import Dataset
 from app.datasets.service import get_visible
 from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
-from app.ledger.service import Amount, add_debit, budget, find_budget, mechanism_float, price
+from app.ledger.service import (
+    Amount,
+    add_debit,
+    budget,
+    dataset_with_budget,
+    mechanism_float,
+    price,
+)
 from app.mechanisms import Mechanism, MechanismInputError, get_mechanism
 from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.schemas import QuantileQuery
 
-#: Channel on which a reservation wakes the workers (payload: the release id).
+#: Channel on which PostgreSQL announces a runnable release (trigger ``release_notify``,
+#: migration 0003; payload: the release id).
 PENDING_CHANNEL = "dpquant_release_pending"
-#: Channel on which a worker announces a finished release (payload: the release id).
+#: Channel on which PostgreSQL announces a finished release (same trigger).
 FINISHED_CHANNEL = "dpquant_release_finished"
 
 
@@ -143,25 +152,22 @@ def _find_idempotent(
     return existing
 
 
+def budget_refusal(remaining: Amount, cost: Amount) -> DpquantError:
+    """409 ``budget_exhausted`` with the budget figures and nothing else."""
+    return DpquantError(
+        409,
+        "budget_exhausted",
+        "the query costs more than the remaining budget",
+        extra={
+            "requested": AmountPublic.of(cost).model_dump(mode="json"),
+            "remaining": AmountPublic.of(remaining).model_dump(mode="json"),
+        },
+    )
+
+
 def _refuse_if_unaffordable(remaining: Amount, cost: Amount) -> None:
     if not remaining.covers(cost):
-        raise DpquantError(
-            409,
-            "budget_exhausted",
-            "the query costs more than the remaining budget",
-            extra={
-                "requested": AmountPublic.of(cost).model_dump(mode="json"),
-                "remaining": AmountPublic.of(remaining).model_dump(mode="json"),
-            },
-        )
-
-
-def _wake_workers(session: Session, release_id: uuid.UUID) -> None:
-    # Delivered at commit; a worker that misses it still finds the row by polling.
-    session.execute(
-        text("SELECT pg_notify(:channel, :payload)"),
-        {"channel": PENDING_CHANNEL, "payload": str(release_id)},
-    )
+        raise budget_refusal(remaining, cost)
 
 
 def reserve_release(
@@ -182,15 +188,15 @@ def reserve_release(
     if not principal.can_see(dataset_id):
         raise not_found("dataset")
     priced = price_query(query, max_quantiles=max_quantiles)
-    public = get_visible(session, principal=principal, dataset_id=dataset_id)
-    check_runs_on(priced.mechanism, dataset=public)
+    found = dataset_with_budget(session, dataset_id=dataset_id)
+    if found is None:
+        raise not_found("dataset")
+    check_runs_on(priced.mechanism, dataset=found[0])
     if idempotency_key is None:
         # Pre-check without the lock: budgets only shrink by debits, so a query that does not
         # fit now is refused now (figures alone, nothing queued behind the dataset lock).
-        current = find_budget(session, dataset_id=dataset_id)
-        if current is None:
-            raise not_found("dataset")
-        _refuse_if_unaffordable(current.remaining, priced.cost)
+        _refuse_if_unaffordable(found[1].remaining, priced.cost)
+    # The lock, then the budget in a statement of its own (see dataset_with_budget).
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     if idempotency_key is not None:
         earlier = _find_idempotent(
@@ -240,17 +246,25 @@ def reserve_release(
     )
     session.add(release)
     session.flush()
-    add_debit(
-        session,
-        dataset_id=dataset_id,
-        cost=priced.cost,
-        release_id=release.id,
-        api_key_id=principal.key_id,
-        created_at=now,
-    )
+    try:
+        add_debit(
+            session,
+            dataset_id=dataset_id,
+            cost=priced.cost,
+            release_id=release.id,
+            api_key_id=principal.key_id,
+            created_at=now,
+        )
+    except IntegrityError as exc:  # the transaction is rolled back by the caller
+        # The balance row's CHECK refused an overdraft: unreachable while every writer takes
+        # the lock above, and a refusal (not an error) if some code path ever does not.
+        if "no_overdraft" not in str(exc.orig):
+            raise
+        raise budget_refusal(remaining, priced.cost) from None
     if dataset.frozen_at is None:
         dataset.frozen_at = now  # values never change once a run has been paid for
-    _wake_workers(session, release.id)
+    # The insert wakes the workers (trigger release_notify, at commit); a worker that misses
+    # the notification still finds the row by polling.
     session.flush()
     return Outcome(release, replayed=False)
 
@@ -262,8 +276,7 @@ def _resume(session: Session, release: Release) -> None:
         .where(Release.id == release.id, Release.status == FAILED)
         .values(status=PENDING, failure=None, lease_token=None, lease_until=None, finished_at=None)
     )
-    session.refresh(release)
-    _wake_workers(session, release.id)
+    session.refresh(release)  # the update wakes the workers (trigger release_notify)
 
 
 def get_release(session: Session, *, principal: Principal, release_id: uuid.UUID) -> Release:

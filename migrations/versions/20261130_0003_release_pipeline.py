@@ -216,6 +216,32 @@ def upgrade() -> None:
         """
     )
 
+    # Wake-ups are the database's job, so no code path can forget one: a release becoming
+    # runnable (inserted or resumed as pending) wakes the workers; a release becoming done or
+    # failed wakes the requests waiting for it. Delivered at commit.
+    op.execute(
+        """
+        CREATE FUNCTION release_notify() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.status = 'pending' AND (TG_OP = 'INSERT' OR OLD.status <> 'pending') THEN
+                PERFORM pg_notify('dpquant_release_pending', NEW.id::text);
+            ELSIF NEW.status <> 'pending' AND TG_OP = 'UPDATE' AND OLD.status = 'pending' THEN
+                PERFORM pg_notify('dpquant_release_finished', NEW.id::text);
+            END IF;
+            RETURN NULL;
+        END;
+        $$
+        """
+    )
+    op.execute(
+        """
+        CREATE TRIGGER release_notify_state
+        AFTER INSERT OR UPDATE OF status ON release
+        FOR EACH ROW EXECUTE FUNCTION release_notify()
+        """
+    )
+
     # ------------------------------------------------------------------ bootstrap marker
     op.add_column(
         'api_key',
@@ -229,6 +255,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_column('api_key', 'bootstrap')
+    op.execute("DROP TRIGGER IF EXISTS release_notify_state ON release")
+    op.execute("DROP FUNCTION IF EXISTS release_notify()")
     op.execute("DROP TRIGGER IF EXISTS release_guard_truncate ON release")
     op.execute("DROP TRIGGER IF EXISTS release_guard_rows ON release")
     op.execute("DROP FUNCTION IF EXISTS release_guard()")

@@ -80,7 +80,7 @@ def leaks(text: str) -> list[str]:
 
 
 @pytest.fixture
-def live(hdb_url: str) -> Iterator[tuple[str, Any]]:
+def live(hdb_url: str, hworkers: None) -> Iterator[tuple[str, Any]]:
     """(base URL, app) of a uvicorn server in a thread, all loggers at DEBUG."""
     app = create_app(
         settings_for(
@@ -395,7 +395,7 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                 )
                 assert secret_msg not in str(failed.value)
             with monkeypatch.context() as m:
-                m.setattr("app.releases.service.find_budget", db_down)
+                m.setattr("app.releases.service.dataset_with_budget", db_down)
                 r = call(
                     "database failure",
                     "POST",
@@ -405,7 +405,7 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                 )
                 assert r.status_code == 503 and r.json()["type"] == "database_unavailable"
             with monkeypatch.context() as m:
-                m.setattr("app.releases.service.find_budget", key_error)
+                m.setattr("app.releases.service.dataset_with_budget", key_error)
                 r = call(
                     "programming error",
                     "POST",
