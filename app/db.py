@@ -52,6 +52,7 @@ class Base(DeclarativeBase):
 
 def load_models() -> MetaData:
     """Import every model module so that ``Base.metadata`` is complete; returns it."""
+    import app.audit.models
     import app.auth.models
     import app.datasets.models
     import app.ledger.models
