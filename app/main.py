@@ -17,6 +17,7 @@ from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
+from app.audit.router import router as audit_router
 from app.auth.router import router as keys_router
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys
 from app.bodylimit import BodyLimitMiddleware
@@ -136,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ledger_router)
     app.include_router(releases_router)
     app.include_router(keys_router)
+    app.include_router(audit_router)
     install_docs(app)
     install_dashboard(app)
     install_openapi(app)

@@ -35,7 +35,6 @@ from app.config import Settings
 from app.db import make_engine, transaction
 from app.mechanisms import MECHANISMS
 from app.releases.runner import (
-    FAILURE_ERROR,
     FAILURE_TIMEOUT,
     Claim,
     RunFailed,
@@ -117,7 +116,8 @@ def process_one(
             estimates = run_job(job)
         except RunFailed as exc:
             logger.error("release %s failed: %s (charged)", claim.release_id, exc)
-            transaction(factory, lambda s: fail(s, claim=claim, reason=FAILURE_ERROR))
+            reason = exc.reason
+            transaction(factory, lambda s: fail(s, claim=claim, reason=reason))
             return True
         transaction(factory, lambda s: complete(s, claim=claim, estimates=estimates))
         return True

@@ -40,6 +40,7 @@ FloatArray = NDArray[np.float64]
 FAILURE_TIMEOUT = "timeout"  # the run exceeded the hard time limit
 FAILURE_ERROR = "mechanism_error"  # the mechanism raised
 FAILURE_LOST = "worker_lost"  # the worker running it died max_runs times
+FAILURE_ARCHIVED = "dataset_archived"  # the dataset was archived before the run started
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class Job:
 
 class RunFailed(Exception):
     """The mechanism could not produce an answer (the reason is public, the cause is not)."""
+
+    def __init__(self, message: str, reason: str = FAILURE_ERROR) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _notify_finished(session: Session, release_id: uuid.UUID) -> None:
@@ -121,6 +126,8 @@ def load_job(session: Session, claim: Claim) -> Job | None:
     if release is None or release.status != PENDING or release.lease_token != claim.token:
         return None
     dataset = session.get(Dataset, release.dataset_id)
+    if dataset is not None and dataset.archived_at is not None:
+        raise RunFailed("dataset archived", reason=FAILURE_ARCHIVED)
     loaded = load_values(session, dataset_id=release.dataset_id)
     if dataset is None or loaded is None:
         raise RunFailed("dataset or values missing")
