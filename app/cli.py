@@ -38,6 +38,26 @@ def _exit_normally(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def ensure_metrics_dir() -> str | None:
+    """Point ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory unless it is set.
+
+    Returns the directory created here (removed at exit), or None. Must run before
+    ``prometheus_client`` is imported in this process; child processes (uvicorn web workers,
+    release workers) inherit the variable and all write their metrics files there, so a
+    scrape of any web worker sums every process (app/metrics.py).
+    """
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="dpquant-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def start_release_workers(concurrency: int) -> subprocess.Popen[bytes] | None:
     """``dpquant worker`` as a child process (it inherits the environment and the URL)."""
     if concurrency <= 0:
@@ -61,6 +81,7 @@ def stop_release_workers(proc: subprocess.Popen[bytes] | None) -> None:
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """Start the embedded database if needed, migrate it, start release workers, run uvicorn."""
+    ensure_metrics_dir()  # before anything imports prometheus_client
     import uvicorn
 
     from app.db import resolve_database_url, upgrade_database
@@ -108,6 +129,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Run release workers (a supervisor and ``--concurrency`` worker processes)."""
+    ensure_metrics_dir()  # before anything imports prometheus_client
     from app.db import resolve_database_url
     from app.worker import Supervisor
 

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import Settings
 from app.db import make_engine, transaction
 from app.mechanisms import MECHANISMS
+from app.metrics import MECHANISM_SECONDS, forget_process
 from app.releases.runner import (
     FAILURE_TIMEOUT,
     Claim,
@@ -113,7 +114,11 @@ def process_one(
                 return True  # the lease was taken over: someone else runs it
             if settings.chaos_run_delay_ms:
                 time.sleep(settings.chaos_run_delay_ms / 1000.0)
-            estimates = run_job(job)
+            started = time.perf_counter()
+            try:
+                estimates = run_job(job)
+            finally:
+                MECHANISM_SECONDS.labels(job.method).observe(time.perf_counter() - started)
         except RunFailed as exc:
             logger.error("release %s failed: %s (charged)", claim.release_id, exc)
             reason = exc.reason
@@ -157,7 +162,11 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
     settings = Settings(database_url=url)
-    engine = make_engine(url, settings.model_copy(update={"pool_size": 2, "max_overflow": 2}))
+    engine = make_engine(
+        url,
+        settings.model_copy(update={"pool_size": 2, "max_overflow": 2}),
+        process="release_worker",
+    )
     factory = sessionmaker(engine, expire_on_commit=False)
     warm_up()
     listener: psycopg.Connection[Any] | None = None
@@ -198,7 +207,11 @@ class Supervisor:
         self.ctx = multiprocessing.get_context("spawn")
         self.slots = [Slot(self.ctx) for _ in range(concurrency)]
         self.procs: list[SpawnProcess | None] = [None] * concurrency
-        engine = make_engine(url, settings.model_copy(update={"pool_size": 1, "max_overflow": 1}))
+        engine = make_engine(
+            url,
+            settings.model_copy(update={"pool_size": 1, "max_overflow": 1}),
+            process="release_supervisor",
+        )
         self.engine = engine
         self.factory = sessionmaker(engine, expire_on_commit=False)
         self.stop = _Stop()
@@ -233,6 +246,7 @@ class Supervisor:
             if running is not None and now > running[1]:
                 proc.kill()
                 proc.join()
+                forget_process(proc.pid)
                 self.slots[i].clear()
                 logger.warning(
                     "release %s exceeded the %.0f s time limit: failed (charged)",
@@ -242,6 +256,7 @@ class Supervisor:
                 self._settle(running[0], timed_out=True)
                 self._spawn(i)
             elif not proc.is_alive():
+                forget_process(proc.pid)
                 self.slots[i].clear()
                 logger.warning("worker %d died (exit code %s)", i, proc.exitcode)
                 if running is not None:

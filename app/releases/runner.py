@@ -28,6 +28,7 @@ from app.datasets.models import Dataset
 from app.datasets.service import load_values, snap_to_grid
 from app.ledger.service import mechanism_float
 from app.mechanisms import MechanismInputError, get_mechanism
+from app.metrics import RELEASES, count_on_commit
 from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.service import FINISHED_CHANNEL, PENDING_CHANNEL
 
@@ -193,12 +194,15 @@ def complete(session: Session, *, claim: Claim, estimates: list[float]) -> bool:
             finished_at=text("clock_timestamp()"),
             lease_until=None,
         )
+        .returning(Release.method)
         .execution_options(synchronize_session=False)
     )
-    stored = int(getattr(result, "rowcount", 0) or 0) == 1
-    if stored:
-        _notify_finished(session, claim.release_id)
-    return stored
+    method = result.scalar_one_or_none()
+    if method is None:
+        return False
+    _notify_finished(session, claim.release_id)
+    count_on_commit(session, RELEASES, method, "done")
+    return True
 
 
 def fail(session: Session, *, claim: Claim, reason: str) -> bool:
@@ -214,12 +218,16 @@ def fail(session: Session, *, claim: Claim, reason: str) -> bool:
             failure=reason,
             finished_at=text("clock_timestamp()"),
             lease_until=None,
-        ).execution_options(synchronize_session=False)
+        )
+        .returning(Release.method)
+        .execution_options(synchronize_session=False)
     )
-    failed = int(getattr(result, "rowcount", 0) or 0) == 1
-    if failed:
-        _notify_finished(session, claim.release_id)
-    return failed
+    method = result.scalar_one_or_none()
+    if method is None:
+        return False
+    _notify_finished(session, claim.release_id)
+    count_on_commit(session, RELEASES, method, "failed")
+    return True
 
 
 def expire_lease(session: Session, *, claim: Claim) -> None:

@@ -44,6 +44,7 @@ from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
 from app.ledger.service import Amount, add_debit, budget, find_budget, mechanism_float, price
 from app.mechanisms import Mechanism, MechanismInputError, get_mechanism
+from app.metrics import RELEASES, RESERVATIONS, count_on_commit
 from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.schemas import KeyCap, QuantileQuery
 
@@ -212,6 +213,34 @@ def reserve_release(
     max_quantiles: int,
     max_runs: int,
 ) -> Outcome:
+    """The reservation transaction (see :func:`_reserve`); counts 409 refusals by method."""
+    try:
+        return _reserve(
+            session,
+            principal=principal,
+            dataset_id=dataset_id,
+            query=query,
+            idempotency_key=idempotency_key,
+            max_quantiles=max_quantiles,
+            max_runs=max_runs,
+        )
+    except DpquantError as exc:
+        if exc.status_code == 409 and exc.type != "idempotency_conflict":
+            # A refusal of a priced query (the method is a registered one by now).
+            RELEASES.labels(query.method, "refused").inc()
+        raise
+
+
+def _reserve(
+    session: Session,
+    *,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    query: QuantileQuery,
+    idempotency_key: str | None,
+    max_quantiles: int,
+    max_runs: int,
+) -> Outcome:
     """The reservation transaction (see the module docstring); the caller commits.
 
     Returns the new ``pending`` release, or the earlier release with the same key and body
@@ -298,6 +327,7 @@ def reserve_release(
         dataset.frozen_at = now  # values never change once a run has been paid for
     _wake_workers(session, release.id)
     session.flush()
+    count_on_commit(session, RESERVATIONS, release.method)
     return Outcome(release, replayed=False)
 
 
