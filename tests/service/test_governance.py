@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import sessionmaker
 
@@ -518,3 +518,36 @@ def test_a_release_not_yet_run_when_its_dataset_is_archived_fails_and_keeps_its_
     assert replay.status_code == 201 and replay.json()["status"] == "failed"
     assert not run_one()
     assert api.budget(ds)["spent"]["epsilon"] == "0.1"
+
+
+def test_migration_0005_downgrades_with_archived_namesakes_and_upgrades_again(
+    make_schema: Callable[[], str],
+) -> None:
+    from app.db import downgrade_database
+
+    url = make_schema()
+    upgrade_database(url)
+    engine = create_engine(url)
+    insert = text(
+        "INSERT INTO dataset (id, name, description, lower, upper, neighbors, granularity,"
+        " data_version, created_at, archived_at) VALUES (:i, 'same', '', 0, 1, 'swap', 0.001,"
+        " 0, now(), :a)"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert, {"i": uuid.uuid4(), "a": datetime.now(UTC)})
+            conn.execute(insert, {"i": uuid.uuid4(), "a": datetime.now(UTC)})
+            conn.execute(insert, {"i": uuid.uuid4(), "a": None})
+            # two live namesakes: refused by the partial unique index
+            with pytest.raises(DBAPIError), conn.begin_nested():
+                conn.execute(insert, {"i": uuid.uuid4(), "a": None})
+        downgrade_database(url, "0004")
+        with engine.connect() as conn:
+            names = sorted(conn.execute(text("SELECT name FROM dataset")).scalars())
+        assert len(set(names)) == 3 and "same" in names
+        assert all(n == "same" or n.startswith("same #") for n in names)
+        upgrade_database(url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM audit_event")).scalar_one() == 0
+    finally:
+        engine.dispose()
