@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import secrets
+import signal
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import wait_for
 
 from .procs import DpquantServer, migrate
 
@@ -162,3 +167,50 @@ def test_scrape_auth_on_the_real_server(server: DpquantServer) -> None:
     assert httpx.get(url, timeout=30).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer x" + TOKEN}).status_code == 401
     assert httpx.get(url, headers=server.headers()).status_code == 200
+
+
+def _spawned_workers(srv: DpquantServer) -> set[int]:
+    """PIDs of the release worker processes (not the supervisor or its resource tracker)."""
+    pids = set()
+    for pid in srv.release_worker_pids():
+        with contextlib.suppress(psutil.Error):
+            if "spawn_main" in " ".join(psutil.Process(pid).cmdline()):
+                pids.add(pid)
+    return pids
+
+
+def test_a_killed_release_worker_leaves_its_counters_and_drops_its_gauges(
+    server: DpquantServer,
+) -> None:
+    per_worker = 4.0  # pool_size 2 + max_overflow 2 in each release worker
+
+    def both_up() -> str | None:
+        text, _ = _scrape(server)
+        capacity = _sum(text, "dpquant_db_pool_capacity", process="release_worker")
+        return text if capacity == 2 * per_worker else None
+
+    before = wait_for(both_up, timeout=60, interval=0.5)  # workers start after the API
+    done = _sum(before, "dpquant_releases_total", outcome="done")
+    runs = _sum(before, "dpquant_mechanism_run_seconds_count")
+    workers = _spawned_workers(server)
+    assert len(workers) == 2, workers
+    # `dpquant serve` created the directory; its children inherited it
+    directory = Path(psutil.Process(min(workers)).environ()["PROMETHEUS_MULTIPROC_DIR"])
+    assert (directory / f"gauge_livesum_{min(workers)}.db").exists()
+    victim = sorted(workers)[0]
+    os.kill(victim, signal.SIGKILL)
+
+    def settled() -> str | None:
+        now = _spawned_workers(server)
+        new = now - workers
+        # the replacement is up and has written its own gauges
+        if not new or not all((directory / f"gauge_livesum_{p}.db").exists() for p in new):
+            return None
+        text, _ = _scrape(server)
+        capacity = _sum(text, "dpquant_db_pool_capacity", process="release_worker")
+        return text if capacity == 2 * per_worker else None
+
+    after = wait_for(settled, timeout=60, interval=0.5)
+    # the dead worker's gauge is gone (else 3 x 4); its counters still count
+    assert _sum(after, "dpquant_releases_total", outcome="done") == done
+    assert _sum(after, "dpquant_mechanism_run_seconds_count") == runs
