@@ -191,7 +191,7 @@ def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
 
     Idempotent. The bootstrap key is tied to ``DPQUANT_BOOTSTRAP_ADMIN_KEY``: a key registered
     from an earlier value of the variable is revoked here, and a bootstrap key an admin
-    revoked stays revoked.
+    revoked stays revoked. Registrations and revocations are audited (no acting key).
     """
     digest = hash_key(raw)
     stmt = (
@@ -207,8 +207,17 @@ def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
             bootstrap=True,
         )
         .on_conflict_do_nothing(index_elements=["key_hash"])
+        .returning(ApiKey.id, ApiKey.prefix)
     )
-    session.execute(stmt)
+    for key_id, prefix in session.execute(stmt).all():
+        record(
+            session,
+            actor=None,
+            action="key.create",
+            target_type="api_key",
+            target_id=key_id,
+            details={"prefix": prefix, "role": "admin", "bootstrap": True},
+        )
     return _revoke_bootstrap(session, keep=digest)
 
 
@@ -222,11 +231,21 @@ def _revoke_bootstrap(session: Session, *, keep: str | None) -> int:
         update(ApiKey)
         .where(ApiKey.bootstrap.is_(True), ApiKey.revoked_at.is_(None))
         .values(revoked_at=datetime.now(UTC))
+        .returning(ApiKey.id, ApiKey.prefix)
     )
     if keep is not None:
         stmt = stmt.where(ApiKey.key_hash != keep)
-    result = session.execute(stmt)
-    return int(getattr(result, "rowcount", 0) or 0)
+    revoked = session.execute(stmt.execution_options(synchronize_session=False)).all()
+    for key_id, prefix in revoked:
+        record(
+            session,
+            actor=None,
+            action="key.revoke",
+            target_type="api_key",
+            target_id=key_id,
+            details={"prefix": prefix, "bootstrap": True},
+        )
+    return len(revoked)
 
 
 def list_keys(session: Session) -> list[ApiKey]:

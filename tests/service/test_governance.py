@@ -551,3 +551,19 @@ def test_migration_0005_downgrades_with_archived_namesakes_and_upgrades_again(
             assert conn.execute(text("SELECT count(*) FROM audit_event")).scalar_one() == 0
     finally:
         engine.dispose()
+
+
+def test_bootstrap_key_registration_is_audited_without_an_actor(
+    client: TestClient, db_engine: Engine
+) -> None:
+    me = client.get("/v1/keys/me", headers=ADMIN).json()["id"]
+    with db_engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT actor_key_id, details FROM audit_event"
+                " WHERE action = 'key.create' AND target_id = :k"
+            ),
+            {"k": me},
+        ).all()
+    assert len(rows) == 1
+    assert rows[0][0] is None and rows[0][1]["bootstrap"] is True
