@@ -11,6 +11,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
 from app.config import Settings
@@ -177,7 +179,15 @@ def cmd_create_key(args: argparse.Namespace, settings: Settings) -> int:
     engine = make_engine(url, settings)
     try:
         with Session(engine) as session, session.begin():
-            key, raw = create_key(session, role=args.role, dataset_id=args.dataset, name=args.name)
+            key, raw = create_key(
+                session,
+                role=args.role,
+                dataset_id=args.dataset,
+                name=args.name,
+                max_epsilon=args.max_epsilon,
+                max_delta=args.max_delta,
+                expires_at=args.expires_at,
+            )
             key_id = key.id
     except DpquantError as exc:
         sys.stderr.write(f"error: {exc.detail}\n")
@@ -267,6 +277,28 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _budget(text: str) -> Decimal:
+    """A non-negative exact decimal (argparse type)."""
+    try:
+        value = Decimal(text)
+    except ArithmeticError:
+        raise argparse.ArgumentTypeError("not a decimal number") from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError("must be a finite number >= 0")
+    return value
+
+
+def _aware_datetime(text: str) -> datetime:
+    """An ISO 8601 instant with a time zone (argparse type)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an ISO 8601 date and time") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError("give a time zone, e.g. Z or +01:00")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and the compose-file check)."""
     parser = argparse.ArgumentParser(
@@ -296,6 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--role", choices=["admin", "analyst", "viewer"], required=True)
     key.add_argument("--dataset", type=uuid.UUID, default=None, help="restrict to one dataset")
     key.add_argument("--name", default="", help="a label for humans")
+    key.add_argument(
+        "--max-epsilon", type=_budget, default=None, help="cap on the epsilon it may spend"
+    )
+    key.add_argument("--max-delta", type=_budget, default=None, help="cap on the delta")
+    key.add_argument(
+        "--expires-at",
+        type=_aware_datetime,
+        default=None,
+        help="ISO 8601 instant with a time zone, e.g. 2027-03-01T00:00:00Z",
+    )
 
     spec = sub.add_parser("openapi", help="write the OpenAPI document")
     spec.add_argument("--output", default=str(OPENAPI_PATH))
