@@ -11,6 +11,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
 from app.config import Settings
@@ -38,6 +40,26 @@ def _exit_normally(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def ensure_metrics_dir() -> str | None:
+    """Point ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory unless it is set.
+
+    Returns the directory created here (removed at exit), or None. Must run before
+    ``prometheus_client`` is imported in this process; child processes (uvicorn web workers,
+    release workers) inherit the variable and all write their metrics files there, so a
+    scrape of any web worker sums every process (app/metrics.py).
+    """
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="dpquant-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def start_release_workers(concurrency: int) -> subprocess.Popen[bytes] | None:
     """``dpquant worker`` as a child process (it inherits the environment and the URL)."""
     if concurrency <= 0:
@@ -61,6 +83,7 @@ def stop_release_workers(proc: subprocess.Popen[bytes] | None) -> None:
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """Start the embedded database if needed, migrate it, start release workers, run uvicorn."""
+    ensure_metrics_dir()  # before anything imports prometheus_client
     import uvicorn
 
     from app.db import resolve_database_url, upgrade_database
@@ -108,6 +131,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Run release workers (a supervisor and ``--concurrency`` worker processes)."""
+    ensure_metrics_dir()  # before anything imports prometheus_client
     from app.db import resolve_database_url
     from app.worker import Supervisor
 
@@ -155,7 +179,15 @@ def cmd_create_key(args: argparse.Namespace, settings: Settings) -> int:
     engine = make_engine(url, settings)
     try:
         with Session(engine) as session, session.begin():
-            key, raw = create_key(session, role=args.role, dataset_id=args.dataset, name=args.name)
+            key, raw = create_key(
+                session,
+                role=args.role,
+                dataset_id=args.dataset,
+                name=args.name,
+                max_epsilon=args.max_epsilon,
+                max_delta=args.max_delta,
+                expires_at=args.expires_at,
+            )
             key_id = key.id
     except DpquantError as exc:
         sys.stderr.write(f"error: {exc.detail}\n")
@@ -245,6 +277,28 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _budget(text: str) -> Decimal:
+    """A non-negative exact decimal (argparse type)."""
+    try:
+        value = Decimal(text)
+    except ArithmeticError:
+        raise argparse.ArgumentTypeError("not a decimal number") from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError("must be a finite number >= 0")
+    return value
+
+
+def _aware_datetime(text: str) -> datetime:
+    """An ISO 8601 instant with a time zone (argparse type)."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an ISO 8601 date and time") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError("give a time zone, e.g. Z or +01:00")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and the compose-file check)."""
     parser = argparse.ArgumentParser(
@@ -274,6 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--role", choices=["admin", "analyst", "viewer"], required=True)
     key.add_argument("--dataset", type=uuid.UUID, default=None, help="restrict to one dataset")
     key.add_argument("--name", default="", help="a label for humans")
+    key.add_argument(
+        "--max-epsilon", type=_budget, default=None, help="cap on the epsilon it may spend"
+    )
+    key.add_argument("--max-delta", type=_budget, default=None, help="cap on the delta")
+    key.add_argument(
+        "--expires-at",
+        type=_aware_datetime,
+        default=None,
+        help="ISO 8601 instant with a time zone, e.g. 2027-03-01T00:00:00Z",
+    )
 
     spec = sub.add_parser("openapi", help="write the OpenAPI document")
     spec.add_argument("--output", default=str(OPENAPI_PATH))

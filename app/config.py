@@ -36,6 +36,10 @@ class Settings(BaseSettings):
         default=None, description="If set, this key is accepted as an admin key (stored hashed)."
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token that may read /metrics besides admin keys (>= 32 chars).",
+    )
 
     # Limits.
     max_upload_bytes: int = Field(
@@ -111,7 +115,7 @@ class Settings(BaseSettings):
         description="Fault injection for tests: workers sleep this long before each run.",
     )
 
-    @field_validator("bootstrap_admin_key")
+    @field_validator("bootstrap_admin_key", "metrics_token")
     @classmethod
     def _refuse_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None:

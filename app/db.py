@@ -52,6 +52,7 @@ class Base(DeclarativeBase):
 
 def load_models() -> MetaData:
     """Import every model module so that ``Base.metadata`` is complete; returns it."""
+    import app.audit.models
     import app.auth.models
     import app.datasets.models
     import app.ledger.models
@@ -101,9 +102,11 @@ def resolve_database_url(settings: Settings) -> tuple[str, bool]:
     return start_embedded_postgres(settings.data_dir), True
 
 
-def make_engine(url: str, settings: Settings) -> Engine:
+def make_engine(url: str, settings: Settings, *, process: str = "api") -> Engine:
     """An engine with a bounded pool, pre-ping (survives PostgreSQL restarts) and hidden
-    statement parameters (never a data value in a log line or an exception message)."""
+    statement parameters (never a data value in a log line or an exception message).
+
+    ``process`` labels the pool in the ``dpquant_db_pool_*`` metrics."""
     connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout_s}
     hide_result_rows()  # issue 5: no data value in logs, even with SQL logging at DEBUG
     engine = create_engine(
@@ -118,6 +121,9 @@ def make_engine(url: str, settings: Settings) -> Engine:
     )
     # issue 5: no statement or lock wait may hang a request (503 instead)
     install_timeouts(engine, statement_timeout_ms=settings.statement_timeout_ms)
+    from app.metrics import instrument_pool  # imported late: see app.cli.ensure_metrics_dir
+
+    instrument_pool(engine, process=process, capacity=settings.pool_size + settings.max_overflow)
     return engine
 
 

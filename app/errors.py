@@ -28,6 +28,9 @@ ERROR_TYPES = (
     "forbidden",
     "not_found",
     "budget_exhausted",
+    "key_budget_exhausted",
+    "key_not_rotatable",
+    "dataset_archived",
     "dataset_frozen",
     "idempotency_conflict",
     "no_values",
@@ -142,6 +145,9 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _body(type_: str, detail: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    from app.metrics import REFUSALS  # late: prometheus_client reads its mode at import
+
+    REFUSALS.labels(type_).inc()
     body: dict[str, Any] = {"type": type_, "detail": detail}
     if extra:
         body.update(extra)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
+from app.audit.router import router as audit_router
 from app.auth.router import router as keys_router
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys
 from app.bodylimit import BodyLimitMiddleware
@@ -35,6 +36,7 @@ from app.db import (
 from app.errors import install_error_handlers
 from app.guard import GuardMiddleware
 from app.ledger.router import router as ledger_router
+from app.metrics import RequestMetricsMiddleware
 from app.openapi import install_openapi
 from app.ops.router import router as ops_router
 from app.ratelimit import RateLimitMiddleware
@@ -136,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ledger_router)
     app.include_router(releases_router)
     app.include_router(keys_router)
+    app.include_router(audit_router)
     install_docs(app)
     install_dashboard(app)
     install_openapi(app)
@@ -156,6 +159,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             per_minute=settings.rate_limit_per_minute,
             burst=settings.rate_limit_burst,
         )
+    # Latency of every request, by route template (app/metrics.py).
+    app.add_middleware(RequestMetricsMiddleware)
     # Outermost of ours: escaped exceptions become a JSON 503 without a logged message and
     # without closing the connection (app/guard.py).
     app.add_middleware(GuardMiddleware)

@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import Settings
 from app.db import make_engine, transaction
 from app.mechanisms import MECHANISMS, GridHistogram
+from app.metrics import MECHANISM_SECONDS, forget_process
 from app.releases.runner import (
-    FAILURE_ERROR,
     FAILURE_TIMEOUT,
     Claim,
     Job,
@@ -102,14 +102,14 @@ def process_one(
     """Claim and run one release; False when there was nothing to run."""
     lease_s = settings.run_timeout_s + settings.lease_margin_s
 
-    def claim_and_load(session: Session) -> tuple[Claim, Job | None] | None:
+    def claim_and_load(session: Session) -> tuple[Claim, Job | RunFailed | None] | None:
         claim = claim_next(session, lease_s=lease_s, max_runs=settings.max_runs)
         if claim is None:
             return None
         try:
             return claim, load_job(session, claim)
-        except RunFailed:
-            return claim, None  # settled below, in its own transaction
+        except RunFailed as exc:
+            return claim, exc  # settled below, in its own transaction
 
     claimed = transaction(factory, claim_and_load)
     if claimed is None:
@@ -119,14 +119,21 @@ def process_one(
         slot.set(claim, time.monotonic() + settings.run_timeout_s)
     try:
         try:
+            if isinstance(job, RunFailed):
+                raise job
             if job is None:
-                raise RunFailed("dataset or values missing")
+                return True  # the lease was taken over: someone else runs it
             if settings.chaos_run_delay_ms:
                 time.sleep(settings.chaos_run_delay_ms / 1000.0)
-            estimates = run_job(job)
+            started = time.perf_counter()
+            try:
+                estimates = run_job(job)
+            finally:
+                MECHANISM_SECONDS.labels(job.method).observe(time.perf_counter() - started)
         except RunFailed as exc:
             logger.error("release %s failed: %s (charged)", claim.release_id, exc)
-            transaction(factory, lambda s: fail(s, claim=claim, reason=FAILURE_ERROR))
+            reason = exc.reason
+            transaction(factory, lambda s: fail(s, claim=claim, reason=reason))
             return True
         transaction(factory, lambda s: complete(s, claim=claim, estimates=estimates))
         return True
@@ -168,7 +175,11 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
     settings = Settings(database_url=url)
-    engine = make_engine(url, settings.model_copy(update={"pool_size": 2, "max_overflow": 2}))
+    engine = make_engine(
+        url,
+        settings.model_copy(update={"pool_size": 2, "max_overflow": 2}),
+        process="release_worker",
+    )
     factory = sessionmaker(engine, expire_on_commit=False)
     warm_up()
     listener: psycopg.Connection[Any] | None = None
@@ -209,7 +220,11 @@ class Supervisor:
         self.ctx = multiprocessing.get_context("spawn")
         self.slots = [Slot(self.ctx) for _ in range(concurrency)]
         self.procs: list[SpawnProcess | None] = [None] * concurrency
-        engine = make_engine(url, settings.model_copy(update={"pool_size": 1, "max_overflow": 1}))
+        engine = make_engine(
+            url,
+            settings.model_copy(update={"pool_size": 1, "max_overflow": 1}),
+            process="release_supervisor",
+        )
         self.engine = engine
         self.factory = sessionmaker(engine, expire_on_commit=False)
         self.stop = _Stop()
@@ -244,6 +259,7 @@ class Supervisor:
             if running is not None and now > running[1]:
                 proc.kill()
                 proc.join()
+                forget_process(proc.pid)
                 self.slots[i].clear()
                 logger.warning(
                     "release %s exceeded the %.0f s time limit: failed (charged)",
@@ -253,6 +269,7 @@ class Supervisor:
                 self._settle(running[0], timed_out=True)
                 self._spawn(i)
             elif not proc.is_alive():
+                forget_process(proc.pid)
                 self.slots[i].clear()
                 logger.warning("worker %d died (exit code %s)", i, proc.exitcode)
                 if running is not None:

@@ -19,7 +19,7 @@ def get_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """Authenticate the bearer key; 401 when missing, unknown or revoked.
+    """Authenticate the bearer key; 401 when missing, unknown, revoked or expired.
 
     Uses its own short transaction, closed before the endpoint runs, so that an endpoint
     that waits (a release waiting for its worker) holds no connection while it waits.
@@ -31,7 +31,7 @@ def get_principal(
         key = authenticate(session, raw=credentials.credentials)
         if key is None:
             raise unauthorized()
-        return Principal(key_id=key.id, role=key.role, scope=key.dataset_id)
+        return Principal(key_id=key.id, role=key.role, scope=key.dataset_id, prefix=key.prefix)
 
 
 def _requires(*roles: str) -> object:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from decimal import Decimal
 
-from sqlalchemy import Boolean, CheckConstraint, DateTime, ForeignKey, String, text
+from sqlalchemy import Boolean, CheckConstraint, DateTime, ForeignKey, Numeric, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
@@ -14,12 +15,25 @@ ROLES = ("admin", "analyst", "viewer")
 
 
 class ApiKey(Base):
-    """An API key: only its SHA-256 hash and a short public prefix are stored."""
+    """An API key: only its SHA-256 hash and a short public prefix are stored.
+
+    ``max_epsilon`` / ``max_delta`` cap what the key may spend in total (NULL: no cap);
+    ``spent_epsilon`` / ``spent_delta`` are its running totals, written only by the ledger
+    trigger in the transaction of each debit naming the key, so ``key_cap`` makes PostgreSQL
+    itself refuse a debit over the cap (migration 0005; direct writes are refused by
+    ``api_key_guard``). ``last_used_at`` is refreshed at most once a minute.
+    """
 
     __tablename__ = "api_key"
     __table_args__ = (
         CheckConstraint("role IN ('admin', 'analyst', 'viewer')", name="role"),
         CheckConstraint("role <> 'admin' OR dataset_id IS NULL", name="admin_unscoped"),
+        CheckConstraint(
+            "(max_epsilon IS NULL OR spent_epsilon <= max_epsilon) "
+            "AND (max_delta IS NULL OR spent_delta <= max_delta)",
+            name="key_cap",
+        ),
+        CheckConstraint("spent_epsilon >= 0 AND spent_delta >= 0", name="key_spent_nonnegative"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
@@ -32,3 +46,14 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: Registered from ``DPQUANT_BOOTSTRAP_ADMIN_KEY``; revoked when the variable changes.
     bootstrap: Mapped[bool] = mapped_column(Boolean, server_default=text("false"), default=False)
+    max_epsilon: Mapped[Decimal | None] = mapped_column(Numeric)
+    max_delta: Mapped[Decimal | None] = mapped_column(Numeric)
+    spent_epsilon: Mapped[Decimal] = mapped_column(
+        Numeric, server_default=text("0"), default=Decimal(0)
+    )
+    spent_delta: Mapped[Decimal] = mapped_column(
+        Numeric, server_default=text("0"), default=Decimal(0)
+    )
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    rotated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Principal:
-    """The authenticated key: its id, role and optional dataset scope."""
+    """The authenticated key: its id, role, optional dataset scope and public prefix."""
 
     key_id: uuid.UUID
     role: str
     scope: uuid.UUID | None
+    #: The key's public prefix (``dpq_`` + 8 characters), recorded in the audit log.
+    prefix: str | None = None
 
     def can_see(self, dataset_id: uuid.UUID) -> bool:
         """True when the dataset lies inside this key's scope."""

@@ -24,10 +24,30 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=DecimalJSONRout
     summary="Create an API key (the secret is returned once)",
 )
 def create_key(body: KeyCreate, session: SessionDep, principal: AdminDep) -> KeyCreated:
-    """Create a key with a role and optional dataset scope; only its hash is stored."""
+    """Create a key with a role, optional dataset scope, spending caps and expiry; only its
+    hash is stored."""
     key, raw = service.create_key(
-        session, role=body.role, dataset_id=body.dataset_id, name=body.name
+        session,
+        role=body.role,
+        dataset_id=body.dataset_id,
+        name=body.name,
+        actor=principal,
+        max_epsilon=body.max_epsilon,
+        max_delta=body.max_delta,
+        expires_at=body.expires_at,
     )
+    return KeyCreated(**KeyPublic.model_validate(key).model_dump(), key=raw)
+
+
+@router.post(
+    "/{key_id}/rotate",
+    response_model=KeyCreated,
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+    summary="Rotate an API key: a new secret, returned once; the old one stops working",
+)
+def rotate_key(key_id: uuid.UUID, session: SessionDep, principal: AdminDep) -> KeyCreated:
+    """Same id, role, scope, caps and expiry; a new secret (the old one fails at once)."""
+    key, raw = service.rotate_key(session, key_id=key_id, actor=principal)
     return KeyCreated(**KeyPublic.model_validate(key).model_dump(), key=raw)
 
 
@@ -62,5 +82,5 @@ def read_own_key(principal: ReaderDep) -> KeySelf:
 )
 def revoke_key(key_id: uuid.UUID, session: SessionDep, principal: AdminDep) -> Response:
     """Revoke a key; it stops working with the next request."""
-    service.revoke_key(session, key_id=key_id)
+    service.revoke_key(session, key_id=key_id, actor=principal)
     return Response(status_code=204)

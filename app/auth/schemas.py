@@ -6,8 +6,9 @@ import uuid
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from app.ledger.schemas import BudgetDecimal, DecimalText
 from app.text import StorableText
 
 Role = Literal["admin", "analyst", "viewer"]
@@ -23,6 +24,19 @@ class KeyCreate(BaseModel):
         default=None, description="Restrict the key to one dataset (analyst and viewer keys)."
     )
     name: StorableText = Field(default="", max_length=200, description="A label for humans.")
+    max_epsilon: BudgetDecimal | None = Field(
+        default=None,
+        description="Cap on the epsilon this key may spend in total (all its releases "
+        "together); null: no cap beyond the dataset's budget.",
+    )
+    max_delta: BudgetDecimal | None = Field(
+        default=None, description="Cap on the delta this key may spend in total; null: no cap."
+    )
+    expires_at: AwareDatetime | None = Field(
+        default=None,
+        description="The key stops working at this instant (ISO 8601 with a time zone; must "
+        "lie in the future); null: never.",
+    )
 
 
 class KeyPublic(BaseModel):
@@ -37,10 +51,20 @@ class KeyPublic(BaseModel):
     name: str
     created_at: datetime
     revoked_at: datetime | None
+    max_epsilon: DecimalText | None = Field(description="Cap on the epsilon spent (null: none).")
+    max_delta: DecimalText | None = Field(description="Cap on the delta spent (null: none).")
+    spent_epsilon: DecimalText = Field(description="Epsilon spent by this key's releases.")
+    spent_delta: DecimalText = Field(description="Delta spent by this key's releases.")
+    expires_at: datetime | None
+    last_used_at: datetime | None = Field(
+        description="Last successful authentication (refreshed at most once a minute)."
+    )
+    rotated_at: datetime | None
 
 
 class KeyCreated(KeyPublic):
-    """A freshly created key, including the secret: shown this once, stored only hashed."""
+    """A freshly created (or rotated) key, including the secret: shown this once, stored
+    only hashed."""
 
     key: str
 

@@ -1,4 +1,8 @@
-"""API keys: generation, hashing, lookup, revocation."""
+"""API keys: generation, hashing, lookup, expiry, usage, rotation, revocation, caps.
+
+Admin actions on keys (create, revoke, rotate) are recorded in the audit log in the same
+transaction.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,27 @@ import hashlib
 import hmac
 import secrets
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from app.audit.service import record
 from app.auth.models import ApiKey
+from app.auth.principal import Principal
 from app.datasets.models import Dataset
-from app.errors import invalid, not_found
+from app.errors import DpquantError, invalid, not_found
 
 KEY_PREFIX = "dpq_"
 #: Characters of a key shown in listings (``dpq_`` plus 8 of the random part).
 PUBLIC_PREFIX_LENGTH = 12
 #: Name of the key registered from ``DPQUANT_BOOTSTRAP_ADMIN_KEY``.
 BOOTSTRAP_NAME = "bootstrap admin (DPQUANT_BOOTSTRAP_ADMIN_KEY)"
+#: ``last_used_at`` is written at most this often per key (not once per request).
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 def generate_key() -> str:
@@ -33,25 +43,67 @@ def hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def authenticate(session: Session, *, raw: str) -> ApiKey | None:
-    """The live key matching ``raw``, or None; the hash comparison runs in constant time."""
+def authenticate(session: Session, *, raw: str, now: datetime | None = None) -> ApiKey | None:
+    """The live key matching ``raw``, or None; the hash comparison runs in constant time.
+
+    Revoked and expired keys are None. ``last_used_at`` is refreshed when it is older than
+    :data:`LAST_USED_RESOLUTION`: at most one write per key and minute, whatever the request
+    rate and the number of processes (the UPDATE re-checks the age and skips a row another
+    transaction is writing instead of waiting for it).
+    """
     digest = hash_key(raw)
     key = session.scalars(select(ApiKey).where(ApiKey.key_hash == digest)).first()
     if key is None or not hmac.compare_digest(key.key_hash, digest):
         return None
     if key.revoked_at is not None:
         return None
+    now = now or datetime.now(UTC)
+    if key.expires_at is not None and key.expires_at <= now:
+        return None
+    stale = now - LAST_USED_RESOLUTION
+    if key.last_used_at is None or key.last_used_at < stale:
+        session.execute(
+            text(
+                "UPDATE api_key SET last_used_at = :now WHERE id IN ("
+                " SELECT id FROM api_key WHERE id = :id"
+                " AND (last_used_at IS NULL OR last_used_at < :stale)"
+                " FOR UPDATE SKIP LOCKED)"
+            ),
+            {"now": now, "id": key.id, "stale": stale},
+        )
     return key
 
 
+def _caps(key: ApiKey) -> dict[str, Any]:
+    return {
+        "max_epsilon": None if key.max_epsilon is None else str(key.max_epsilon),
+        "max_delta": None if key.max_delta is None else str(key.max_delta),
+    }
+
+
 def create_key(
-    session: Session, *, role: str, dataset_id: uuid.UUID | None, name: str
+    session: Session,
+    *,
+    role: str,
+    dataset_id: uuid.UUID | None,
+    name: str,
+    actor: Principal | None = None,
+    max_epsilon: Decimal | None = None,
+    max_delta: Decimal | None = None,
+    expires_at: datetime | None = None,
 ) -> tuple[ApiKey, str]:
-    """Store a new key's hash; returns the row and the raw key (shown once, never stored)."""
+    """Store a new key's hash; returns the row and the raw key (shown once, never stored).
+
+    ``max_epsilon`` / ``max_delta`` cap what the key may ever spend (None: no cap);
+    ``expires_at`` (in the future) ends its validity. Recorded in the audit log.
+    """
     if role == "admin" and dataset_id is not None:
         raise invalid("body.dataset_id", "admin keys cannot be scoped to a dataset")
     if dataset_id is not None and session.get(Dataset, dataset_id) is None:
         raise invalid("body.dataset_id", "unknown dataset")
+    now = datetime.now(UTC)
+    if expires_at is not None and expires_at <= now:
+        raise invalid("body.expires_at", "must lie in the future")
     raw = generate_key()
     key = ApiKey(
         id=uuid.uuid4(),
@@ -60,12 +112,77 @@ def create_key(
         role=role,
         dataset_id=dataset_id,
         name=name,
-        created_at=datetime.now(UTC),
+        created_at=now,
         revoked_at=None,
         bootstrap=False,
+        max_epsilon=max_epsilon,
+        max_delta=max_delta,
+        spent_epsilon=Decimal(0),
+        spent_delta=Decimal(0),
+        expires_at=expires_at,
+        last_used_at=None,
+        rotated_at=None,
     )
     session.add(key)
     session.flush()
+    record(
+        session,
+        actor=actor,
+        action="key.create",
+        target_type="api_key",
+        target_id=key.id,
+        details={
+            "prefix": key.prefix,
+            "role": role,
+            "dataset_id": None if dataset_id is None else str(dataset_id),
+            "name": name,
+            "expires_at": None if expires_at is None else expires_at.isoformat(),
+            **_caps(key),
+        },
+    )
+    return key, raw
+
+
+def rotate_key(session: Session, *, key_id: uuid.UUID, actor: Principal) -> tuple[ApiKey, str]:
+    """A new secret for the key (same id, role, scope, caps, expiry and spent totals).
+
+    The old secret stops working with the commit: it is the stored hash that changes.
+    Revoked, expired and bootstrap keys cannot be rotated (409 ``key_not_rotatable``; the
+    bootstrap key follows ``DPQUANT_BOOTSTRAP_ADMIN_KEY``: change the variable instead).
+    """
+    key = session.scalars(
+        select(ApiKey)
+        .where(ApiKey.id == key_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).first()
+    if key is None:
+        raise not_found("key")
+    now = datetime.now(UTC)
+    if (
+        key.revoked_at is not None
+        or key.bootstrap
+        or (key.expires_at is not None and key.expires_at <= now)
+    ):
+        raise DpquantError(
+            409,
+            "key_not_rotatable",
+            "revoked, expired and bootstrap keys cannot be rotated",
+        )
+    old_prefix = key.prefix
+    raw = generate_key()
+    key.key_hash = hash_key(raw)
+    key.prefix = raw[:PUBLIC_PREFIX_LENGTH]
+    key.rotated_at = now
+    session.flush()
+    record(
+        session,
+        actor=actor,
+        action="key.rotate",
+        target_type="api_key",
+        target_id=key.id,
+        details={"old_prefix": old_prefix, "prefix": key.prefix},
+    )
     return key, raw
 
 
@@ -74,7 +191,7 @@ def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
 
     Idempotent. The bootstrap key is tied to ``DPQUANT_BOOTSTRAP_ADMIN_KEY``: a key registered
     from an earlier value of the variable is revoked here, and a bootstrap key an admin
-    revoked stays revoked.
+    revoked stays revoked. Registrations and revocations are audited (no acting key).
     """
     digest = hash_key(raw)
     stmt = (
@@ -90,8 +207,17 @@ def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
             bootstrap=True,
         )
         .on_conflict_do_nothing(index_elements=["key_hash"])
+        .returning(ApiKey.id, ApiKey.prefix)
     )
-    session.execute(stmt)
+    for key_id, prefix in session.execute(stmt).all():
+        record(
+            session,
+            actor=None,
+            action="key.create",
+            target_type="api_key",
+            target_id=key_id,
+            details={"prefix": prefix, "role": "admin", "bootstrap": True},
+        )
     return _revoke_bootstrap(session, keep=digest)
 
 
@@ -105,11 +231,21 @@ def _revoke_bootstrap(session: Session, *, keep: str | None) -> int:
         update(ApiKey)
         .where(ApiKey.bootstrap.is_(True), ApiKey.revoked_at.is_(None))
         .values(revoked_at=datetime.now(UTC))
+        .returning(ApiKey.id, ApiKey.prefix)
     )
     if keep is not None:
         stmt = stmt.where(ApiKey.key_hash != keep)
-    result = session.execute(stmt)
-    return int(getattr(result, "rowcount", 0) or 0)
+    revoked = session.execute(stmt.execution_options(synchronize_session=False)).all()
+    for key_id, prefix in revoked:
+        record(
+            session,
+            actor=None,
+            action="key.revoke",
+            target_type="api_key",
+            target_id=key_id,
+            details={"prefix": prefix, "bootstrap": True},
+        )
+    return len(revoked)
 
 
 def list_keys(session: Session) -> list[ApiKey]:
@@ -117,12 +253,20 @@ def list_keys(session: Session) -> list[ApiKey]:
     return list(session.scalars(select(ApiKey).order_by(ApiKey.created_at.desc(), ApiKey.id)))
 
 
-def revoke_key(session: Session, *, key_id: uuid.UUID) -> ApiKey:
-    """Revoke a key at once (idempotent); 404 when unknown."""
-    key = session.get(ApiKey, key_id)
+def revoke_key(session: Session, *, key_id: uuid.UUID, actor: Principal | None = None) -> ApiKey:
+    """Revoke a key at once (idempotent; recorded once in the audit log); 404 when unknown."""
+    key = session.get(ApiKey, key_id, with_for_update=True, populate_existing=True)
     if key is None:
         raise not_found("key")
     if key.revoked_at is None:
         key.revoked_at = datetime.now(UTC)
         session.flush()
+        record(
+            session,
+            actor=actor,
+            action="key.revoke",
+            target_type="api_key",
+            target_id=key.id,
+            details={"prefix": key.prefix},
+        )
     return key

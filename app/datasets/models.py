@@ -11,10 +11,12 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     String,
     Text,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -36,10 +38,17 @@ class Dataset(Base):
         CheckConstraint("lower < upper", name="bounds"),
         CheckConstraint("granularity > 0", name="granularity"),
         CheckConstraint("neighbors IN ('swap', 'add_remove')", name="neighbors"),
+        # Names are unique among the datasets that are not archived (migration 0005).
+        Index(
+            "uq_dataset_name_live",
+            "name",
+            unique=True,
+            postgresql_where=text("archived_at IS NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
     description: Mapped[str] = mapped_column(Text)
     lower: Mapped[float] = mapped_column(Double)
     upper: Mapped[float] = mapped_column(Double)
@@ -53,6 +62,8 @@ class Dataset(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     values_uploaded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     frozen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Archived: values deleted, ledger and releases kept, name free, no uploads or queries.
+    archived_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class DatasetData(Base):

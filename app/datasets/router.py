@@ -1,4 +1,4 @@
-"""Dataset endpoints: create, list, read, upload values."""
+"""Dataset endpoints: create, list, read, rename, archive, upload values."""
 
 from __future__ import annotations
 
@@ -7,14 +7,20 @@ from collections.abc import Iterator
 from typing import Annotated, Literal
 
 import anyio.from_thread
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from app.auth.deps import AdminDep, ReaderDep
 from app.auth.principal import Principal
 from app.datasets import service, upload
 from app.datasets.histogram import TooManyCells
 from app.datasets.models import Dataset
-from app.datasets.schemas import DatasetAdmin, DatasetCreate, DatasetPage, DatasetPublic
+from app.datasets.schemas import (
+    DatasetAdmin,
+    DatasetCreate,
+    DatasetPage,
+    DatasetPublic,
+    DatasetUpdate,
+)
 from app.db import SessionDep
 from app.errors import DpquantError, error_responses, invalid
 from app.ledger.schemas import AmountPublic
@@ -41,6 +47,7 @@ def present(
         granularity=dataset.granularity,
         budget_remaining=remaining,
         created_at=dataset.created_at,
+        archived_at=dataset.archived_at,
     )
     if principal.role != "admin":
         return public
@@ -64,7 +71,7 @@ def present(
 )
 def create_dataset(body: DatasetCreate, session: SessionDep, principal: AdminDep) -> DatasetPublic:
     """Create a dataset with public bounds, neighbour relation, grid and initial budget."""
-    dataset = service.create_dataset(session, body=body)
+    dataset = service.create_dataset(session, body=body, actor=principal)
     if body.epsilon > 0 or body.delta > 0:
         add_grant(
             session,
@@ -73,6 +80,7 @@ def create_dataset(body: DatasetCreate, session: SessionDep, principal: AdminDep
             delta=body.delta,
             reason="initial budget",
             api_key_id=principal.key_id,
+            actor=principal,
         )
     return present(session, dataset, principal)
 
@@ -110,6 +118,53 @@ def get_dataset(dataset_id: uuid.UUID, session: SessionDep, principal: ReaderDep
     """One dataset; admins see n and the count outside the bounds, other roles do not."""
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
     return present(session, dataset, principal)
+
+
+@router.patch(
+    "/{dataset_id}",
+    response_model=DatasetAdmin,
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+    summary="Rename or re-describe a dataset",
+)
+def update_dataset(
+    dataset_id: uuid.UUID, body: DatasetUpdate, session: SessionDep, principal: AdminDep
+) -> DatasetPublic:
+    """Change the name and/or description (409 `name_taken`, 409 `dataset_archived`)."""
+    dataset = service.update_dataset(
+        session,
+        principal=principal,
+        dataset_id=dataset_id,
+        name=body.name,
+        description=body.description,
+    )
+    return present(session, dataset, principal)
+
+
+@router.delete(
+    "/{dataset_id}",
+    status_code=204,
+    response_class=Response,
+    responses=error_responses(401, 403, 404, 422, 503),
+    summary="Archive a dataset (values deleted; ledger and releases kept; name freed)",
+)
+def archive_dataset(dataset_id: uuid.UUID, session: SessionDep, principal: AdminDep) -> Response:
+    """Delete the values and archive the dataset: its ledger, budget and releases stay
+    readable, uploads and queries answer 409 `dataset_archived`, its name may be reused."""
+    service.archive_dataset(session, principal=principal, dataset_id=dataset_id)
+    return Response(status_code=204)
+
+
+class ByteCounter:
+    """Counts the bytes of a chunk stream as it passes (for the audit log: size only)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.total = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.total += len(chunk)
+            yield chunk
 
 
 def request_chunks(request: Request) -> Iterator[bytes]:
@@ -224,9 +279,10 @@ def _receive_values(
     # End the read-only transaction: no connection is held while the body streams in.
     session.commit()
     sink = upload.ValueSink(builder, max_values=settings.max_values, already=already)
+    counted = ByteCounter(request_chunks(request))
     try:
         stats = upload.read_values(
-            upload.limited(request_chunks(request), settings.max_upload_bytes),
+            upload.limited(iter(counted), settings.max_upload_bytes),
             sink,
             media_type=media_type,
             column=column,
@@ -245,6 +301,9 @@ def _receive_values(
         append=append,
         max_values=settings.max_values,
         max_cells=settings.max_cells,
+        upload="values",
+        media_type=media_type,
+        size_bytes=counted.total,
     )
     return present(session, dataset, principal)
 
@@ -327,7 +386,8 @@ def upload_histogram(
     builder = service.new_builder(dataset, max_cells=settings.max_cells)
     session.commit()  # no connection is held while the body streams in
     sink = upload.PairSink(builder, max_values=settings.max_values)
-    chunks = upload.limited(request_chunks(request), limit)
+    counted = ByteCounter(request_chunks(request))
+    chunks = upload.limited(iter(counted), limit)
     try:
         if media_type == upload.MEDIA_JSON:
             upload.read_histogram_json(b"".join(chunks), sink)
@@ -348,5 +408,8 @@ def upload_histogram(
         append=False,
         max_values=settings.max_values,
         max_cells=settings.max_cells,
+        upload="histogram",
+        media_type=media_type,
+        size_bytes=counted.total,
     )
     return present(session, dataset, principal)

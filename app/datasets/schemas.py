@@ -47,6 +47,23 @@ class DatasetCreate(BaseModel):
         return self
 
 
+class DatasetUpdate(BaseModel):
+    """Rename and/or re-describe a dataset (at least one field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: StorableText | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"
+    )
+    description: StorableText | None = Field(default=None, max_length=2000)
+
+    @model_validator(mode="after")
+    def _something(self) -> DatasetUpdate:
+        if self.name is None and self.description is None:
+            raise ValueError("give a name and/or a description")
+        return self
+
+
 class DatasetPublic(BaseModel):
     """What every role may see of a dataset (no size: under add_remove n is private)."""
 
@@ -59,6 +76,10 @@ class DatasetPublic(BaseModel):
     granularity: float
     budget_remaining: AmountPublic
     created_at: datetime
+    archived_at: datetime | None = Field(
+        default=None,
+        description="Set once archived: values deleted, ledger and releases kept, no queries.",
+    )
 
 
 class DatasetAdmin(DatasetPublic):

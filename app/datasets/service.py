@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.audit.service import record
 from app.auth.principal import Principal
 from app.datasets.grid import grid_values
 from app.datasets.histogram import (
@@ -80,9 +81,23 @@ def snap_to_grid(
 # --------------------------------------------------------------------------- create and read
 
 
-def create_dataset(session: Session, *, body: DatasetCreate) -> Dataset:
+def _name_taken(session: Session, name: str, *, other_than: uuid.UUID | None = None) -> bool:
+    """True when a dataset that is not archived already has ``name``."""
+    stmt = select(Dataset.id).where(Dataset.name == name, Dataset.archived_at.is_(None))
+    if other_than is not None:
+        stmt = stmt.where(Dataset.id != other_than)
+    return session.scalars(stmt).first() is not None
+
+
+def _name_conflict() -> DpquantError:
+    return DpquantError(409, "name_taken", "a dataset with this name already exists")
+
+
+def create_dataset(
+    session: Session, *, body: DatasetCreate, actor: Principal | None = None
+) -> Dataset:
     """Insert the dataset (its initial grant is the caller's: the ledger depends on datasets,
-    not the other way round)."""
+    not the other way round). Names are unique among datasets that are not archived."""
     if body.granularity is None:
         granularity = default_granularity(body.lower, body.upper)
     else:
@@ -91,8 +106,8 @@ def create_dataset(session: Session, *, body: DatasetCreate) -> Dataset:
             raise invalid("body.granularity", "must not exceed upper - lower")
         if (body.upper - body.lower) / granularity > MAX_GRID_STEPS:
             raise invalid("body.granularity", "is too fine for these bounds")
-    if session.scalars(select(Dataset.id).where(Dataset.name == body.name)).first() is not None:
-        raise DpquantError(409, "name_taken", "a dataset with this name already exists")
+    if _name_taken(session, body.name):
+        raise _name_conflict()
     dataset = Dataset(
         id=uuid.uuid4(),
         name=body.name,
@@ -109,12 +124,98 @@ def create_dataset(session: Session, *, body: DatasetCreate) -> Dataset:
         created_at=datetime.now(UTC),
         values_uploaded_at=None,
         frozen_at=None,
+        archived_at=None,
     )
     session.add(dataset)
     try:
         session.flush()
     except IntegrityError:
-        raise DpquantError(409, "name_taken", "a dataset with this name already exists") from None
+        raise _name_conflict() from None
+    record(
+        session,
+        actor=actor,
+        action="dataset.create",
+        target_type="dataset",
+        target_id=dataset.id,
+        details={
+            "name": dataset.name,
+            "lower": dataset.lower,
+            "upper": dataset.upper,
+            "neighbors": dataset.neighbors,
+            "granularity": dataset.granularity,
+        },
+    )
+    return dataset
+
+
+def ensure_live(dataset: Dataset) -> None:
+    """409 ``dataset_archived`` once the dataset is archived (no uploads, grants, queries)."""
+    if dataset.archived_at is not None:
+        raise DpquantError(
+            409,
+            "dataset_archived",
+            "this dataset is archived: its ledger and releases can be read, nothing else",
+        )
+
+
+def update_dataset(
+    session: Session,
+    *,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    name: str | None,
+    description: str | None,
+) -> Dataset:
+    """Rename and/or re-describe a dataset that is not archived (recorded in the audit log)."""
+    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    ensure_live(dataset)
+    changes: dict[str, Any] = {}
+    if name is not None and name != dataset.name:
+        if _name_taken(session, name, other_than=dataset.id):
+            raise _name_conflict()
+        changes["name"] = {"from": dataset.name, "to": name}
+        dataset.name = name
+    if description is not None and description != dataset.description:
+        changes["description"] = "changed"
+        dataset.description = description
+    if changes:
+        try:
+            session.flush()
+        except IntegrityError:
+            raise _name_conflict() from None
+        record(
+            session,
+            actor=principal,
+            action="dataset.update",
+            target_type="dataset",
+            target_id=dataset.id,
+            details=changes,
+        )
+    return dataset
+
+
+def archive_dataset(session: Session, *, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
+    """Archive a dataset: delete its values, keep its ledger and releases, free its name.
+
+    Idempotent (an archived dataset stays as it is). Takes the dataset row lock, so it
+    serialises with uploads and reservations: a release reserved before it keeps its debit;
+    one whose run had not started when the values went is marked ``failed``
+    (``dataset_archived``) by its worker.
+    """
+    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    if dataset.archived_at is not None:
+        return dataset
+    session.execute(delete(DatasetData).where(DatasetData.dataset_id == dataset.id))
+    dataset.archived_at = datetime.now(UTC)
+    session.flush()
+    record(
+        session,
+        actor=principal,
+        action="dataset.archive",
+        target_type="dataset",
+        target_id=dataset.id,
+        details={"name": dataset.name},
+    )
     return dataset
 
 
@@ -150,7 +251,8 @@ Histogram = tuple[IntArray, IntArray]
 
 
 def ensure_writable(dataset: Dataset) -> None:
-    """409 once the dataset is frozen by its first release."""
+    """409 once the dataset is archived, or frozen by its first release."""
+    ensure_live(dataset)
     if dataset.frozen_at is not None:
         raise DpquantError(409, "dataset_frozen", "values cannot change after the first release")
 
@@ -193,12 +295,17 @@ def store_histogram(
     append: bool,
     max_values: int,
     max_cells: int,
+    upload: str = "values",
+    media_type: str | None = None,
+    size_bytes: int | None = None,
 ) -> Dataset:
     """Replace (or, with ``append``, add to) the dataset's histogram, atomically.
 
     Takes the dataset row lock, so concurrent writers and the first release serialise;
-    409 once the dataset is frozen. ``n_outside`` None means unknown (histogram uploads);
-    an append onto an unknown count stays unknown.
+    409 once the dataset is frozen or archived. ``n_outside`` None means unknown (histogram
+    uploads); an append onto an unknown count stays unknown. The audit event records that
+    an upload happened (``upload`` kind, replace or append, media type, body bytes) and
+    nothing about the values: not even n, which is private under add_remove.
     """
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     ensure_writable(dataset)
@@ -232,6 +339,19 @@ def store_histogram(
     dataset.data_version += 1
     dataset.values_uploaded_at = datetime.now(UTC)
     session.flush()
+    record(
+        session,
+        actor=principal,
+        action="dataset.upload",
+        target_type="dataset",
+        target_id=dataset.id,
+        details={
+            "kind": upload,
+            "mode": "append" if append else "replace",
+            "media_type": media_type,
+            "bytes": size_bytes,
+        },
+    )
     return dataset
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from app.auth.deps import AdminDep, ReaderDep
-from app.datasets.service import get_visible
+from app.datasets.service import ensure_live, get_visible
 from app.db import SessionDep
 from app.errors import error_responses, not_found
 from app.ledger import service
@@ -38,7 +38,7 @@ def get_budget(
     "/{dataset_id}/grants",
     status_code=201,
     response_model=LedgerEntryPublic,
-    responses=error_responses(401, 403, 404, 422, 503),
+    responses=error_responses(401, 403, 404, 409, 422, 503),
     summary="Add epsilon and/or delta to a dataset's budget",
 )
 def create_grant(
@@ -46,7 +46,8 @@ def create_grant(
 ) -> LedgerEntryPublic:
     """Append a grant row to the ledger (budgets only ever grow by grants)."""
     # Lock the dataset row so a grant serialises with concurrent releases.
-    get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    ensure_live(dataset)
     entry = service.add_grant(
         session,
         dataset_id=dataset_id,
@@ -54,6 +55,7 @@ def create_grant(
         delta=body.delta,
         reason=body.reason,
         api_key_id=principal.key_id,
+        actor=principal,
     )
     return LedgerEntryPublic.model_validate(entry)
 

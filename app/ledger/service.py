@@ -18,6 +18,8 @@ from decimal import ROUND_CEILING, Decimal, localcontext
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.audit.service import record
+from app.auth.principal import Principal
 from app.datasets.models import Dataset
 from app.ledger.models import BudgetBalance, LedgerEntry
 
@@ -168,8 +170,9 @@ def add_grant(
     delta: Decimal,
     reason: str,
     api_key_id: uuid.UUID | None,
+    actor: Principal | None = None,
 ) -> LedgerEntry:
-    """Append a grant row."""
+    """Append a grant row (recorded in the audit log with its amounts and reason)."""
     entry = LedgerEntry(
         dataset_id=dataset_id,
         kind="grant",
@@ -182,6 +185,14 @@ def add_grant(
     )
     session.add(entry)
     session.flush()
+    record(
+        session,
+        actor=actor,
+        action="budget.grant",
+        target_type="dataset",
+        target_id=dataset_id,
+        details={"epsilon": str(epsilon), "delta": str(delta), "reason": reason},
+    )
     return entry
 
 

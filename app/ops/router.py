@@ -1,14 +1,19 @@
-"""Health and readiness probes (no authentication, no data)."""
+"""Health and readiness probes (no authentication, no data) and Prometheus metrics."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 from sqlalchemy import Engine
 
+from app import metrics
+from app.auth.deps import bearer, get_principal
 from app.db import current_revisions
-from app.errors import ErrorBody
+from app.errors import ErrorBody, error_responses, forbidden, unauthorized
 
 router = APIRouter(tags=["ops"])
 
@@ -54,3 +59,39 @@ def readyz(request: Request) -> Readiness | JSONResponse:
             status_code=503,
         )
     return Readiness(status="ready", database="ok", migrations="current")
+
+
+#: The Prometheus text exposition format (version 0.0.4).
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text exposition (all processes; no data-derived figure)",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        **error_responses(401, 403, 503),
+    },
+    summary="Prometheus metrics (admin key or DPQUANT_METRICS_TOKEN)",
+)
+def read_metrics(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Response:
+    """Release counts by method and outcome, exact ε and δ spent per dataset (from the
+    ledger's balance rows), latency and mechanism run-time histograms, refusals by type and
+    database pool use, summed over every web and release-worker process."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise unauthorized()
+    token = request.app.state.settings.metrics_token
+    if token is None or not metrics.token_matches(
+        token.get_secret_value(), credentials.credentials
+    ):
+        principal = get_principal(request, credentials)
+        if principal.role != "admin":
+            raise forbidden("requires role admin or the metrics token")
+    body = metrics.render(request.app.state.session_factory)
+    return Response(body, media_type=METRICS_MEDIA_TYPE)

@@ -26,7 +26,13 @@ from app.ops.http import (
 )
 from app.releases import service
 from app.releases.models import Release
-from app.releases.schemas import BudgetExhausted, QuantileQuery, ReleasePage, ReleasePublic
+from app.releases.schemas import (
+    BudgetExhausted,
+    KeyBudgetExhausted,
+    QuantileQuery,
+    ReleasePage,
+    ReleasePublic,
+)
 from app.releases.waiter import wait_until
 
 logger = logging.getLogger(__name__)
@@ -62,9 +68,10 @@ QUERY_ERRORS = error_responses(401, 403, 404, 422, 503) | {
         "headers": {"Location": {"description": "/v1/releases/{id}", "schema": {"type": "string"}}},
     },
     409: {
-        "model": BudgetExhausted | ErrorBody,
+        "model": BudgetExhausted | KeyBudgetExhausted | ErrorBody,
         "description": "budget_exhausted (with the requested and remaining figures), "
-        "idempotency_conflict, or no_values",
+        "key_budget_exhausted (the key's cap, spent and requested figures), "
+        "idempotency_conflict, no_values, or dataset_archived",
     },
 }
 

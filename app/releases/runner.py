@@ -31,6 +31,7 @@ from app.datasets.models import Dataset
 from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
+from app.metrics import RELEASES, count_on_commit
 from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.service import PENDING_CHANNEL
 
@@ -43,6 +44,7 @@ FloatArray = NDArray[np.float64]
 FAILURE_TIMEOUT = "timeout"  # the run exceeded the hard time limit
 FAILURE_ERROR = "mechanism_error"  # the mechanism raised
 FAILURE_LOST = "worker_lost"  # the worker running it died max_runs times
+FAILURE_ARCHIVED = "dataset_archived"  # the dataset was archived before the run started
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class Job:
 class RunFailed(Exception):
     """The mechanism could not produce an answer (the reason is public, the cause is not)."""
 
+    def __init__(self, message: str, reason: str = FAILURE_ERROR) -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | None:
     """Lease the oldest runnable release (pending, lease free or expired); None when idle.
@@ -103,7 +109,7 @@ def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | No
                 WHERE r.id = next.id AND d.id = r.dataset_id
                 RETURNING r.id, r.lease_token, r.attempts, r.dataset_id, r.method,
                           r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
-                          d.granularity, d.neighbors
+                          d.granularity, d.neighbors, d.archived_at
                 """
             ),
             {"token": uuid.uuid4(), "lease": float(lease_s)},
@@ -131,6 +137,7 @@ def load_job(session: Session, claim: Claim) -> Job | None:
         if dataset is None:
             raise RunFailed("dataset missing")
         params = {
+            "archived_at": dataset.archived_at,
             "dataset_id": release.dataset_id,
             "method": release.method,
             "quantiles": release.quantiles,
@@ -141,6 +148,8 @@ def load_job(session: Session, claim: Claim) -> Job | None:
             "granularity": dataset.granularity,
             "neighbors": dataset.neighbors,
         }
+    if params["archived_at"] is not None:
+        raise RunFailed("dataset archived", reason=FAILURE_ARCHIVED)
     loaded = load_histogram(session, dataset_id=params["dataset_id"])
     if loaded is None:
         raise RunFailed("values missing")
@@ -212,10 +221,15 @@ def complete(session: Session, *, claim: Claim, estimates: list[float]) -> bool:
             finished_at=text("clock_timestamp()"),
             lease_until=None,
         )
+        .returning(Release.method)
         .execution_options(synchronize_session=False)
     )
+    method = result.scalar_one_or_none()
+    if method is None:
+        return False
     # The state change notifies the waiters (trigger release_notify, at commit).
-    return int(getattr(result, "rowcount", 0) or 0) == 1
+    count_on_commit(session, RELEASES, method, "done")
+    return True
 
 
 def fail(session: Session, *, claim: Claim, reason: str) -> bool:
@@ -231,9 +245,15 @@ def fail(session: Session, *, claim: Claim, reason: str) -> bool:
             failure=reason,
             finished_at=text("clock_timestamp()"),
             lease_until=None,
-        ).execution_options(synchronize_session=False)
+        )
+        .returning(Release.method)
+        .execution_options(synchronize_session=False)
     )
-    return int(getattr(result, "rowcount", 0) or 0) == 1
+    method = result.scalar_one_or_none()
+    if method is None:
+        return False
+    count_on_commit(session, RELEASES, method, "failed")
+    return True
 
 
 def expire_lease(session: Session, *, claim: Claim) -> None:

@@ -52,7 +52,7 @@ class QuantileQuery(BaseModel):
 
 
 ReleaseStatus = Literal["pending", "done", "failed"]
-FailureReason = Literal["timeout", "mechanism_error", "worker_lost"]
+FailureReason = Literal["timeout", "mechanism_error", "worker_lost", "dataset_archived"]
 
 
 class ReleasePublic(BaseModel):
@@ -93,3 +93,20 @@ class BudgetExhausted(BaseModel):
     detail: str
     requested: AmountPublic
     remaining: AmountPublic
+
+
+class KeyCap(BaseModel):
+    """A key's spending cap; a null component is not capped."""
+
+    epsilon: DecimalText | None
+    delta: DecimalText | None
+
+
+class KeyBudgetExhausted(BaseModel):
+    """409 body when a query would take the calling key over its cap: the key's figures only."""
+
+    type: Literal["key_budget_exhausted"] = "key_budget_exhausted"
+    detail: str
+    cap: KeyCap
+    spent: AmountPublic
+    requested: AmountPublic

@@ -18,7 +18,10 @@ same key resumes a ``pending`` or ``failed`` release without a new debit (no out
 ever released), up to ``max_runs`` runs in all.
 
 The ledger cannot be overspent even by code that forgets the lock: the balance row's CHECK
-constraint refuses an overdraft inside PostgreSQL (migration 0003).
+constraint refuses an overdraft inside PostgreSQL (migration 0003). Per-key caps are checked
+in the same reservation transaction, under the dataset lock and the key's row lock, and
+defended the same way: the ledger trigger adds each debit to its key's spent columns and
+``ck_api_key_key_cap`` refuses a debit over the cap (migration 0005).
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import localcontext
 
 from sqlalchemy import select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.auth.models import ApiKey
 from app.auth.principal import Principal
 from app.datasets.models import Dataset
-from app.datasets.service import get_visible
+from app.datasets.service import ensure_live, get_visible
 from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
 from app.ledger.service import (
@@ -47,8 +52,9 @@ from app.ledger.service import (
     price,
 )
 from app.mechanisms import Mechanism, MechanismInputError, get_mechanism
+from app.metrics import RELEASES, RESERVATIONS, count_on_commit
 from app.releases.models import DONE, FAILED, PENDING, Release
-from app.releases.schemas import QuantileQuery
+from app.releases.schemas import KeyCap, QuantileQuery
 
 #: Channel on which PostgreSQL announces a runnable release (trigger ``release_notify``,
 #: migration 0003; payload: the release id).
@@ -170,7 +176,68 @@ def _refuse_if_unaffordable(remaining: Amount, cost: Amount) -> None:
         raise budget_refusal(remaining, cost)
 
 
+def _calling_key(session: Session, principal: Principal, *, for_update: bool) -> ApiKey | None:
+    stmt = select(ApiKey).where(ApiKey.id == principal.key_id)
+    if for_update:
+        # The ledger trigger writes this row with the debit anyway; locking it first makes
+        # concurrent releases of one key (on any dataset) read each other's spending.
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt.execution_options(populate_existing=True)).first()
+
+
+def _refuse_if_over_cap(key: ApiKey | None, cost: Amount) -> None:
+    """409 ``key_budget_exhausted`` when ``cost`` would take the key over its cap."""
+    if key is None or (key.max_epsilon is None and key.max_delta is None):
+        return
+    spent = Amount(key.spent_epsilon, key.spent_delta)
+    with localcontext() as ctx:
+        ctx.prec = 200  # exact: budget figures have at most 40 digits
+        after = Amount(spent.epsilon + cost.epsilon, spent.delta + cost.delta)
+    if (key.max_epsilon is None or after.epsilon <= key.max_epsilon) and (
+        key.max_delta is None or after.delta <= key.max_delta
+    ):
+        return
+    raise DpquantError(
+        409,
+        "key_budget_exhausted",
+        "the query costs more than this API key may still spend",
+        extra={
+            "cap": KeyCap(epsilon=key.max_epsilon, delta=key.max_delta).model_dump(mode="json"),
+            "spent": AmountPublic.of(spent).model_dump(mode="json"),
+            "requested": AmountPublic.of(cost).model_dump(mode="json"),
+        },
+    )
+
+
 def reserve_release(
+    session: Session,
+    *,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    query: QuantileQuery,
+    idempotency_key: str | None,
+    max_quantiles: int,
+    max_runs: int,
+) -> Outcome:
+    """The reservation transaction (see :func:`_reserve`); counts 409 refusals by method."""
+    try:
+        return _reserve(
+            session,
+            principal=principal,
+            dataset_id=dataset_id,
+            query=query,
+            idempotency_key=idempotency_key,
+            max_quantiles=max_quantiles,
+            max_runs=max_runs,
+        )
+    except DpquantError as exc:
+        if exc.status_code == 409 and exc.type != "idempotency_conflict":
+            # A refusal of a priced query (the method is a registered one by now).
+            RELEASES.labels(query.method, "refused").inc()
+        raise
+
+
+def _reserve(
     session: Session,
     *,
     principal: Principal,
@@ -195,7 +262,9 @@ def reserve_release(
     if idempotency_key is None:
         # Pre-check without the lock: budgets only shrink by debits, so a query that does not
         # fit now is refused now (figures alone, nothing queued behind the dataset lock).
+        ensure_live(found[0])
         _refuse_if_unaffordable(found[1].remaining, priced.cost)
+        _refuse_if_over_cap(_calling_key(session, principal, for_update=False), priced.cost)
     # The lock, then the budget in a statement of its own (see dataset_with_budget).
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     if idempotency_key is not None:
@@ -207,13 +276,19 @@ def reserve_release(
             fingerprint=priced.fingerprint,
         )
         if earlier is not None:
-            if earlier.status == FAILED and earlier.attempts < max_runs:
+            # Replays are free and never debit again; an archived dataset's values are gone,
+            # so a failed release there is not resumed.
+            resumable = earlier.status == FAILED and earlier.attempts < max_runs
+            if resumable and dataset.archived_at is None:
                 _resume(session, earlier)
             return Outcome(earlier, replayed=True)
+    ensure_live(dataset)
     if dataset.values_uploaded_at is None:
         raise DpquantError(409, "no_values", "this dataset has no values yet")
     remaining = budget(session, dataset_id=dataset_id).remaining
     _refuse_if_unaffordable(remaining, priced.cost)
+    # Invariant 6: the key's cap, in the same transaction, under its row lock.
+    _refuse_if_over_cap(_calling_key(session, principal, for_update=True), priced.cost)
 
     # The reservation may be lost in a crash without harm (no output exists yet): the commit
     # that stores the estimates follows it in the WAL and is the one made durable before any
@@ -266,6 +341,7 @@ def reserve_release(
     # The insert wakes the workers (trigger release_notify, at commit); a worker that misses
     # the notification still finds the row by polling.
     session.flush()
+    count_on_commit(session, RESERVATIONS, release.method)
     return Outcome(release, replayed=False)
 
 

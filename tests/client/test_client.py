@@ -225,3 +225,34 @@ def test_quote_and_methods_are_guarded(admin: Client) -> None:
         with pytest.raises(NotSupported):
             admin.methods()
     assert admin.budget(ds.id).spent.epsilon == Decimal("0")
+
+
+def test_governance_methods(admin: Client, server: LiveServer) -> None:
+    """Issue 12 through the client: caps, rotation, rename, archive, the audit log."""
+    from dpquant_client import DatasetArchived, KeyBudgetExhausted, KeyNotRotatable
+
+    ds = admin.create_dataset(name(), lower=0, upper=250, epsilon="1")
+    admin.upload(ds.id, VALUES)
+    capped = admin.create_key("analyst", dataset_id=ds.id, name="capped", max_epsilon="0.15")
+    assert capped.max_epsilon == Decimal("0.15") and capped.spent_epsilon == Decimal(0)
+    with Client(server.base_url, capped.key, backoff=0.01) as analyst:
+        analyst.quantiles(ds.id, [0.5], epsilon="0.1", method="indexp")
+        with pytest.raises(KeyBudgetExhausted) as caught:
+            analyst.quantiles(ds.id, [0.5], epsilon="0.1", method="indexp")
+    assert caught.value.cap_epsilon == Decimal("0.15")
+    assert caught.value.spent_epsilon == Decimal("0.1")
+    rotated = admin.rotate_key(capped.id)
+    assert rotated.id == capped.id and rotated.key != capped.key
+    with Client(server.base_url, capped.key) as old, pytest.raises(Unauthorized):
+        old.me()
+    admin.revoke_key(capped.id)
+    with pytest.raises(KeyNotRotatable):
+        admin.rotate_key(capped.id)
+    renamed = admin.update_dataset(ds.id, name=ds.name + "-v2")
+    assert renamed.name == ds.name + "-v2"
+    admin.archive_dataset(ds.id)
+    assert admin.dataset(ds.id).archived_at is not None
+    with pytest.raises(DatasetArchived):
+        admin.quantiles(ds.id, [0.5], epsilon="0.1", method="indexp")
+    actions = [e.action for e in admin.audit() if e.target_id in (str(ds.id), str(capped.id))]
+    assert actions[0] == "dataset.archive" and "key.rotate" in actions

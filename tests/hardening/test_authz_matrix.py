@@ -41,6 +41,8 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/v1/datasets"): (401, 401, 401, 201, 403, 403, 403),
     ("GET", "/v1/datasets"): (401, 401, 401, 200, 200, 200, 200),
     ("GET", "/v1/datasets/{dataset_id}"): (401, 401, 401, 200, 200, 200, 404),
+    ("PATCH", "/v1/datasets/{dataset_id}"): (401, 401, 401, 200, 403, 403, 403),
+    ("DELETE", "/v1/datasets/{dataset_id}"): (401, 401, 401, 204, 403, 403, 403),
     ("PUT", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 409, 403, 403, 403),
     ("POST", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 409, 403, 403, 403),
     ("PUT", "/v1/datasets/{dataset_id}/histogram"): (401, 401, 401, 409, 403, 403, 403),
@@ -54,6 +56,9 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/keys"): (401, 401, 401, 200, 403, 403, 403),
     ("GET", "/v1/keys/me"): (401, 401, 401, 200, 200, 200, 200),
     ("DELETE", "/v1/keys/{key_id}"): (401, 401, 401, 204, 403, 403, 403),
+    ("POST", "/v1/keys/{key_id}/rotate"): (401, 401, 401, 200, 403, 403, 403),
+    ("GET", "/v1/audit"): (401, 401, 401, 200, 403, 403, 403),
+    ("GET", "/metrics"): (401, 401, 401, 200, 403, 403, 403),
 }
 
 
@@ -104,7 +109,10 @@ def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]
     """Concrete path and request options for one route (fresh objects where needed)."""
     c = world.api.client
     victim = c.post("/v1/keys", json={"role": "viewer"}, headers=ADMIN).json()["id"]
-    concrete = path.format(dataset_id=world.dataset_a, release_id=world.release_a, key_id=victim)
+    dataset = world.dataset_a
+    if (method, path) == ("DELETE", "/v1/datasets/{dataset_id}"):
+        dataset = world.api.dataset()["id"]  # archiving A would change every later row
+    concrete = path.format(dataset_id=dataset, release_id=world.release_a, key_id=victim)
     kw: dict[str, Any] = {}
     if (method, path) == ("POST", "/v1/datasets"):
         kw["json"] = {"name": "m-" + uuid.uuid4().hex[:10], "lower": 0, "upper": 1}
@@ -116,6 +124,8 @@ def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]
         kw["json"] = {"epsilon": "0.1", "reason": "matrix"}
     elif path.endswith("/quantiles"):
         kw["json"] = {"quantiles": [0.5], "epsilon": "0.01", "method": "indexp"}
+    elif (method, path) == ("PATCH", "/v1/datasets/{dataset_id}"):
+        kw["json"] = {"description": "matrix"}
     elif (method, path) == ("POST", "/v1/keys"):
         kw["json"] = {"role": "viewer", "dataset_id": world.dataset_a}
     return concrete, kw

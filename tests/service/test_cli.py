@@ -34,6 +34,25 @@ def test_create_key_prints_a_working_key_once(
     assert client.get("/v1/datasets", headers=auth(key)).status_code == 200
 
 
+def test_create_key_with_a_cap_and_an_expiry(
+    client: TestClient,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("DPQUANT_DATABASE_URL", database_url)
+    argv = ["create-key", "--role", "analyst", "--max-epsilon", "0.25"]
+    assert cli.main([*argv, "--expires-at", "2999-01-01T00:00:00+00:00"]) == 0
+    key = capsys.readouterr().out.strip()
+    me = client.get("/v1/keys/me", headers=auth(key)).json()["id"]
+    listed = {k["id"]: k for k in client.get("/v1/keys", headers=auth(ADMIN_KEY)).json()["items"]}
+    assert listed[me]["max_epsilon"] == "0.25"
+    assert listed[me]["expires_at"].startswith("2999-01-01T00:00:00")
+    for bad in (["--max-epsilon", "-1"], ["--expires-at", "2999-01-01T00:00:00"]):
+        with pytest.raises(SystemExit):
+            cli.main(["create-key", "--role", "viewer", *bad])
+
+
 def test_create_key_rejects_an_unknown_dataset(
     database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,7 @@ from app.db import (
 TABLES = {
     "alembic_version",
     "api_key",
+    "audit_event",
     "budget_balance",
     "dataset",
     "dataset_data",

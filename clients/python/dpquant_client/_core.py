@@ -12,6 +12,7 @@ import json
 import uuid
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from dpquant_client.errors import (
     error_from,
 )
 from dpquant_client.models import (
+    AuditEvent,
     Budget,
     Dataset,
     Key,
@@ -346,12 +348,49 @@ class Core:
         a: Answer = yield Call("GET", "/v1/keys", True)
         return [Key.model_validate(k) for k in a.body["items"]]
 
-    def _create_key(self, role: str, dataset_id: Id | None, name: str) -> Flow[KeyCreated]:
+    def _create_key(
+        self,
+        role: str,
+        dataset_id: Id | None,
+        name: str,
+        max_epsilon: Number | None = None,
+        max_delta: Number | None = None,
+        expires_at: datetime | None = None,
+    ) -> Flow[KeyCreated]:
         body: dict[str, Any] = {"role": role, "name": name}
         if dataset_id is not None:
             body["dataset_id"] = str(dataset_id)
+        if max_epsilon is not None:
+            body["max_epsilon"] = decimal_text(max_epsilon)
+        if max_delta is not None:
+            body["max_delta"] = decimal_text(max_delta)
+        if expires_at is not None:
+            body["expires_at"] = expires_at.isoformat()
         a: Answer = yield Call("POST", "/v1/keys", False, kwargs={"json": body})
         return KeyCreated.model_validate(a.body)
+
+    def _rotate_key(self, key_id: Id) -> Flow[KeyCreated]:
+        a: Answer = yield Call("POST", f"/v1/keys/{key_id}/rotate", False)
+        return KeyCreated.model_validate(a.body)
+
+    def _update_dataset(
+        self, dataset_id: Id, name: str | None, description: str | None
+    ) -> Flow[Dataset]:
+        body: dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        if description is not None:
+            body["description"] = description
+        a: Answer = yield Call("PATCH", f"/v1/datasets/{dataset_id}", True, kwargs={"json": body})
+        return Dataset.model_validate(a.body)
+
+    def _archive_dataset(self, dataset_id: Id) -> Flow[None]:
+        yield Call("DELETE", f"/v1/datasets/{dataset_id}", True)
+        return None
+
+    def _audit(self) -> Flow[list[AuditEvent]]:
+        rows = yield from self._pages("/v1/audit", limit=500)
+        return [AuditEvent.model_validate(e) for e in rows]
 
     def _revoke_key(self, key_id: Id) -> Flow[None]:
         yield Call("DELETE", f"/v1/keys/{key_id}", True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -11,7 +12,17 @@ import httpx
 
 from dpquant_client._core import Answer, Call, Core, Flow, Id, Number, Sleep
 from dpquant_client.errors import DpquantError
-from dpquant_client.models import Budget, Dataset, Key, KeyCreated, LedgerEntry, Me, Quote, Release
+from dpquant_client.models import (
+    AuditEvent,
+    Budget,
+    Dataset,
+    Key,
+    KeyCreated,
+    LedgerEntry,
+    Me,
+    Quote,
+    Release,
+)
 
 T = TypeVar("T")
 
@@ -239,9 +250,33 @@ class AsyncClient(Core):
         *,
         dataset_id: Id | None = None,
         name: str = "",
+        max_epsilon: Number | None = None,
+        max_delta: Number | None = None,
+        expires_at: datetime | None = None,
     ) -> KeyCreated:
-        """Create a key (admin); ``.key`` holds the secret, shown this once."""
-        return await self._arun(self._create_key(role, dataset_id, name))
+        """Create a key (admin); ``.key`` holds the secret, shown this once. ``max_epsilon``
+        / ``max_delta`` cap what it may spend in total; ``expires_at`` (aware) ends it."""
+        return await self._arun(
+            self._create_key(role, dataset_id, name, max_epsilon, max_delta, expires_at)
+        )
+
+    async def rotate_key(self, key_id: Id) -> KeyCreated:
+        """A new secret for the key (admin); the old one stops working at once."""
+        return await self._arun(self._rotate_key(key_id))
+
+    async def update_dataset(
+        self, dataset_id: Id, *, name: str | None = None, description: str | None = None
+    ) -> Dataset:
+        """Rename and/or re-describe a dataset (admin)."""
+        return await self._arun(self._update_dataset(dataset_id, name, description))
+
+    async def archive_dataset(self, dataset_id: Id) -> None:
+        """Archive a dataset (admin): values deleted, ledger and releases kept, name freed."""
+        return await self._arun(self._archive_dataset(dataset_id))
+
+    async def audit(self) -> list[AuditEvent]:
+        """The audit log of admin actions, newest first (admin)."""
+        return await self._arun(self._audit())
 
     async def revoke_key(
         self,

@@ -45,6 +45,30 @@ class BudgetExhausted(Conflict):
         return _figure(self.body, "remaining", "epsilon")
 
 
+class KeyBudgetExhausted(Conflict):
+    """409 ``key_budget_exhausted``: the query would take this key over its cap."""
+
+    @property
+    def cap_epsilon(self) -> Decimal | None:
+        return _figure(self.body, "cap", "epsilon")
+
+    @property
+    def spent_epsilon(self) -> Decimal | None:
+        return _figure(self.body, "spent", "epsilon")
+
+    @property
+    def requested_epsilon(self) -> Decimal | None:
+        return _figure(self.body, "requested", "epsilon")
+
+
+class DatasetArchived(Conflict):
+    """409 ``dataset_archived``: the dataset is archived (read-only history)."""
+
+
+class KeyNotRotatable(Conflict):
+    """409 ``key_not_rotatable``: revoked, expired and bootstrap keys cannot be rotated."""
+
+
 class DatasetFrozen(Conflict):
     """409 ``dataset_frozen``: values cannot change after the first release."""
 
@@ -104,6 +128,9 @@ _BY_TYPE: dict[str, type[DpquantError]] = {
     "forbidden": Forbidden,
     "not_found": NotFound,
     "budget_exhausted": BudgetExhausted,
+    "key_budget_exhausted": KeyBudgetExhausted,
+    "dataset_archived": DatasetArchived,
+    "key_not_rotatable": KeyNotRotatable,
     "dataset_frozen": DatasetFrozen,
     "idempotency_conflict": IdempotencyConflict,
     "no_values": NoValues,

@@ -49,6 +49,7 @@ class Dataset(_Model):
     n_outside_bounds: int | None = None
     values_uploaded_at: datetime | None = None
     frozen_at: datetime | None = None
+    archived_at: datetime | None = None
 
 
 class Release(_Model):
@@ -104,6 +105,13 @@ class Key(_Model):
     name: str = ""
     created_at: datetime
     revoked_at: datetime | None = None
+    max_epsilon: Decimal | None = None
+    max_delta: Decimal | None = None
+    spent_epsilon: Decimal | None = None
+    spent_delta: Decimal | None = None
+    expires_at: datetime | None = None
+    last_used_at: datetime | None = None
+    rotated_at: datetime | None = None
 
 
 class KeyCreated(Key):
@@ -128,3 +136,16 @@ class Quote(_Model):
     remaining_after: Amount | None = None
     affordable: bool | None = None
     expected_error: Any = None
+
+
+class AuditEvent(_Model):
+    """One admin action from the audit log (public figures only)."""
+
+    id: int
+    created_at: datetime
+    actor_key_id: uuid.UUID | None = None
+    actor_prefix: str | None = None
+    action: str
+    target_type: str
+    target_id: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)

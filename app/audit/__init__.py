@@ -1,0 +1,1 @@
+"""The append-only audit log of admin actions (who did what, when; never a data value)."""
