@@ -193,7 +193,7 @@ def migrate(database_url: str, code: Path | None) -> None:
 
 
 def start_server(
-    database_url: str, admin_key: str, port: int, code: Path | None
+    database_url: str, admin_key: str, port: int, code: Path | None, values_cache: bool = True
 ) -> subprocess.Popen[str]:
     env = (
         os.environ
@@ -204,8 +204,8 @@ def start_server(
             "DPQUANT_LOG_LEVEL": "WARNING",
             "DPQUANT_MAX_UPLOAD_BYTES": str(128 * 1024 * 1024),
             "DPQUANT_MAX_VALUES": str(10**7),
-            "DPQUANT_VALUES_CACHE_BYTES": "0",  # every run reads what it needs
         }
+        | ({} if values_cache else {"DPQUANT_VALUES_CACHE_BYTES": "0"})
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
@@ -250,14 +250,31 @@ def runs_for(n: int, runs: int) -> int:
     return runs if n < 10**6 else max(3, runs - 2)
 
 
-def mechanism_time(values: np.ndarray, runs: int) -> float:
-    from app.mechanisms import get_mechanism
+def grid_histogram(values: np.ndarray) -> object:
+    """The dataset's stored form, as the service builds it at upload (bounds -100..200)."""
+    from app.datasets.grid import cell_of, grid_size
+    from app.datasets.service import default_granularity
+    from app.mechanisms import GridHistogram
 
+    g = default_granularity(-100.0, 200.0)
+    cells, counts = np.unique(cell_of(values, -100.0, 200.0, g), return_counts=True)
+    return GridHistogram(
+        cells=cells.astype(np.int64),
+        counts=counts.astype(np.int64),
+        grid_points=grid_size(-100.0, 200.0, g),
+    )
+
+
+def mechanism_time(histogram: object, runs: int) -> float:
+    """In-process time of what a release worker computes: JointExp on the stored histogram."""
+    from app.mechanisms import GridHistogram, get_mechanism
+
+    assert isinstance(histogram, GridHistogram)
     mech = get_mechanism("jointexp")
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        mech.run(values, PERCENTILES, epsilon=1.0, delta=None, lower=-100.0, upper=200.0)
+        mech.run_grid(histogram, PERCENTILES, epsilon=1.0, delta=None)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -333,13 +350,16 @@ def main() -> int:
                 datasets = {}
                 for n in sizes:
                     values = rng.normal(50.0, 20.0, n)
-                    datasets[n] = (make_dataset(client, f"bench-{n}-{port}", values), values)
+                    datasets[n] = (
+                        make_dataset(client, f"bench-{n}-{port}", values),
+                        grid_histogram(values),
+                    )
                 small = datasets[min(sizes)][0]
                 for _ in range(6):  # warm both workers (numba JIT / caches)
                     service_time(client, small, 1)
                 mechanism_time(datasets[min(sizes)][1], 2)  # JIT warm-up in this process
                 for n in sizes:
-                    ds, values = datasets[n]
+                    ds, histogram = datasets[n]
                     # The first query per dataset fetches the values from PostgreSQL; later
                     # ones (on either worker, after its own first fetch) hit the values cache.
                     first = service_time(client, ds, 1)
@@ -349,7 +369,7 @@ def main() -> int:
                     svc, mech = [], []
                     for _ in range(runs_for(n, args.runs)):
                         svc.append(service_time(client, ds, 1))
-                        mech.append(mechanism_time(values, 1))
+                        mech.append(mechanism_time(histogram, 1))
                     rows.append((n, statistics.median(svc), statistics.median(mech), first))
                 analyst = client.post("/v1/keys", json={"role": "analyst"}).json()["key"]
                 eight = [
@@ -361,8 +381,17 @@ def main() -> int:
                     label: make_dataset(client, f"broke-{n}-{port}", rng.normal(50, 20, n), "0.5")
                     for label, n in (("1e3", 1000), (f"{args.refusal_n:.0e}", args.refusal_n))
                 }
-                refusal_times(client, broke, analyst, 2)  # warm-up
-                refusals = refusal_times(client, broke, analyst, args.refusals)
+            # Refusals on a second server with the values cache off (issue 8's setting: every
+            # request that reads values reads them from PostgreSQL).
+            nocache_port = free_port()
+            nocache = start_server(database_url, admin_key, nocache_port, code, values_cache=False)
+            try:
+                with httpx.Client(base_url=f"http://127.0.0.1:{nocache_port}", timeout=300) as nc:
+                    refusal_times(nc, broke, analyst, 2)  # warm-up
+                    refusals = refusal_times(nc, broke, analyst, args.refusals)
+            finally:
+                nocache.terminate()
+                nocache.wait(timeout=60)
             query = run_load(
                 [f"{base}/v1/datasets/{small}/quantiles"], analyst, "query", args.seconds,
                 args.concurrency,

@@ -31,7 +31,13 @@ def get_principal(
         key = authenticate(session, raw=credentials.credentials)
         if key is None:
             raise unauthorized()
-        return Principal(key_id=key.id, role=key.role, scope=key.dataset_id, prefix=key.prefix)
+        return Principal(
+            key_id=key.id,
+            role=key.role,
+            scope=key.dataset_id,
+            prefix=key.prefix,
+            capped=key.max_epsilon is not None or key.max_delta is not None,
+        )
 
 
 def _requires(*roles: str) -> object:

@@ -19,6 +19,9 @@ class Principal:
     scope: uuid.UUID | None
     #: The key's public prefix (``dpq_`` + 8 characters), recorded in the audit log.
     prefix: str | None = None
+    #: Whether the key has a spending cap (caps are fixed at creation; PostgreSQL enforces
+    #: them on every debit whatever this says, see migration 0005).
+    capped: bool = True
 
     def can_see(self, dataset_id: uuid.UUID) -> bool:
         """True when the dataset lies inside this key's scope."""

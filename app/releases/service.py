@@ -264,7 +264,8 @@ def _reserve(
         # fit now is refused now (figures alone, nothing queued behind the dataset lock).
         ensure_live(found[0])
         _refuse_if_unaffordable(found[1].remaining, priced.cost)
-        _refuse_if_over_cap(_calling_key(session, principal, for_update=False), priced.cost)
+        if principal.capped:
+            _refuse_if_over_cap(_calling_key(session, principal, for_update=False), priced.cost)
     # The lock, then the budget in a statement of its own (see dataset_with_budget).
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     if idempotency_key is not None:
@@ -287,8 +288,10 @@ def _reserve(
         raise DpquantError(409, "no_values", "this dataset has no values yet")
     remaining = budget(session, dataset_id=dataset_id).remaining
     _refuse_if_unaffordable(remaining, priced.cost)
-    # Invariant 6: the key's cap, in the same transaction, under its row lock.
-    _refuse_if_over_cap(_calling_key(session, principal, for_update=True), priced.cost)
+    # Invariant 6: the key's cap, in the same transaction, under its row lock (skipped for
+    # keys without a cap; the debit's trigger checks every key in PostgreSQL regardless).
+    if principal.capped:
+        _refuse_if_over_cap(_calling_key(session, principal, for_update=True), priced.cost)
 
     # The reservation may be lost in a crash without harm (no output exists yet): the commit
     # that stores the estimates follows it in the WAL and is the one made durable before any
