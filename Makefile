@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: serve test lint openapi bench ci
+.PHONY: serve test lint openapi bench ci chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 serve: $(VENV)/.installed
 	$(BIN)/dpquant serve $(ARGS)
 
-test: $(VENV)/.installed-test
+# The browser tests drive Debian's Chromium: installed here when we may (root + apt-get).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "note: chromium is not installed; tests/ui will be skipped (apt-get install chromium)"
+
+test: $(VENV)/.installed-test chromium
 	$(BIN)/python -m pytest tests $(ARGS)
 
 lint: $(VENV)/.installed-test
