@@ -24,6 +24,13 @@ shared 2-core machine are noisy: compare medians from one run of this script.
 
 ``--grid`` keeps the older benchmark: every (method, n, m) of N(0, 1) data, bounds ±100,
 delta = 1e-6 for the approximate methods.
+
+``--slice-prototype TRIALS`` (issue 10 item 5) measures the ACCURACY of a SliceQuantiles
+prototype against JointExp (mean missed points per quantile, app/experiments/metric.py) on
+grid histograms. The prototype is not a mechanism: it is not registered and NO privacy
+guarantee is claimed for it (see docs/mechanisms.md, "SliceQuantiles: status"). Its
+"oracle" column uses no rank noise at all (not private): the best error the slicing
+approach could reach at that EM budget.
 """
 
 from __future__ import annotations
@@ -239,6 +246,120 @@ def _grid_table(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def _tree_prefix_noise(m: int, eps_tree: float, rng: Any) -> Any:
+    """Binary-tree continual counting: ``Z_i`` = sum of the dyadic node noises covering [1, i].
+
+    Each stream position lies in one node per level (``h`` levels); shifting ``Z`` by one
+    on an index interval changes two stream positions, so node noise is discrete Laplace
+    with parameter ``exp(-eps_tree / (2 h))``.
+    """
+    import math
+
+    import numpy as np
+
+    h = max(1, math.ceil(math.log2(m))) + 1
+    a = math.exp(-eps_tree / (2.0 * h))
+    z = np.zeros(m, dtype=np.int64)
+    for lev in range(h):
+        size = 1 << lev
+        k = m // size + 1
+        nodes = rng.geometric(1 - a, size=k) - rng.geometric(1 - a, size=k)
+        for i in range(1, m + 1):
+            if i & size:
+                z[i - 1] += nodes[i >> (lev + 1)]
+    return z
+
+
+def _slice_prototype(hist: Any, qs: Any, eps: float, rng: Any, *, oracle: bool) -> Any:
+    """SliceQuantiles shape (Imola et al. 2025) on a grid; the grid step replaces the min gap.
+
+    Half the budget to the rank noise, the other half / 2 to each slice's EM median (the
+    public code's split); slice half-width ``l = ceil(2/eps_em ln(m (K+1) / beta) - 1)``,
+    beta = 1e-6 (the public code's 0.05 lets ~5 % of runs put one estimate outside its
+    slice, which dominates the mean error); fallback (uniform grid points) when the noisy
+    ranks are closer than ``2 l + 1`` or leave [l + 1, n - l], and with probability 1e-3.
+    Each slice's EM runs over the whole grid (not chained to the previous estimate, so one
+    escape costs one quantile); the estimates are sorted. Returns (estimates, fell_back, l).
+    """
+    import math
+
+    import numpy as np
+
+    from app.mechanisms.histogram import support_from_grid
+    from app.mechanisms.rng import uniform_integer
+
+    sup = support_from_grid(hist, qs, epsilon=eps, neighbors="swap")
+    n, m, k1 = sup.n, len(qs), hist.grid_points
+    eps_em = eps * 0.5 / 2.0
+    half = math.ceil((2.0 / eps_em) * math.log(m * k1 / 1e-6) - 1.0)
+    ranks = np.floor(np.asarray(qs) * n).astype(np.int64)
+    if not oracle:
+        ranks = ranks + _tree_prefix_noise(m, eps * 0.5, rng)
+    if (
+        rng.random() < 1e-3
+        or np.any(np.diff(ranks) < 2 * half + 1)
+        or ranks[0] - half < 1
+        or ranks[-1] + half > n
+    ):
+        return np.sort(rng.integers(0, k1, size=m)), True, half
+    c = eps_em / 2.0
+    out = np.empty(m, dtype=np.int64)
+    width = np.diff(sup.edges)
+    ok = width > 0
+    for i in range(m):
+        pos = np.clip(sup.cum - (ranks[i] - half - 1), 0, 2 * half + 1)
+        logw = np.full(width.shape, -np.inf)
+        logw[ok] = np.log(width[ok]) - c * np.abs(pos[ok] - (half + 0.5))
+        t = int(np.argmax(logw + rng.gumbel(size=width.size)))
+        out[i] = uniform_integer(int(sup.edges[t]), int(sup.edges[t + 1]), rng)
+    out.sort()
+    return out, False, half
+
+
+def _slice_table(trials: int) -> list[str]:
+    import numpy as np
+
+    from app.experiments.metric import missed_points
+    from app.mechanisms import MECHANISMS, GridHistogram
+
+    rng = np.random.default_rng(20261130)
+    lines = [
+        "| data | n | m | ε | l | fallbacks | slice | slice oracle (not private) | jointexp"
+        " | jointexp / slice |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    print("\n".join(lines), flush=True)
+    for shape in ("normal", "lognormal"):
+        lo, hi = (-10.0, 10.0) if shape == "normal" else (0.0, 100.0)
+        for n in (10**5, 10**6):
+            for m in (49, 99):
+                qs = np.arange(1, m + 1) / (m + 1)
+                for eps in (0.1, 1.0):
+                    err: dict[str, list[float]] = {"slice": [], "oracle": [], "jointexp": []}
+                    falls, half = 0, 0
+                    for _ in range(trials):
+                        x = rng.normal(size=n) if shape == "normal" else rng.lognormal(size=n)
+                        hist = GridHistogram.from_values(x, lo, hi, 1e-4)
+                        vals = np.repeat(hist.cells, hist.counts)
+                        est, fell, half = _slice_prototype(hist, qs, eps, rng, oracle=False)
+                        falls += int(fell)
+                        err["slice"].append(float(missed_points(vals, qs, est).mean()))
+                        est, _, _ = _slice_prototype(hist, qs, eps, rng, oracle=True)
+                        err["oracle"].append(float(missed_points(vals, qs, est).mean()))
+                        je = MECHANISMS["jointexp"].run_grid(
+                            hist, qs, epsilon=eps, delta=None, rng=rng
+                        )
+                        err["jointexp"].append(float(missed_points(vals, qs, je).mean()))
+                    s, o, j = (float(np.mean(err[k])) for k in ("slice", "oracle", "jointexp"))
+                    line = (
+                        f"| {shape} | {n:.0e} | {m} | {eps:g} | {half} | {falls}/{trials} |"
+                        f" {s:.1f} | {o:.1f} | {j:.1f} | {j / s:.2f} |"
+                    )
+                    lines.append(line)
+                    print(line, flush=True)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--grid", action="store_true", help="the (method, n, m) grid instead")
@@ -250,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--child", nargs=3, metavar=("METHOD", "N", "M"), help=argparse.SUPPRESS)
     parser.add_argument("--child-case", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--slice-prototype", type=int, metavar="TRIALS", help="SliceQuantiles accuracy table"
+    )
     args = parser.parse_args(argv)
 
     if args.child:
@@ -260,7 +384,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child_case(args.child_case, args.runs, seed=12345)))
         return 0
 
-    lines = _grid_table(args) if args.grid else _issue_table(args.runs, args.timeout)
+    if args.slice_prototype:
+        lines = _slice_table(args.slice_prototype)
+    elif args.grid:
+        lines = _grid_table(args)
+    else:
+        lines = _issue_table(args.runs, args.timeout)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")

@@ -10,16 +10,27 @@ A mechanism that is rho-zCDP (Bun & Steinke 2016) satisfies Renyi DP of every or
 Every ``alpha > 1`` gives a valid bound, so the numerical minimisation over ``alpha`` can only
 make the reported epsilon larger than the infimum, never unsound. :func:`zcdp_to_approx_dp`
 returns the smaller of the two bounds (both are valid, so the minimum is valid).
+
+The inverse direction, :func:`calibrate_rho`, is what a zCDP mechanism uses when the query's
+(epsilon, delta) is the guarantee of the whole release: the largest rho whose converted
+epsilon (:func:`zcdp_to_approx_dp`) does not exceed the request, found by bisection and
+rounded down (the safe direction).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 from scipy.optimize import minimize_scalar
 
 from app.mechanisms.errors import MechanismInputError
-from app.mechanisms.validation import check_delta
+from app.mechanisms.validation import check_delta, check_epsilon
+
+#: Bisection stops once the bracket ``[lo, hi]`` (``f(lo) <= epsilon < f(hi)``) is this narrow
+#: relative to ``hi``: the rho returned is within this factor of the largest admissible rho
+#: (``f`` = :func:`zcdp_to_approx_dp`, increasing in rho).
+RHO_REL_TOL = 1e-12
 
 
 def _check_rho(rho: float) -> float:
@@ -98,11 +109,56 @@ def zcdp_to_approx_dp(rho: float, delta: float) -> float:
     return min(zcdp_epsilon_cks(rho, delta), zcdp_epsilon_bun_steinke(rho, delta))
 
 
-def cdp_cost(epsilon: float, delta: float | None) -> tuple[float, float]:
-    """(epsilon, delta)-DP cost of a release that is (epsilon^2 / 2)-zCDP ("epsilon-CDP").
+def bun_steinke_rho(epsilon: float, delta: float) -> float:
+    """Inverse of Bun–Steinke Prop. 1.3: the rho with ``rho + 2 sqrt(rho L) = epsilon``.
 
-    This is the ``cost_fn`` of the CDP mechanisms: rho = epsilon^2 / 2, converted at ``delta``.
+    ``rho = (sqrt(L + epsilon) - sqrt(L))^2`` with ``L = ln(1/delta)``, written as
+    ``epsilon^2 / (sqrt(L + epsilon) + sqrt(L))^2`` to avoid cancellation.
     """
+    ll = math.log(1.0 / delta)
+    return epsilon**2 / (math.sqrt(ll + epsilon) + math.sqrt(ll)) ** 2
+
+
+@functools.lru_cache(maxsize=4096)
+def calibrate_rho(epsilon: float, delta: float) -> float:
+    """The largest rho (to :data:`RHO_REL_TOL`) with ``zcdp_to_approx_dp(rho, delta) <= epsilon``.
+
+    A mechanism that is rho-zCDP for the returned rho is (epsilon, delta)-DP: the returned
+    rho is always the lower end ``lo`` of a bracket with ``zcdp_to_approx_dp(lo, delta) <=
+    epsilon`` checked by evaluating that (sound) conversion itself, so rounding only ever
+    errs on the safe side; and ``zcdp_to_approx_dp(hi, delta) > epsilon`` for some
+    ``hi <= lo (1 + RHO_REL_TOL)``, so nothing is given away beyond that factor.
+
+    Bracket: Bun–Steinke's closed-form inverse is admissible (the conversion is the minimum of
+    the two bounds, so it is at most Bun–Steinke's epsilon); the upper end doubles from it
+    until it is inadmissible. Then bisection (geometric midpoint) on ``[lo, hi]``.
+    Cost: about 45 conversions (each a bounded Brent search), cached per (epsilon, delta).
+
+    Raises:
+        MechanismInputError: for epsilon or delta outside their domains.
+    """
+    eps = check_epsilon(epsilon)
     d = check_delta(delta)
-    rho = 0.5 * float(epsilon) ** 2
-    return (zcdp_to_approx_dp(rho, d), d)
+
+    def admissible(rho: float) -> bool:
+        return zcdp_to_approx_dp(rho, d) <= eps
+
+    lo = bun_steinke_rho(eps, d)
+    while lo > 0.0 and not admissible(lo):  # rounding in the closed form: step down
+        lo *= 1.0 - 1e-9
+    if not lo > 0.0:
+        raise MechanismInputError("epsilon", f"is too small to calibrate (got {epsilon!r})")
+    hi = 2.0 * lo
+    while admissible(hi):
+        lo, hi = hi, 2.0 * hi
+        if not math.isfinite(hi):
+            raise MechanismInputError("epsilon", f"is too large to calibrate (got {epsilon!r})")
+    while hi - lo > RHO_REL_TOL * hi:
+        mid = math.sqrt(lo * hi)
+        if not lo < mid < hi:
+            break
+        if admissible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

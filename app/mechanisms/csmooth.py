@@ -16,11 +16,18 @@ Parameters (Bun–Steinke Sec. 3.1.1 / 7.1, paper App. E.2), for a per-quantile 
   data is never looked at; the tuning is deterministic and cached per (eps', q). Every
   (t, s, sigma) triple satisfies Lemma 15 exactly, so the tuning affects only accuracy.
 
-Composition: each of the m quantiles uses ``eps' = epsilon / sqrt(m)``; m releases of
-``(eps'^2/2)``-zCDP compose to ``(epsilon^2 / 2)``-zCDP (Bun–Steinke 2016, Lemma 2.3 / paper
-Lemma 9). The registry entry declares ZCDP and converts rho = epsilon^2/2 to (epsilon, delta)-DP
-with :func:`app.mechanisms.accounting.cdp_cost` (the tighter of Canonne–Kamath–Steinke and
-Bun–Steinke).
+Calibration to the request: a query's ``(epsilon, delta)`` is the (epsilon, delta)-DP
+guarantee of the whole m-quantile release. ``rho = calibrate_rho(epsilon, delta)``
+(:mod:`app.mechanisms.accounting`) is the largest zCDP parameter whose conversion — the
+tighter of Canonne–Kamath–Steinke (Prop. 12, minimised over the Renyi order) and Bun–Steinke
+(Prop. 1.3) — is at most ``epsilon`` at ``delta``; bisection returns the lower end of a
+bracket whose conversion was checked to be ``<= epsilon``, within a relative 1e-12 of the
+largest such rho. Each of the m quantiles then uses the CDP parameter
+``eps' = sqrt(2 rho / m)``: m releases of ``(eps'^2/2)``-zCDP compose to ``rho``-zCDP
+(Bun–Steinke 2016, Lemma 2.3 / paper Lemma 9), hence (epsilon, delta)-DP. The registry entry
+declares ZCDP and its ``dp_cost`` is exactly the request ``(epsilon, delta)``: the ledger
+debits what was asked. Example: epsilon = 0.5, delta = 1e-6 gives rho ~ 6.64e-3 (the former
+reading rho = epsilon^2 / 2 = 0.125 converts to epsilon' ~ 2.42 and was charged as such).
 
 Neighbours: swap only (the smooth-sensitivity analysis is for fixed-size datasets);
 ``neighbors="add_remove"`` raises :class:`MechanismInputError`, as for ``smooth``.
@@ -35,12 +42,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 
-from app.mechanisms.accounting import cdp_cost
+from app.mechanisms.accounting import calibrate_rho
 from app.mechanisms.histogram import Support, support_from_values
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
 from app.mechanisms.smooth import quantile_index, reject_add_remove, smooth_sensitivity
-from app.mechanisms.validation import FloatArray
+from app.mechanisms.validation import FloatArray, check_delta
 
 #: Public tuning set (paper App. E.2): size, bounds and a fixed, published seed.
 TUNING_N = 1000
@@ -116,36 +123,47 @@ def csmooth(
     upper: float,
     neighbors: str = "swap",
     rng: np.random.Generator | None = None,
+    delta: float | None = None,
 ) -> FloatArray:
     """CSmooth: order statistics plus Laplace-log-normal noise scaled to smooth sensitivity.
 
-    Per quantile ``eps' = epsilon / sqrt(m)``; ``t = tuned_t(eps', q)`` (public tuning);
-    ``(sigma, s) = lln_parameters(eps', t)``; release
+    ``rho = calibrate_rho(epsilon, delta)``; per quantile ``eps' = sqrt(2 rho / m)``;
+    ``t = tuned_t(eps', q)`` (public tuning); ``(sigma, s) = lln_parameters(eps', t)``; release
     ``x_{j*} + S^t(X) * Lap(1) * exp(sigma N(0,1)) / s``; clamp to [lower, upper]; sort.
 
-    Guarantee: (epsilon^2 / 2)-zCDP under swap neighbours (paper Lemmas 15 and 9);
-    (epsilon', delta)-DP for epsilon' = ``cdp_cost(epsilon, delta)[0]``.
-    ``neighbors="add_remove"`` is refused.
+    Guarantee: rho-zCDP under swap neighbours (paper Lemmas 15 and 9), hence
+    (epsilon, delta)-DP for the whole release (rho calibrated so that the conversion is
+    ``<= epsilon``). ``neighbors="add_remove"`` is refused.
 
     Complexity: O(m n log n) time (one smooth sensitivity per quantile), O(n) memory; the
     first call for a new (eps', q) also tunes t on the 1000-point public set (61 smooth
     sensitivities of 1000 points), then it is cached.
 
     Raises:
-        MechanismInputError: for invalid input or add/remove neighbours.
+        MechanismInputError: for invalid input, a delta outside (0, 1), or add/remove
+            neighbours.
     """
+    check_delta(delta)
     sup = support_from_values(
         data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
     )
-    return csmooth_core(sup, make_rng(rng))
+    return csmooth_core(sup, make_rng(rng), delta=delta)
 
 
-def csmooth_core(sup: Support, rng: np.random.Generator) -> FloatArray:
+def per_quantile_cdp(epsilon: float, delta: float, m: int) -> float:
+    """Per-quantile CDP parameter: ``sqrt(2 calibrate_rho(epsilon, delta) / m)``."""
+    return math.sqrt(2.0 * calibrate_rho(float(epsilon), float(delta)) / m)
+
+
+def csmooth_core(
+    sup: Support, rng: np.random.Generator, *, delta: float | None = None
+) -> FloatArray:
     """CSmooth on a prepared support (order statistics from cumulative counts)."""
+    d = check_delta(delta)
     reject_add_remove(sup, "csmooth")
     m = int(sup.quantiles.size)
     n = sup.n
-    eps_q = sup.epsilon / math.sqrt(m)
+    eps_q = per_quantile_cdp(sup.epsilon, d, m)
     out = np.empty(m, dtype=np.float64)
     for k, q in enumerate(sup.quantiles):
         t = tuned_t(eps_q, float(q))
@@ -159,12 +177,22 @@ def csmooth_core(sup: Support, rng: np.random.Generator) -> FloatArray:
     return out
 
 
+def csmooth_cost(epsilon: float, delta: float | None) -> tuple[float, float]:
+    """Exactly the request: rho is calibrated so that the release is (epsilon, delta)-DP."""
+    return (float(epsilon), check_delta(delta))
+
+
 CSMOOTH = Mechanism(
     name="csmooth",
     fn=csmooth,
     core=csmooth_core,
     notion=PrivacyNotion.ZCDP,
-    summary="Smooth sensitivity, Laplace-log-normal noise, epsilon-CDP (Bun-Steinke), swap only.",
-    cost_fn=cdp_cost,
+    summary=(
+        "Smooth sensitivity, Laplace-log-normal noise (Bun-Steinke), zCDP calibrated to the"
+        " requested (epsilon, delta), swap only."
+    ),
+    requires_delta=True,
+    method_params=("delta",),
+    cost_fn=csmooth_cost,
     neighbors=("swap",),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -11,7 +12,9 @@ from scipy.stats import norm
 
 from app.mechanisms import MechanismInputError
 from app.mechanisms.accounting import (
-    cdp_cost,
+    RHO_REL_TOL,
+    bun_steinke_rho,
+    calibrate_rho,
     cks_delta_at_order,
     cks_epsilon_at_order,
     zcdp_epsilon_bun_steinke,
@@ -78,14 +81,33 @@ def test_cks_epsilon_and_delta_forms_agree() -> None:
         assert cks_delta_at_order(rho, eps, alpha) == pytest.approx(delta, rel=1e-9)
 
 
-def test_cdp_cost_is_rho_half_epsilon_squared() -> None:
-    eps, delta = 1.0, 1e-6
-    got = cdp_cost(eps, delta)
-    assert got == (zcdp_to_approx_dp(0.5, delta), delta)
-    assert got[0] == pytest.approx(5.2215, abs=1e-3)
-    # Monotone in epsilon and in 1/delta.
-    assert cdp_cost(2.0, delta)[0] > got[0]
-    assert cdp_cost(eps, 1e-9)[0] > got[0]
+@pytest.mark.parametrize("epsilon", [1e-4, 0.01, 0.1, 0.5, 1.0, 5.0, 50.0])
+@pytest.mark.parametrize("delta", [1e-3, 1e-6, 1e-12])
+def test_calibrated_rho_is_safe_and_within_1e_9_of_the_largest(epsilon, delta) -> None:
+    rho = calibrate_rho(epsilon, delta)
+    # Safe: the converted guarantee of the chosen rho never exceeds the request.
+    assert zcdp_to_approx_dp(rho, delta) <= epsilon
+    # Tight: 1e-9 more rho already converts above the request (the conversion increases in rho).
+    assert zcdp_to_approx_dp(rho * (1.0 + 1e-9), delta) > epsilon
+    assert zcdp_to_approx_dp(rho, delta) >= epsilon * (1.0 - 1e-8)
+    # It beats either conversion alone: at least Bun–Steinke's closed-form inverse.
+    assert rho >= bun_steinke_rho(epsilon, delta) * (1.0 - 1e-12)
+    assert RHO_REL_TOL <= 1e-9
+
+
+def test_calibrated_rho_scan_is_monotone_and_the_csmooth_example() -> None:
+    rhos = [calibrate_rho(e, 1e-6) for e in np.linspace(0.05, 3.0, 40)]
+    assert all(b > a for a, b in itertools.pairwise(rhos))
+    # epsilon = 0.5, delta = 1e-6: the figure quoted in csmooth's docstring.
+    assert calibrate_rho(0.5, 1e-6) == pytest.approx(6.64e-3, rel=2e-3)
+    # The former reading (rho = epsilon^2 / 2) would have converted to ~2.42 (issue 10).
+    assert zcdp_to_approx_dp(0.125, 1e-6) == pytest.approx(2.419, abs=1e-3)
+
+
+def test_bun_steinke_rho_inverts_prop_1_3() -> None:
+    for eps, delta in [(0.5, 1e-6), (3.0, 1e-3), (1e-5, 1e-9)]:
+        rho = bun_steinke_rho(eps, delta)
+        assert zcdp_epsilon_bun_steinke(rho, delta) == pytest.approx(eps, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -95,7 +117,8 @@ def test_cdp_cost_is_rho_half_epsilon_squared() -> None:
         (lambda: zcdp_to_approx_dp(math.nan, 1e-6), "rho"),
         (lambda: zcdp_to_approx_dp(0.5, 0.0), "delta"),
         (lambda: zcdp_to_approx_dp(0.5, 1.0), "delta"),
-        (lambda: cdp_cost(1.0, None), "delta"),
+        (lambda: calibrate_rho(1.0, None), "delta"),
+        (lambda: calibrate_rho(0.0, 1e-6), "epsilon"),
         (lambda: cks_epsilon_at_order(0.5, 1e-6, 1.0), "alpha"),
     ],
 )

@@ -11,8 +11,8 @@ from scipy import stats
 
 import app.mechanisms.csmooth as cs
 from app.mechanisms import MECHANISMS, MechanismInputError, PrivacyNotion
-from app.mechanisms.accounting import cdp_cost
-from app.mechanisms.csmooth import csmooth, lln_parameters, lln_sigma, tuned_t
+from app.mechanisms.accounting import calibrate_rho, zcdp_to_approx_dp
+from app.mechanisms.csmooth import csmooth, lln_parameters, lln_sigma, per_quantile_cdp, tuned_t
 from app.mechanisms.smooth import quantile_index, smooth_sensitivity
 from tests.mechanisms.exact import assert_rejects, dense_edges
 
@@ -54,10 +54,11 @@ def test_tuning_uses_only_public_data_and_is_cached(monkeypatch: pytest.MonkeyPa
     ts = []
     for data in (rng.normal(size=300), rng.uniform(-50, 50, size=2000)):
         seen.clear()
-        csmooth(data, [0.25, 0.5], epsilon=1.0, lower=-100.0, upper=100.0, rng=rng)
+        csmooth(data, [0.25, 0.5], epsilon=1.0, lower=-100.0, upper=100.0, rng=rng, delta=1e-6)
         private = [e for e in seen if e != public]
         assert len(private) == 2  # exactly one smooth sensitivity per quantile on private data
-        ts.append((tuned_t(1.0 / math.sqrt(2), 0.25), tuned_t(1.0 / math.sqrt(2), 0.5)))
+        e = per_quantile_cdp(1.0, 1e-6, 2)
+        ts.append((tuned_t(e, 0.25), tuned_t(e, 0.5)))
     assert ts[0] == ts[1]  # t does not depend on the private data
     assert tuned_t.cache_info().hits > 0
     # Only the first call tuned: the second dataset triggered no public evaluations.
@@ -82,7 +83,8 @@ def lln_cdf(z: np.ndarray, sigma: float) -> np.ndarray:
 def test_noise_is_laplace_log_normal_scaled_to_smooth_sensitivity() -> None:
     rng = np.random.default_rng(8)
     data = rng.normal(size=200)
-    q, eps = 0.5, 1.0
+    q, eps_req = 0.5, 1.0
+    eps = per_quantile_cdp(eps_req, 1e-6, 1)
     lower, upper = -1e6, 1e6  # clamping never bites
     edges = dense_edges(data, lower, upper)
     j = quantile_index(q, 200)
@@ -90,7 +92,10 @@ def test_noise_is_laplace_log_normal_scaled_to_smooth_sensitivity() -> None:
     sigma, s = lln_parameters(eps, t)
     scale = smooth_sensitivity(edges, j, t) / s
     z = np.array(
-        [csmooth(data, [q], epsilon=eps, lower=lower, upper=upper, rng=rng)[0] for _ in range(4000)]
+        [
+            csmooth(data, [q], epsilon=eps_req, lower=lower, upper=upper, rng=rng, delta=1e-6)[0]
+            for _ in range(4000)
+        ]
     )
     z = (z - edges[j]) / scale
     assert stats.kstest(z, lambda v: lln_cdf(np.atleast_1d(v), sigma)).pvalue > 1e-3
@@ -99,15 +104,19 @@ def test_noise_is_laplace_log_normal_scaled_to_smooth_sensitivity() -> None:
     assert stats.kstest(z * 1.3, lambda v: lln_cdf(np.atleast_1d(v), sigma)).pvalue < 1e-4
 
 
-def test_per_quantile_epsilon_is_epsilon_over_sqrt_m() -> None:
+def test_per_quantile_cdp_is_sqrt_of_2_rho_over_m() -> None:
     data = np.linspace(-3.0, 3.0, 301)
     qs = [0.1, 0.5, 0.9]
-    eps, m = 1.2, 3
+    eps, delta, m = 1.2, 1e-6, 3
     lo, hi = -100.0, 100.0
     edges = dense_edges(data, lo, hi)
-    got = csmooth(data, qs, epsilon=eps, lower=lo, upper=hi, rng=np.random.default_rng(4))
+    got = csmooth(
+        data, qs, epsilon=eps, lower=lo, upper=hi, rng=np.random.default_rng(4), delta=delta
+    )
     replay = np.random.default_rng(4)
-    e = eps / math.sqrt(m)
+    e = math.sqrt(2.0 * calibrate_rho(eps, delta) / m)
+    # m quantiles of (e^2/2)-zCDP compose to rho-zCDP, which converts to <= epsilon
+    assert zcdp_to_approx_dp(m * e**2 / 2.0, delta) <= eps * (1 + 1e-12)
     want = []
     for q in qs:
         t = tuned_t(e, q)
@@ -126,28 +135,64 @@ def test_accuracy_beats_smooth_on_gaussian_data() -> None:
         x = rng.normal(size=1000)
         xs = np.sort(x)
         for name in errs:
-            kw = {"delta": 1e-6} if name == "smooth" else {}
-            est = MECHANISMS[name](x, qs, epsilon=1.0, lower=-100.0, upper=100.0, rng=rng, **kw)
+            est = MECHANISMS[name](
+                x, qs, epsilon=1.0, lower=-100.0, upper=100.0, rng=rng, delta=1e-6
+            )
             errs[name].append(float(np.mean(np.abs(np.searchsorted(xs, est) - np.ceil(qs * 1000)))))
     assert np.mean(errs["csmooth"]) < np.mean(errs["smooth"])
-    assert np.mean(errs["csmooth"]) < 150
+    # ~208 missed points per quantile at (1, 1e-6) with rho calibrated to the request (it was
+    # < 150 when epsilon = 1 meant rho = 1/2, i.e. a (5.2, 1e-6) release).
+    assert np.mean(errs["csmooth"]) < 260
 
 
-def test_registry_entry_declares_zcdp_and_prices_soundly() -> None:
+def test_registry_entry_declares_zcdp_and_debits_exactly_the_request() -> None:
     mech = MECHANISMS["csmooth"]
     assert mech.notion is PrivacyNotion.ZCDP
-    assert not mech.requires_delta and mech.method_params == ()
-    assert mech.dp_cost(epsilon=1.0, delta=1e-6) == cdp_cost(1.0, 1e-6)
-    assert mech.dp_cost(epsilon=1.0, delta=1e-6)[0] > 1.0
+    assert mech.requires_delta and mech.uses_delta and mech.method_params == ("delta",)
+    # Issue 10 acceptance: a query at epsilon = 0.5 debits exactly 0.5.
+    assert mech.dp_cost(epsilon=0.5, delta=1e-6) == (0.5, 1e-6)
+    for eps, delta in [(1.0, 1e-6), (0.1, 1e-9), (3.7, 1e-3)]:
+        assert mech.dp_cost(epsilon=eps, delta=delta) == (eps, delta)
     with pytest.raises(MechanismInputError):
         mech.dp_cost(epsilon=1.0)
+    for bad in (None, 0.0, 1.0):
+        with pytest.raises(MechanismInputError) as info:
+            mech.run([1.0, 2.0, 3.0], [0.5], epsilon=1.0, delta=bad, lower=0.0, upper=4.0)
+        assert info.value.parameter == "delta"
     out = mech.run([1.0, 2.0, 3.0], [0.5], epsilon=1.0, delta=1e-6, lower=0.0, upper=4.0)
     assert out.shape == (1,) and 0.0 <= out[0] <= 4.0
 
 
+def test_release_noise_is_calibrated_to_the_converted_guarantee(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The core runs every quantile at sqrt(2 rho / m), rho from calibrate_rho(eps, delta)."""
+    seen: list[float] = []
+    real = cs.lln_parameters
+
+    def spy(eps: float, t: float) -> tuple[float, float]:
+        seen.append(eps)
+        return real(eps, t)
+
+    monkeypatch.setattr(cs, "lln_parameters", spy)
+    qs = [0.2, 0.4, 0.6, 0.8]
+    csmooth(np.arange(50.0), qs, epsilon=0.5, delta=1e-6, lower=0.0, upper=60.0)
+    rho = calibrate_rho(0.5, 1e-6)
+    assert seen and all(e == math.sqrt(2 * rho / 4) for e in seen)
+    assert zcdp_to_approx_dp(rho, 1e-6) <= 0.5
+
+
 def test_add_remove_is_refused() -> None:
     with pytest.raises(MechanismInputError) as info:
-        csmooth([1.0, 2.0], [0.5], epsilon=1.0, lower=0.0, upper=3.0, neighbors="add_remove")
+        csmooth(
+            [1.0, 2.0],
+            [0.5],
+            epsilon=1.0,
+            lower=0.0,
+            upper=3.0,
+            neighbors="add_remove",
+            delta=1e-6,
+        )
     assert info.value.parameter == "neighbors"
 
 
@@ -159,7 +204,9 @@ def test_add_remove_is_refused() -> None:
         ({"neighbors": "nope"}, "neighbors"),
         ({"quantiles": [0.0]}, "quantiles"),
         ({"data": [1.0, math.nan]}, "data"),
+        ({"delta": 0.0}, "delta"),
+        ({"delta": None}, "delta"),
     ],
 )
 def test_validation_names_parameter(kwargs: dict[str, object], param: str) -> None:
-    assert_rejects(csmooth, kwargs, param)
+    assert_rejects(csmooth, {"delta": 1e-6, **kwargs}, param)
