@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.mechanisms import MECHANISMS
+from app.mechanisms import MECHANISMS, MechanismInputError
 from app.planner.model import load_models
 
 #: ``n`` used to rank methods for ``auto`` when no public size is known (add_remove without
@@ -76,18 +76,34 @@ def recommend(
     """The eligible method with the lowest expected error (ties: registry order).
 
     ``n=None`` (no public size) ranks at :data:`NOMINAL_N`. Methods without a model are
-    never recommended; if none has one, the registry's first eligible method is returned.
+    never recommended, nor methods whose declared cost at these parameters exceeds the
+    requested (ε, δ) (a method proven in another notion and not calibrated to the request:
+    ``auto`` never spends more than was asked). If nothing is left, the registry's first
+    eligible method is returned.
     """
     size = NOMINAL_N if n is None else n
     candidates = eligible_methods(delta_given=delta is not None, neighbors=neighbors)
     best: tuple[float, str] | None = None
     for name in candidates:
+        if not _costs_what_was_asked(name, epsilon, delta):
+            continue
         err = expected_error(name, size, quantiles, epsilon, delta, neighbors)
         if err is not None and (best is None or err[0] < best[0]):
             best = (err[0], name)
     if best is not None:
         return best[1]
     return candidates[0]
+
+
+def _costs_what_was_asked(name: str, epsilon: float, delta: float | None) -> bool:
+    mech = MECHANISMS[name]
+    try:
+        eps_cost, delta_cost = mech.dp_cost(
+            epsilon=epsilon, delta=delta if mech.uses_delta else None
+        )
+    except (MechanismInputError, ValueError):
+        return False
+    return eps_cost <= epsilon * (1 + 1e-9) and delta_cost <= (delta or 0.0) * (1 + 1e-9)
 
 
 __all__ = ["NOMINAL_N", "eligible_methods", "expected_error", "recommend"]

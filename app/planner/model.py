@@ -23,7 +23,8 @@ and then softly capped at the error of an answer that ignores the data (n/4 miss
 
 β is fitted per method by least squares on the committed error map (``python -m
 app.planner.fit``); the 90 % bound is the mean times the 90th percentile of
-(trial mean / cell mean) pooled per m over the same map. Both live in ``coefficients.json``.
+(trial mean / cell mean) pooled per m over the same map, widened by the fit's own residual
+(:meth:`MethodModel.ratio90`). Both live in ``coefficients.json``.
 The model sees only public figures: method, n (or the size hint), m, ε, δ.
 """
 
@@ -39,6 +40,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
+#: The 90 % point of the standard normal.
+Z90 = 1.2816
 
 
 def features(n: float, m: float, epsilon: float) -> FloatArray:
@@ -56,6 +59,8 @@ class MethodModel:
     r90_ms: tuple[float, ...]
     r90: tuple[float, ...]
     fit_cells: int
+    #: RMS residual of the fit in log(1 + E): the model's own uncertainty.
+    sigma: float = 0.0
 
     def mean(self, n: float, m: int, epsilon: float) -> float:
         raw = math.exp(float(np.dot(np.asarray(self.beta), features(n, m, epsilon)))) - 1.0
@@ -64,7 +69,11 @@ class MethodModel:
         return float((raw**-2 + cap**-2) ** -0.5)
 
     def ratio90(self, m: int) -> float:
-        return float(np.interp(math.log(m), np.log(self.r90_ms), self.r90))
+        """bound90 / mean: the randomness of one release (the pooled 90th percentile of
+        trial / cell mean at this m) combined in log space with the model's uncertainty
+        (1.2816 σ, the 90 % point of a normal residual)."""
+        spread = math.log(float(np.interp(math.log(m), np.log(self.r90_ms), self.r90)))
+        return math.exp(math.hypot(spread, Z90 * self.sigma))
 
 
 @cache
@@ -78,6 +87,7 @@ def load_models() -> dict[str, MethodModel]:
             r90_ms=tuple(float(x) for x in entry["r90_ms"]),
             r90=tuple(float(x) for x in entry["r90"]),
             fit_cells=int(entry["fit_cells"]),
+            sigma=float(entry.get("rms_log_residual", 0.0)),
         )
         for name, entry in raw["methods"].items()
     }
