@@ -38,6 +38,7 @@ class Dataset(Base):
         CheckConstraint("lower < upper", name="bounds"),
         CheckConstraint("granularity > 0", name="granularity"),
         CheckConstraint("neighbors IN ('swap', 'add_remove')", name="neighbors"),
+        CheckConstraint("size_hint IS NULL OR size_hint > 0", name="size_hint"),
         # Names are unique among the datasets that are not archived (migration 0005).
         Index(
             "uq_dataset_name_live",
@@ -64,6 +65,9 @@ class Dataset(Base):
     frozen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: Archived: values deleted, ledger and releases kept, name free, no uploads or queries.
     archived_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Admin-declared public size (migration 0006): what the planner uses under add_remove,
+    #: where n is private. Never derived from the values.
+    size_hint: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class DatasetData(Base):

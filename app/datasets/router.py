@@ -45,6 +45,7 @@ def present(
         upper=dataset.upper,
         neighbors=dataset.neighbors,
         granularity=dataset.granularity,
+        size_hint=dataset.size_hint,
         budget_remaining=remaining,
         created_at=dataset.created_at,
         archived_at=dataset.archived_at,
@@ -124,18 +125,21 @@ def get_dataset(dataset_id: uuid.UUID, session: SessionDep, principal: ReaderDep
     "/{dataset_id}",
     response_model=DatasetAdmin,
     responses=error_responses(401, 403, 404, 409, 422, 503),
-    summary="Rename or re-describe a dataset",
+    summary="Rename, re-describe or set the size hint of a dataset",
 )
 def update_dataset(
     dataset_id: uuid.UUID, body: DatasetUpdate, session: SessionDep, principal: AdminDep
 ) -> DatasetPublic:
-    """Change the name and/or description (409 `name_taken`, 409 `dataset_archived`)."""
+    """Change the name, description and/or public size hint (409 `name_taken`, 409
+    `dataset_archived`)."""
     dataset = service.update_dataset(
         session,
         principal=principal,
         dataset_id=dataset_id,
         name=body.name,
         description=body.description,
+        size_hint=body.size_hint,
+        set_size_hint="size_hint" in body.model_fields_set,
     )
     return present(session, dataset, principal)
 

@@ -6,7 +6,7 @@ import math
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -14,6 +14,12 @@ from app.ledger.schemas import AmountPublic, BudgetDecimal
 from app.text import StorableText
 
 Neighbors = Literal["swap", "add_remove"]
+SizeHint = Annotated[int, Field(gt=0, le=10**15)]
+SIZE_HINT_DOC = (
+    "A public, admin-declared approximate number of values (never computed from the data). "
+    "Under add_remove neighbours n is private, so quotes, expected errors and method "
+    '"auto" use this figure instead (unknown without it); under swap n is public and used.'
+)
 
 
 class DatasetCreate(BaseModel):
@@ -37,6 +43,10 @@ class DatasetCreate(BaseModel):
         description="Spacing of the public output grid lower + k*granularity; default: the "
         "largest power of ten <= (upper - lower) / 10^6.",
     )
+    size_hint: SizeHint | None = Field(
+        default=None,
+        description=SIZE_HINT_DOC,
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> DatasetCreate:
@@ -48,7 +58,8 @@ class DatasetCreate(BaseModel):
 
 
 class DatasetUpdate(BaseModel):
-    """Rename and/or re-describe a dataset (at least one field)."""
+    """Rename, re-describe and/or set the public size hint of a dataset (at least one field;
+    ``"size_hint": null`` removes the hint)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -56,11 +67,18 @@ class DatasetUpdate(BaseModel):
         default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$"
     )
     description: StorableText | None = Field(default=None, max_length=2000)
+    size_hint: SizeHint | None = Field(
+        default=None, description=SIZE_HINT_DOC + " Send null to remove it."
+    )
 
     @model_validator(mode="after")
     def _something(self) -> DatasetUpdate:
-        if self.name is None and self.description is None:
-            raise ValueError("give a name and/or a description")
+        if (
+            self.name is None
+            and self.description is None
+            and "size_hint" not in self.model_fields_set
+        ):
+            raise ValueError("give a name, a description and/or a size_hint")
         return self
 
 
@@ -74,6 +92,7 @@ class DatasetPublic(BaseModel):
     upper: float
     neighbors: Neighbors
     granularity: float
+    size_hint: int | None = Field(default=None, description=SIZE_HINT_DOC)
     budget_remaining: AmountPublic
     created_at: datetime
     archived_at: datetime | None = Field(

@@ -125,6 +125,7 @@ def create_dataset(
         values_uploaded_at=None,
         frozen_at=None,
         archived_at=None,
+        size_hint=body.size_hint,
     )
     session.add(dataset)
     try:
@@ -143,6 +144,7 @@ def create_dataset(
             "upper": dataset.upper,
             "neighbors": dataset.neighbors,
             "granularity": dataset.granularity,
+            "size_hint": dataset.size_hint,
         },
     )
     return dataset
@@ -165,8 +167,11 @@ def update_dataset(
     dataset_id: uuid.UUID,
     name: str | None,
     description: str | None,
+    size_hint: int | None = None,
+    set_size_hint: bool = False,
 ) -> Dataset:
-    """Rename and/or re-describe a dataset that is not archived (recorded in the audit log)."""
+    """Rename, re-describe and/or set the public size hint (``set_size_hint``; None removes
+    it) of a dataset that is not archived (recorded in the audit log)."""
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     ensure_live(dataset)
     changes: dict[str, Any] = {}
@@ -178,6 +183,9 @@ def update_dataset(
     if description is not None and description != dataset.description:
         changes["description"] = "changed"
         dataset.description = description
+    if set_size_hint and size_hint != dataset.size_hint:
+        changes["size_hint"] = {"from": dataset.size_hint, "to": size_hint}
+        dataset.size_hint = size_hint
     if changes:
         try:
             session.flush()

@@ -10,6 +10,8 @@ Outputs in ``--out`` (default ``./experiment-results``):
 * ``claims.md``            the paper's claims (a)–(e) next to ours
 * ``error_eps1.png``, ``error_eps0.1.png``, ``time_vs_m.png``, ``time_vs_n.png``
 * ``run.json``             configuration, methods, versions and wall time
+
+``dpquant experiments map ...`` runs the error map instead (:mod:`app.experiments.errormap`).
 """
 
 from __future__ import annotations
@@ -191,7 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         0 on success; 1 when any mechanism call failed (outputs are still written).
     """
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    arglist = list(argv) if argv is not None else sys.argv[1:]
+    if arglist[:1] == ["map"]:
+        from app.experiments.errormap import main as map_main
+
+        return map_main(arglist[1:])
+    args = build_parser().parse_args(arglist)
     cfg, scaling = config_from_args(args)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
@@ -73,3 +73,8 @@ class Release(Base):
     lease_token: Mapped[uuid.UUID | None] = mapped_column()
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: A-priori expected missed points of the method (migration 0006): one
+    #: ``{quantile, mean, bound90}`` per quantile, or NULL when unknown. Public figures only.
+    expected_error: Mapped[list[dict[str, float]] | None] = mapped_column(JSONB)
+    #: Warnings computed with the expected error (e.g. noise is a large share of the ranks).
+    warnings: Mapped[list[str]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))

@@ -16,6 +16,7 @@ from app.concurrency import ADMISSION_RELEASE
 from app.db import CommitOutcomeUnknown, SessionDep, transaction
 from app.errors import ErrorBody, error_responses, outcome_unknown
 from app.ledger.schemas import AmountPublic
+from app.mechanisms import MECHANISMS
 from app.ops.http import (
     DecimalJSONRoute,
     conditional_json,
@@ -28,8 +29,12 @@ from app.releases import service
 from app.releases.models import Release
 from app.releases.schemas import (
     BudgetExhausted,
+    ExpectedError,
     KeyBudgetExhausted,
+    MethodPublic,
     QuantileQuery,
+    QuoteFigures,
+    QuotePublic,
     ReleasePage,
     ReleasePublic,
 )
@@ -56,6 +61,24 @@ def present(release: Release) -> ReleasePublic:
         remaining=AmountPublic(epsilon=release.remaining_epsilon, delta=release.remaining_delta),
         created_at=release.created_at,
         finished_at=release.finished_at,
+        expected_error=_expected(release.expected_error),
+        warnings=list(release.warnings or []),
+    )
+
+
+def _expected(rows: list[dict[str, float]] | None) -> list[ExpectedError] | None:
+    return None if rows is None else [ExpectedError(**row) for row in rows]
+
+
+def _figures(line: service.QuoteLine) -> QuoteFigures:
+    return QuoteFigures(
+        method=line.method,
+        cost=AmountPublic.of(line.cost),
+        remaining_after=None
+        if line.remaining_after is None
+        else AmountPublic.of(line.remaining_after),
+        affordable=line.affordable,
+        expected_error=_expected(line.expected),
     )
 
 
@@ -234,3 +257,59 @@ def list_releases(
     next_cursor = encode_cursor(rows[limit - 1].seq) if len(rows) > limit else None
     page = ReleasePage(items=[present(r) for r in rows[:limit]], next_cursor=next_cursor)
     return conditional_json(request, page)
+
+
+@router.post(
+    "/datasets/{dataset_id}/quote",
+    response_model=QuotePublic,
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+    summary="Quote a quantile query: exact cost, affordability, expected error (free)",
+)
+def quote(
+    dataset_id: uuid.UUID,
+    body: QuantileQuery,
+    request: Request,
+    session: SessionDep,
+    principal: AnalystDep,
+) -> Response:
+    """The body of `POST /quantiles`; answers what that release would debit (the same
+    pricing code), whether it fits the remaining budget (and the key's cap), the expected
+    error per quantile in missed points, and the same figures for every eligible method.
+    Free: moves no budget, reads no data value, depends on public figures only."""
+    result = service.quote_query(
+        session,
+        principal=principal,
+        dataset_id=dataset_id,
+        query=body,
+        max_quantiles=request.app.state.settings.max_quantiles,
+    )
+    chosen = _figures(result.chosen)
+    public = QuotePublic(
+        **chosen.model_dump(),
+        warnings=result.warnings,
+        alternatives=[_figures(a) for a in result.alternatives],
+    )
+    return Response(json_bytes(public), media_type="application/json")
+
+
+@router.get(
+    "/methods",
+    response_model=list[MethodPublic],
+    responses=error_responses(401, 403, 503),
+    summary="List the registered methods and their guarantees",
+)
+def list_methods(principal: ReaderDep) -> list[MethodPublic]:
+    """Every registered method: guarantee, neighbour relations, whether it needs delta, and
+    a one-line description (from the mechanism registry). `auto` is not a method but a
+    choice among these (see `POST /v1/datasets/{id}/quote`)."""
+    del principal
+    return [
+        MethodPublic(
+            name=m.name,
+            guarantee=m.notion.value,
+            neighbors=list(m.neighbors),
+            needs_delta=m.uses_delta,
+            description=m.summary,
+        )
+        for m in MECHANISMS.values()
+    ]

@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.ledger.schemas import AmountPublic, DecimalText
 from app.mechanisms import MECHANISMS
 
-#: The method names of the OpenAPI enum: the mechanism registry, whatever it holds.
-METHOD_NAMES = tuple(MECHANISMS)
+#: ``method: "auto"``: the planner picks the eligible method with the lowest expected error.
+AUTO = "auto"
+#: The method names of the OpenAPI enum: the mechanism registry, whatever it holds, and auto.
+METHOD_NAMES = (*MECHANISMS, AUTO)
 
 PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=30)]
 
@@ -32,7 +34,10 @@ class QuantileQuery(BaseModel):
         min_length=1,
         max_length=64,
         json_schema_extra={"enum": list(METHOD_NAMES)},
-        description="A registered mechanism.",
+        description="A registered mechanism (GET /v1/methods), or `auto`: the planner picks "
+        "the method with the lowest expected error among those the query allows (pure "
+        "epsilon-DP ones always, approximate ones only when delta is given); the release "
+        "records the method chosen.",
     )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."
@@ -49,6 +54,15 @@ class QuantileQuery(BaseModel):
                     f"quantiles[{i}] must be greater than quantiles[{i - 1}] (strictly increasing)"
                 )
         return value
+
+
+class ExpectedError(BaseModel):
+    """A-priori error of one quantile, in missed points (data points between the true
+    quantile and the estimate), from public figures only (see GET /v1/methods, README)."""
+
+    quantile: float
+    mean: float = Field(description="Expected missed points.")
+    bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
 
 
 ReleaseStatus = Literal["pending", "done", "failed"]
@@ -77,6 +91,53 @@ class ReleasePublic(BaseModel):
     remaining: AmountPublic
     created_at: datetime
     finished_at: datetime | None
+    expected_error: list[ExpectedError] | None = Field(
+        default=None,
+        description="A-priori expected error of the method (computed at reservation from "
+        "public figures); null when unknown (add_remove dataset without a size_hint).",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="E.g. the expected error is a large share of the ranks: noise.",
+    )
+
+
+class QuoteFigures(BaseModel):
+    """What one method would cost and how accurate it is expected to be."""
+
+    method: str
+    cost: AmountPublic = Field(description="Exactly what the release would debit.")
+    remaining_after: AmountPublic | None = Field(
+        description="The dataset's budget after that debit; null when unaffordable."
+    )
+    affordable: bool = Field(
+        description="The dataset's remaining budget (and the key's cap, if any) covers it."
+    )
+    expected_error: list[ExpectedError] | None = Field(
+        description="Per quantile, in missed points; null when unknown (add_remove dataset "
+        "without a size_hint, or a method the planner has no model for)."
+    )
+
+
+class QuotePublic(QuoteFigures):
+    """The quote of a query: free, moves no budget, reads no value, public figures only."""
+
+    warnings: list[str]
+    alternatives: list[QuoteFigures] = Field(
+        description="The same figures for every method eligible for this query."
+    )
+
+
+class MethodPublic(BaseModel):
+    """A registered method."""
+
+    name: str
+    guarantee: Literal["pure_dp", "approx_dp", "zcdp"] = Field(
+        description="The notion the method is proven in (zcdp is priced as (epsilon, delta)-DP)."
+    )
+    neighbors: list[str] = Field(description="Neighbour relations its analysis covers.")
+    needs_delta: bool
+    description: str
 
 
 class ReleasePage(BaseModel):

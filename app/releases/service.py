@@ -37,6 +37,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app import planner
 from app.auth.models import ApiKey
 from app.auth.principal import Principal
 from app.datasets.models import Dataset
@@ -51,10 +52,10 @@ from app.ledger.service import (
     mechanism_float,
     price,
 )
-from app.mechanisms import Mechanism, MechanismInputError, get_mechanism
+from app.mechanisms import MECHANISMS, Mechanism, MechanismInputError, get_mechanism
 from app.metrics import RELEASES, RESERVATIONS, count_on_commit
 from app.releases.models import DONE, FAILED, PENDING, Release
-from app.releases.schemas import KeyCap, QuantileQuery
+from app.releases.schemas import AUTO, KeyCap, QuantileQuery
 
 #: Channel on which PostgreSQL announces a runnable release (trigger ``release_notify``,
 #: migration 0003; payload: the release id).
@@ -114,7 +115,10 @@ def request_fingerprint(query: QuantileQuery) -> str:
 
 
 def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
-    """Everything about a query that needs no database: limits, method, cost, fingerprint."""
+    """Everything about a query that needs no database: limits, method, cost, fingerprint.
+
+    ``auto`` must be resolved first (:func:`plan_query`), since it depends on the dataset.
+    """
     if len(query.quantiles) > max_quantiles:
         raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
     try:
@@ -122,6 +126,111 @@ def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
     except MechanismInputError as exc:
         raise invalid("body.method", exc.problem) from None
     return Priced(mech, quote(mech, query), request_fingerprint(query))
+
+
+#: A release warns when its expected error is at least this share of the ranks.
+WARN_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A query resolved against a dataset's public figures: method, price, expected error.
+
+    ``query`` is the query as it will run (``auto`` resolved; δ dropped when the method chosen
+    is pure ε-DP); ``priced.fingerprint`` is that of the query as sent, so an idempotent
+    replay matches whatever the planner would choose today.
+    """
+
+    query: QuantileQuery
+    priced: Priced
+    expected: list[dict[str, float]] | None
+    warnings: list[str]
+
+
+def public_size(dataset: Dataset) -> int | None:
+    """The size the planner may use: n under swap (public there), else the declared hint.
+
+    Under add_remove n is private and never used: only ``size_hint`` (or nothing).
+    """
+    if dataset.neighbors == "swap" and dataset.n is not None:
+        return dataset.n
+    return dataset.size_hint
+
+
+def resolve(query: QuantileQuery, *, dataset: Dataset, method: str | None = None) -> QuantileQuery:
+    """The query with ``method`` (default: the query's, ``auto`` through the planner).
+
+    A pure ε-DP method is always allowed: given one, a δ in the query is dropped (it buys
+    nothing and is not charged) rather than refused.
+    """
+    name = method or query.method
+    if name == AUTO:
+        name = planner.recommend(
+            public_size(dataset),
+            query.quantiles,
+            float(query.epsilon),
+            None if query.delta is None else float(query.delta),
+            dataset.neighbors,
+        )
+    elif method is None:
+        return query
+    mech = MECHANISMS.get(name)
+    delta = query.delta if mech is not None and mech.uses_delta else None
+    return query.model_copy(update={"method": name, "delta": delta})
+
+
+def _figures(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def expectation(
+    query: QuantileQuery, *, dataset: Dataset
+) -> tuple[list[dict[str, float]] | None, list[str]]:
+    """A-priori expected error per quantile (missed points) and warnings; public figures only."""
+    size = public_size(dataset)
+    if size is None:
+        if dataset.neighbors == "add_remove":
+            why = "the dataset declares no size_hint (n is private under add_remove neighbours)"
+        else:
+            why = "the dataset has no values yet"
+        return None, [f"expected error unknown: {why}"]
+    err = planner.expected_error(
+        query.method,
+        size,
+        query.quantiles,
+        float(query.epsilon),
+        None if query.delta is None else float(query.delta),
+        dataset.neighbors,
+    )
+    if err is None:
+        return None, [f"expected error unknown: no error model for method {query.method!r}"]
+    mean, bound = _figures(err[0]), _figures(err[1])
+    expected = [{"quantile": q, "mean": mean, "bound90": bound} for q in query.quantiles]
+    warnings: list[str] = []
+    share = mean / size
+    m = len(query.quantiles)
+    if share >= WARN_SHARE:
+        warnings.append(
+            f"this ε is too small for {m} quantile{'s' if m > 1 else ''} with method "
+            f"{query.method!r}: expected error is {100 * share:.0f} % of the ranks"
+        )
+    return expected, warnings
+
+
+def plan_query(query: QuantileQuery, *, dataset: Dataset, max_quantiles: int) -> Plan:
+    """Resolve, validate and price ``query`` for ``dataset``; the one path of quotes and
+    reservations (so a quote's cost is the debit of the release that follows). Reads no
+    data value: only the dataset's public description (and n under swap)."""
+    resolved = resolve(query, dataset=dataset)
+    priced = price_query(resolved, max_quantiles=max_quantiles)
+    check_runs_on(priced.mechanism, dataset=dataset)
+    expected, warnings = expectation(resolved, dataset=dataset)
+    return Plan(
+        resolved,
+        Priced(priced.mechanism, priced.cost, request_fingerprint(query)),
+        expected,
+        warnings,
+    )
 
 
 def check_runs_on(mech: Mechanism, *, dataset: Dataset) -> None:
@@ -185,18 +294,24 @@ def _calling_key(session: Session, principal: Principal, *, for_update: bool) ->
     return session.scalars(stmt.execution_options(populate_existing=True)).first()
 
 
-def _refuse_if_over_cap(key: ApiKey | None, cost: Amount) -> None:
-    """409 ``key_budget_exhausted`` when ``cost`` would take the key over its cap."""
+def _within_cap(key: ApiKey | None, cost: Amount) -> bool:
+    """True when ``cost`` keeps the key within its cap (or it has none)."""
     if key is None or (key.max_epsilon is None and key.max_delta is None):
-        return
+        return True
     spent = Amount(key.spent_epsilon, key.spent_delta)
     with localcontext() as ctx:
         ctx.prec = 200  # exact: budget figures have at most 40 digits
         after = Amount(spent.epsilon + cost.epsilon, spent.delta + cost.delta)
-    if (key.max_epsilon is None or after.epsilon <= key.max_epsilon) and (
+    return (key.max_epsilon is None or after.epsilon <= key.max_epsilon) and (
         key.max_delta is None or after.delta <= key.max_delta
-    ):
+    )
+
+
+def _refuse_if_over_cap(key: ApiKey | None, cost: Amount) -> None:
+    """409 ``key_budget_exhausted`` when ``cost`` would take the key over its cap."""
+    if key is None or _within_cap(key, cost):
         return
+    spent = Amount(key.spent_epsilon, key.spent_delta)
     raise DpquantError(
         409,
         "key_budget_exhausted",
@@ -254,11 +369,14 @@ def _reserve(
     """
     if not principal.can_see(dataset_id):
         raise not_found("dataset")
-    priced = price_query(query, max_quantiles=max_quantiles)
+    if query.method != AUTO:
+        price_query(query, max_quantiles=max_quantiles)  # 422 before the dataset lookup
+    elif len(query.quantiles) > max_quantiles:
+        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
     found = dataset_with_budget(session, dataset_id=dataset_id)
     if found is None:
         raise not_found("dataset")
-    check_runs_on(priced.mechanism, dataset=found[0])
+    priced = plan_query(query, dataset=found[0], max_quantiles=max_quantiles).priced
     if idempotency_key is None:
         # Pre-check without the lock: budgets only shrink by debits, so a query that does not
         # fit now is refused now (figures alone, nothing queued behind the dataset lock).
@@ -268,6 +386,9 @@ def _reserve(
             _refuse_if_over_cap(_calling_key(session, principal, for_update=False), priced.cost)
     # The lock, then the budget in a statement of its own (see dataset_with_budget).
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    # Planned again under the lock: the public figures it reads (size hint) are now fixed.
+    plan = plan_query(query, dataset=dataset, max_quantiles=max_quantiles)
+    priced = plan.priced
     if idempotency_key is not None:
         earlier = _find_idempotent(
             session,
@@ -306,8 +427,8 @@ def _reserve(
         method=priced.mechanism.name,
         quantiles=[float(q) for q in query.quantiles],
         estimates=None,
-        epsilon=query.epsilon,
-        delta=query.delta,
+        epsilon=plan.query.epsilon,
+        delta=plan.query.delta,
         cost_epsilon=priced.cost.epsilon,
         cost_delta=priced.cost.delta,
         remaining_epsilon=after.epsilon,
@@ -321,6 +442,8 @@ def _reserve(
         lease_token=None,
         lease_until=None,
         finished_at=None,
+        expected_error=plan.expected,
+        warnings=plan.warnings,
     )
     session.add(release)
     session.flush()
@@ -346,6 +469,76 @@ def _reserve(
     session.flush()
     count_on_commit(session, RESERVATIONS, release.method)
     return Outcome(release, replayed=False)
+
+
+@dataclass(frozen=True)
+class QuoteLine:
+    """One method's figures in a quote."""
+
+    method: str
+    cost: Amount
+    remaining_after: Amount | None
+    affordable: bool
+    expected: list[dict[str, float]] | None
+
+
+@dataclass(frozen=True)
+class Quote:
+    """The quote of a query: the resolved method's figures, warnings, every alternative."""
+
+    chosen: QuoteLine
+    warnings: list[str]
+    alternatives: list[QuoteLine]
+
+
+def quote_query(
+    session: Session,
+    *,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    query: QuantileQuery,
+    max_quantiles: int,
+) -> Quote:
+    """What :func:`reserve_release` would debit for ``query`` (same :func:`plan_query`
+    path), whether it is affordable, and the expected error of every eligible method.
+
+    Free: writes nothing, takes no lock, reads no data value; the answer depends only on the
+    query, the dataset's public description, its budget and the calling key's cap.
+    """
+    if not principal.can_see(dataset_id):
+        raise not_found("dataset")
+    if len(query.quantiles) > max_quantiles:
+        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
+    found = dataset_with_budget(session, dataset_id=dataset_id)
+    if found is None:
+        raise not_found("dataset")
+    dataset, figures = found
+    ensure_live(dataset)
+    remaining = figures.remaining
+    key = _calling_key(session, principal, for_update=False) if principal.capped else None
+
+    def line(plan: Plan) -> QuoteLine:
+        cost = plan.priced.cost
+        ok = remaining.covers(cost) and _within_cap(key, cost)
+        return QuoteLine(
+            plan.query.method, cost, remaining.minus(cost) if ok else None, ok, plan.expected
+        )
+
+    plan = plan_query(query, dataset=dataset, max_quantiles=max_quantiles)
+    alternatives: list[QuoteLine] = []
+    for name in planner.eligible_methods(
+        delta_given=query.delta is not None, neighbors=dataset.neighbors
+    ):
+        try:
+            alt = plan_query(
+                resolve(query, dataset=dataset, method=name),
+                dataset=dataset,
+                max_quantiles=max_quantiles,
+            )
+        except DpquantError:  # e.g. parameters outside what this method accepts
+            continue
+        alternatives.append(line(alt))
+    return Quote(line(plan), plan.warnings, alternatives)
 
 
 def _resume(session: Session, release: Release) -> None:
@@ -386,12 +579,17 @@ __all__ = [
     "FINISHED_CHANNEL",
     "PENDING_CHANNEL",
     "Outcome",
+    "Plan",
     "Priced",
+    "Quote",
     "get_release",
     "is_finished",
     "list_releases",
+    "plan_query",
     "price_query",
+    "public_size",
     "quote",
+    "quote_query",
     "request_fingerprint",
     "reserve_release",
 ]

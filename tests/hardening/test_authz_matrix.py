@@ -50,6 +50,8 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/datasets/{dataset_id}/ledger"): (401, 401, 401, 200, 403, 403, 403),
     ("GET", "/v1/datasets/{dataset_id}/budget"): (401, 401, 401, 200, 200, 200, 404),
     ("POST", "/v1/datasets/{dataset_id}/quantiles"): (401, 401, 401, 201, 201, 403, 404),
+    ("POST", "/v1/datasets/{dataset_id}/quote"): (401, 401, 401, 200, 200, 403, 404),
+    ("GET", "/v1/methods"): (401, 401, 401, 200, 200, 200, 200),
     ("GET", "/v1/datasets/{dataset_id}/releases"): (401, 401, 401, 200, 200, 200, 404),
     ("GET", "/v1/releases/{release_id}"): (401, 401, 401, 200, 200, 200, 404),
     ("POST", "/v1/keys"): (401, 401, 401, 201, 403, 403, 403),
@@ -122,7 +124,7 @@ def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]
         kw["json"] = {"cells": [0, 5], "counts": [2, 1]}
     elif path.endswith("/grants"):
         kw["json"] = {"epsilon": "0.1", "reason": "matrix"}
-    elif path.endswith("/quantiles"):
+    elif path.endswith(("/quantiles", "/quote")):
         kw["json"] = {"quantiles": [0.5], "epsilon": "0.01", "method": "indexp"}
     elif (method, path) == ("PATCH", "/v1/datasets/{dataset_id}"):
         kw["json"] = {"description": "matrix"}

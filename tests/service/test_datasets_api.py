@@ -86,7 +86,7 @@ def test_admin_sees_sizes_analyst_and_viewer_do_not(api: Api, client: TestClient
         view = client.get(f"/v1/datasets/{ds['id']}", headers=api.key(role, ds["id"])).json()
         assert set(view) == {
             "id", "name", "description", "lower", "upper", "neighbors", "granularity",
-            "budget_remaining", "created_at", "archived_at",
+            "size_hint", "budget_remaining", "created_at", "archived_at",
         }  # fmt: skip
 
 

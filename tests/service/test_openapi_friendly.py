@@ -40,7 +40,7 @@ def test_every_request_body_has_one_content_type() -> None:
 
 def test_method_and_error_type_are_enums() -> None:
     schemas = DOC["components"]["schemas"]
-    assert schemas["QuantileQuery"]["properties"]["method"]["enum"] == list(MECHANISMS)
+    assert schemas["QuantileQuery"]["properties"]["method"]["enum"] == [*MECHANISMS, "auto"]
     assert schemas["ErrorBody"]["properties"]["type"]["enum"] == list(ERROR_TYPES)
     assert schemas["BudgetExhausted"]["properties"]["type"]["const"] == "budget_exhausted"
 

@@ -61,7 +61,7 @@ def test_release_response_shape(api: Api) -> None:
     rel = api.query(ds["id"]).json()
     assert set(rel) == {
         "id", "dataset_id", "status", "method", "quantiles", "estimates", "failure", "epsilon",
-        "delta", "cost", "remaining", "created_at", "finished_at",
+        "delta", "cost", "remaining", "created_at", "finished_at", "expected_error", "warnings",
     }  # fmt: skip
     assert rel["status"] == "done" and rel["failure"] is None and rel["finished_at"]
     assert rel["cost"] == {"epsilon": "0.1", "delta": "0"}

@@ -136,6 +136,8 @@ class Quote(_Model):
     remaining_after: Amount | None = None
     affordable: bool | None = None
     expected_error: Any = None
+    warnings: list[str] = Field(default_factory=list)
+    alternatives: list[Any] = Field(default_factory=list)
 
 
 class AuditEvent(_Model):

@@ -399,6 +399,16 @@ function scheduleQuote() {
   quoteTimer = setTimeout(() => fetchQuote().catch(() => {}), 300);
 }
 
+function expectedText(e) {
+  // One {quantile, mean, bound90} per quantile, in missed points (data points between the
+  // true quantile and the estimate); null when unknown.
+  if (e === undefined || e === null) return null;
+  if (!Array.isArray(e) || !e.length || typeof e[0] !== "object") return JSON.stringify(e);
+  const mean = e.reduce((s, x) => s + x.mean, 0) / e.length;
+  const bound = Math.max(...e.map((x) => x.bound90));
+  return `≈ ${mean.toPrecision(3)} missed points per quantile (90 %: ≤ ${bound.toPrecision(3)})`;
+}
+
 async function fetchQuote() {
   const box = $("quote");
   const { body, error } = readQuery();
@@ -414,7 +424,8 @@ async function fetchQuote() {
       ["Cost", amount(q.cost)],
       ["Remaining after", amount(q.remaining_after)],
       ["Affordable", q.affordable === undefined ? null : q.affordable ? "yes" : "no"],
-      ["Expected error", q.expected_error === undefined || q.expected_error === null ? null : JSON.stringify(q.expected_error)],
+      ["Expected error", expectedText(q.expected_error)],
+      ["Warnings", Array.isArray(q.warnings) && q.warnings.length ? q.warnings.join("; ") : null],
     ];
     const dl = document.createElement("dl");
     for (const [k, v] of parts) {

@@ -1,0 +1,107 @@
+"""The planner (pure) and the error-map harness (issue 10)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.experiments import errormap
+from app.mechanisms import MECHANISMS
+from app.planner import eligible_methods, expected_error, recommend
+from app.planner.model import load_models
+
+QS9 = [j / 10 for j in range(1, 10)]
+
+
+def test_the_planner_imports_no_database_or_web_code() -> None:
+    code = (
+        "import sys, app.planner; "
+        "bad = [m for m in ('sqlalchemy', 'fastapi', 'psycopg', 'starlette', 'app.db', "
+        "'app.releases', 'app.datasets') if m in sys.modules]; print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_registered_method_has_a_model() -> None:
+    assert set(load_models()) == set(MECHANISMS)
+
+
+@pytest.mark.parametrize("method", sorted(MECHANISMS))
+def test_expected_error_is_sane(method: str) -> None:
+    delta = 1e-6 if MECHANISMS[method].uses_delta else None
+    errors = [expected_error(method, 10_000, QS9, eps, delta, "swap") for eps in (0.1, 1.0, 10.0)]
+    assert all(e is not None for e in errors)
+    means = [e[0] for e in errors if e is not None]
+    for e in errors:
+        assert e is not None and 0 <= e[0] <= e[1] <= 10_000
+    assert means[0] >= means[2]  # more privacy, more error (0.1 vs 10)
+    assert all(m <= 10_000 / 4 + 1e-9 for m in means)  # capped at a data-blind answer
+
+
+def test_unknown_methods_have_no_expected_error() -> None:
+    assert expected_error("not-a-method", 1000, QS9, 1.0, None, "swap") is None
+
+
+def test_recommend_respects_delta_neighbours_and_cost() -> None:
+    for n in (500, 10_000, 1_000_000):
+        for eps in (0.05, 1.0, 8.0):
+            pure = recommend(n, QS9, eps, None, "swap")
+            assert not MECHANISMS[pure].uses_delta
+            approx = recommend(n, QS9, eps, 1e-6, "add_remove")
+            assert "add_remove" in MECHANISMS[approx].neighbors
+            # auto never spends more than asked: a method whose cost exceeds (ε, δ) is skipped
+            mech = MECHANISMS[approx]
+            cost = mech.dp_cost(epsilon=eps, delta=1e-6 if mech.uses_delta else None)
+            assert cost[0] <= eps * (1 + 1e-9) and cost[1] <= 1e-6 * (1 + 1e-9)
+    assert recommend(None, QS9, 1.0, None, "add_remove") in eligible_methods(
+        delta_given=False, neighbors="add_remove"
+    )
+
+
+def test_recommend_is_the_argmin_of_expected_error() -> None:
+    for eps in (0.1, 1.0):
+        pick = recommend(20_000, QS9, eps, None, "swap")
+        errs = {
+            m: expected_error(m, 20_000, QS9, eps, None, "swap")
+            for m in eligible_methods(delta_given=False, neighbors="swap")
+        }
+        assert errs[pick] is not None
+        assert all(e is None or errs[pick][0] <= e[0] for e in errs.values())  # type: ignore[index]
+
+
+def test_error_map_picks_up_every_registered_method(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    late = dataclasses.replace(MECHANISMS["indexp"], name="late_method")
+    monkeypatch.setitem(MECHANISMS, "late_method", late)
+    argv = ["--out", str(tmp_path), "--ns", "300", "--ms", "1,3", "--epsilons", "1"]
+    argv += ["--shapes", "gaussian,integer", "--trials", "2", "--workers", "1"]
+    assert errormap.main(argv) == 0
+    with (tmp_path / "map.csv").open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["method"] for r in rows} == set(MECHANISMS)
+    assert len(rows) == 2 * 2 * len(MECHANISMS)
+    assert all(r["status"] == "ok" and int(r["trials"]) == 2 for r in rows)
+    with (tmp_path / "best.csv").open(encoding="utf-8") as fh:
+        best = list(csv.DictReader(fh))
+    assert len(best) == 4 and all(float(b["margin"]) >= 1 for b in best)
+    assert (tmp_path / "best_method.png").stat().st_size > 0
+    assert (tmp_path / "margin.png").stat().st_size > 0
+    with (tmp_path / "trials.csv").open(encoding="utf-8") as fh:
+        assert len(list(csv.DictReader(fh))) == 2 * len(rows)
+
+
+def test_error_map_is_reachable_from_the_experiments_command(tmp_path: Path) -> None:
+    from app.experiments.cli import main
+
+    argv = ["map", "--out", str(tmp_path), "--ns", "200", "--ms", "1", "--epsilons", "1"]
+    argv += ["--shapes", "clamped", "--trials", "1", "--workers", "1", "--no-plots"]
+    argv += ["--methods", "jointexp,aq"]
+    assert main(argv) == 0
+    assert (tmp_path / "map.csv").exists()
