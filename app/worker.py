@@ -21,6 +21,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.sharedctypes import Synchronized
@@ -29,10 +30,11 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
-from app.db import make_engine, transaction
+from app.db import CommitOutcomeUnknown, make_engine, transaction
 from app.mechanisms import MECHANISMS, GridHistogram
 from app.metrics import MECHANISM_SECONDS, forget_process
 from app.releases.runner import (
@@ -96,6 +98,24 @@ class _Stop:
         self.requested = True
 
 
+def settle(factory: sessionmaker[Session], work: Callable[[Session], Any], *, until: float) -> None:
+    """Store a run's outcome, retrying while the database is unreachable (until ``until``).
+
+    The run is paid and done; abandoning its output would leave the release pending until
+    its lease expires (minutes). Storing is idempotent: it is guarded by the lease token and
+    the pending state, so a retry after a commit whose outcome was lost changes nothing.
+    """
+    while True:
+        try:
+            transaction(factory, work)
+            return
+        except (DBAPIError, CommitOutcomeUnknown) as exc:
+            if time.monotonic() > until:
+                raise
+            logger.warning("storing a run's outcome failed (%s); retrying", type(exc).__name__)
+            time.sleep(0.5)
+
+
 def process_one(
     factory: sessionmaker[Session], settings: Settings, slot: Slot | None = None
 ) -> bool:
@@ -115,6 +135,7 @@ def process_one(
     if claimed is None:
         return False
     claim, job = claimed
+    lease_end = time.monotonic() + lease_s - 1.0
     if slot is not None:
         slot.set(claim, time.monotonic() + settings.run_timeout_s)
     try:
@@ -133,9 +154,9 @@ def process_one(
         except RunFailed as exc:
             logger.error("release %s failed: %s (charged)", claim.release_id, exc)
             reason = exc.reason
-            transaction(factory, lambda s: fail(s, claim=claim, reason=reason))
+            settle(factory, lambda s: fail(s, claim=claim, reason=reason), until=lease_end)
             return True
-        transaction(factory, lambda s: complete(s, claim=claim, estimates=estimates))
+        settle(factory, lambda s: complete(s, claim=claim, estimates=estimates), until=lease_end)
         return True
     finally:
         if slot is not None:
