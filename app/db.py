@@ -17,7 +17,7 @@ the transaction's older snapshot. The balance row's CHECK constraint holds at an
 from __future__ import annotations
 
 import logging
-import random
+import secrets
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -173,6 +173,9 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 T = TypeVar("T")
 
+#: Backoff jitter between retried transactions (the OS source; nothing here is private).
+_JITTER = secrets.SystemRandom()
+
 
 def transaction(
     factory: sessionmaker[Session],
@@ -205,7 +208,7 @@ def transaction(
             session.rollback()
             if sqlstate(exc) in RETRYABLE_SQLSTATES and attempt < attempts:
                 logger.info("transaction retried after SQLSTATE %s", sqlstate(exc))
-                time.sleep(random.uniform(0, 0.002 * 2**attempt))
+                time.sleep(_JITTER.uniform(0, 0.002 * 2**attempt))
                 continue
             raise
         except BaseException:
