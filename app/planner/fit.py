@@ -66,7 +66,9 @@ def main(argv: list[str]) -> int:
     out = fit(map_dir)
     OUT.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     for name, entry in out["methods"].items():  # type: ignore[attr-defined]
-        print(f"{name:10s} cells={entry['fit_cells']:3d} rms(log)={entry['rms_log_residual']}")
+        sys.stdout.write(
+            f"{name:10s} cells={entry['fit_cells']:3d} rms(log)={entry['rms_log_residual']}\n"
+        )
     return 0
 
 
