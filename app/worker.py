@@ -117,9 +117,17 @@ def settle(factory: sessionmaker[Session], work: Callable[[Session], Any], *, un
 
 
 def process_one(
-    factory: sessionmaker[Session], settings: Settings, slot: Slot | None = None
+    factory: sessionmaker[Session],
+    settings: Settings,
+    slot: Slot | None = None,
+    *,
+    claim_factory: sessionmaker[Session] | None = None,
 ) -> bool:
-    """Claim and run one release; False when there was nothing to run."""
+    """Claim and run one release; False when there was nothing to run.
+
+    ``claim_factory`` (default ``factory``) opens the claiming session; the worker passes an
+    autocommit one, since the claim is a single statement (no BEGIN/COMMIT round trips).
+    """
     lease_s = settings.run_timeout_s + settings.lease_margin_s
 
     def claim_and_load(session: Session) -> tuple[Claim, Job | RunFailed | None] | None:
@@ -131,7 +139,7 @@ def process_one(
         except RunFailed as exc:
             return claim, exc  # settled below, in its own transaction
 
-    claimed = transaction(factory, claim_and_load)
+    claimed = transaction(claim_factory or factory, claim_and_load)
     if claimed is None:
         return False
     claim, job = claimed
@@ -200,8 +208,12 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
         url,
         settings.model_copy(update={"pool_size": 2, "max_overflow": 2}),
         process="release_worker",
+        pre_ping=False,
     )
     factory = sessionmaker(engine, expire_on_commit=False)
+    claim_factory = sessionmaker(
+        engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
+    )
     warm_up()
     listener: psycopg.Connection[Any] | None = None
     try:
@@ -210,7 +222,7 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
                 if listener is None:
                     listener = psycopg.connect(libpq_conninfo(url), autocommit=True)
                     listener.execute(f"LISTEN {PENDING_CHANNEL}")
-                if process_one(factory, settings, slot):
+                if process_one(factory, settings, slot, claim_factory=claim_factory):
                     continue
                 for _ in listener.notifies(timeout=settings.worker_poll_s, stop_after=1):
                     pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Annotated
@@ -12,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 
 from app.auth.deps import AnalystDep, ReaderDep
+from app.auth.principal import Principal
 from app.concurrency import ADMISSION_RELEASE
 from app.db import CommitOutcomeUnknown, SessionDep, transaction
 from app.errors import ErrorBody, error_responses, outcome_unknown
@@ -162,6 +164,8 @@ async def create_release(
     """
     settings = request.app.state.settings
     factory = request.app.state.session_factory
+    hub = request.app.state.completion_hub
+    new_id = uuid.uuid4()  # a new release's id, watched before its reservation commits
 
     def reserve() -> service.Outcome:
         try:
@@ -175,12 +179,28 @@ async def create_release(
                     idempotency_key=idempotency_key,
                     max_quantiles=settings.max_quantiles,
                     max_runs=settings.max_runs,
+                    release_id=new_id,
                 ),
             )
         except CommitOutcomeUnknown:
             raise outcome_unknown(idempotency_key is not None) from None
 
-    outcome = await anyio.to_thread.run_sync(reserve)
+    with hub.watch(new_id) as watching:
+        outcome = await anyio.to_thread.run_sync(reserve)
+        return await _answer(request, outcome, prefer, principal, watching, new_id)
+
+
+async def _answer(
+    request: Request,
+    outcome: service.Outcome,
+    prefer: str | None,
+    principal: Principal,
+    watching: asyncio.Event,
+    new_id: uuid.UUID,
+) -> Response:
+    """The response to a reservation: wait for the run (or not), then present the release."""
+    settings = request.app.state.settings
+    factory = request.app.state.session_factory
     release = outcome.release
     respond_async, wait_s = parse_prefer(prefer)
     if not service.is_finished(release) and not respond_async:
@@ -200,6 +220,8 @@ async def create_release(
                 read=read,
                 finished=service.is_finished,
                 timeout_s=timeout,
+                # a new release was watched since before it existed; a replayed one was not
+                watching=watching if release.id == new_id else None,
             )
         except (DBAPIError, SQLAlchemyTimeoutError):
             # The release is reserved and paid whatever happens now: say so (202 + Location)

@@ -333,8 +333,13 @@ def reserve_release(
     idempotency_key: str | None,
     max_quantiles: int,
     max_runs: int,
+    release_id: uuid.UUID | None = None,
 ) -> Outcome:
-    """The reservation transaction (see :func:`_reserve`); counts 409 refusals by method."""
+    """The reservation transaction (see :func:`_reserve`); counts 409 refusals by method.
+
+    ``release_id`` is the id a *new* release gets (a fresh random one when None): a caller
+    that wants to hear of its completion can listen for it before the reservation commits.
+    """
     try:
         return _reserve(
             session,
@@ -344,6 +349,7 @@ def reserve_release(
             idempotency_key=idempotency_key,
             max_quantiles=max_quantiles,
             max_runs=max_runs,
+            release_id=release_id,
         )
     except DpquantError as exc:
         if exc.status_code == 409 and exc.type != "idempotency_conflict":
@@ -361,6 +367,7 @@ def _reserve(
     idempotency_key: str | None,
     max_quantiles: int,
     max_runs: int,
+    release_id: uuid.UUID | None = None,
 ) -> Outcome:
     """The reservation transaction (see the module docstring); the caller commits.
 
@@ -421,7 +428,7 @@ def _reserve(
     now = datetime.now(UTC)
     after = remaining.minus(priced.cost)
     release = Release(
-        id=uuid.uuid4(),
+        id=uuid.uuid4() if release_id is None else release_id,
         dataset_id=dataset_id,
         api_key_id=principal.key_id,
         method=priced.mechanism.name,

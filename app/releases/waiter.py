@@ -107,16 +107,42 @@ async def wait_until(
     read: Callable[[], T],
     finished: Callable[[T], bool],
     timeout_s: float,
+    watching: asyncio.Event | None = None,
 ) -> T:
-    """Re-read the release until ``finished`` or ``timeout_s``; returns the last read."""
+    """Re-read the release until ``finished`` or ``timeout_s``; returns the last read.
+
+    ``watching``: an event from :meth:`CompletionHub.watch` registered *before* the release
+    was committed as pending. Nothing can have finished unheard then, so the first read
+    waits for a notification (or :data:`RECHECK_S`) instead of reading a row known to be
+    pending.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, timeout_s)
+    if watching is not None:
+        return await _wait_loop(watching, deadline, read, finished, skip_first_read=True)
     with hub.watch(release_id) as event:
-        while True:
-            event.clear()
-            current = await anyio.to_thread.run_sync(read)
-            remaining = deadline - loop.time()
-            if finished(current) or remaining <= 0:
-                return current
-            with suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=min(RECHECK_S, remaining))
+        return await _wait_loop(event, deadline, read, finished, skip_first_read=False)
+
+
+async def _wait_loop(
+    event: asyncio.Event,
+    deadline: float,
+    read: Callable[[], T],
+    finished: Callable[[T], bool],
+    *,
+    skip_first_read: bool,
+) -> T:
+    loop = asyncio.get_running_loop()
+    if skip_first_read:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(
+                event.wait(), timeout=max(0.0, min(RECHECK_S, deadline - loop.time()))
+            )
+    while True:
+        event.clear()
+        current = await anyio.to_thread.run_sync(read)
+        remaining = deadline - loop.time()
+        if finished(current) or remaining <= 0:
+            return current
+        with suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=min(RECHECK_S, remaining))
