@@ -473,6 +473,7 @@ def _run_log_space(
     c: float,
     budget: int,
     keep: float | None = None,
+    log_kernel: str = "ext",
 ) -> _Forward:
     """Forward pass in log space, widening the kept range until every row has enough.
 
@@ -484,14 +485,18 @@ def _run_log_space(
     (:meth:`_Forward._range_ok`), so the probe only decides speed, never the result.
     """
     if keep is None:
-        probe = _Forward(logw, pos, gaps, c, log_space=True, budget=0, keep=PROBE_KEEP)
+        probe = _Forward(
+            logw, pos, gaps, c, log_space=True, budget=0, keep=PROBE_KEEP, log_kernel=log_kernel
+        )
         try:
             probe.run()
             keep = LOG_KEEP
         except _LogGuardTripped as trip:
             keep = max(LOG_KEEP, trip.needed_keep + 200.0)
     while True:
-        fwd = _Forward(logw, pos, gaps, c, log_space=True, budget=budget, keep=keep)
+        fwd = _Forward(
+            logw, pos, gaps, c, log_space=True, budget=budget, keep=keep, log_kernel=log_kernel
+        )
         try:
             fwd.run()
             return fwd
@@ -513,6 +518,7 @@ def sample_interval_sequence(
     *,
     force_log_space: bool = False,
     budget: int = MEMORY_BUDGET_BYTES,
+    log_kernel: str = "ext",
 ) -> IntArray:
     """Exact draw of the nondecreasing interval sequence (i_1..i_m) of JointExp.
 
@@ -526,29 +532,32 @@ def sample_interval_sequence(
         rng: the generator supplying uniforms (one per sampled block).
         force_log_space: run the exact log-space pass directly (used by tests).
         budget: bytes of forward rows kept before checkpointing starts.
+        log_kernel: how log-space rows are summed: ``"ext"`` (extended-range linear
+            arithmetic, the default) or ``"log"`` (logaddexp; kept for tests).
     """
     logw = logw - float(np.max(logw))
     pos = np.ascontiguousarray(pos, dtype=np.int64)
     d1 = logw.size
     m = gaps.size - 1
     if force_log_space:
-        fwd = _run_log_space(logw, pos, gaps, c, budget)
+        fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel)
     else:
         fwd = _Forward(logw, pos, gaps, c, log_space=False, budget=budget)
         try:
             fwd.run()
         except _LinearGuardTripped:
-            fwd = _run_log_space(logw, pos, gaps, c, budget)
+            fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel)
     seq = np.empty(m, dtype=np.int64)
     j, i_end, pos_ref = m, d1, int(pos[-1])
     while j > 0:
         try:
             i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
         except _LinearGuardTripped:
-            fwd = _run_log_space(logw, pos, gaps, c, budget)
+            fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel)
             continue  # same step, exact weights; nothing was drawn
         except _LogGuardTripped as trip:
-            fwd = _run_log_space(logw, pos, gaps, c, budget, _wider(fwd.keep, trip.needed_keep))
+            keep = _wider(fwd.keep, trip.needed_keep)
+            fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel)
             continue
         seq[j - k : j] = i
         j -= k
