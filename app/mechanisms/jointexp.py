@@ -37,6 +37,9 @@ without the O(m^2 n) table:
   each backward draw's largest weight). A linear row that breaks it sends the pass to log
   space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
   and widened until every row and draw has enough.
+  Log rows are stored as logs; their transition sums are formed in extended-range linear
+  arithmetic (mantissa times an integer power of e, ``jointexp_kernels.transition_ext``),
+  ~3x faster than a logaddexp per operation (still available as ``log_kernel="log"``).
 * The backward pass draws (i, k) for the last block from ``alpha(m, i, k) r^|n - P_i -
   n_{m+1}|``, then block by block from ``alpha(j, i, k) r^|P_next - P_i - n_{j+1}|`` over
   ``i < i_next``, each by inverse CDF with a single uniform.

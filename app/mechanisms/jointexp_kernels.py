@@ -22,7 +22,10 @@ factor no smaller than the one it finally gets, so a term can only underflow if 
 contribution is below the smallest normal double (times the row scale).
 
 ``pw[e] = exp(-c e)`` is a table of exact powers for integer ``e``; entries past its end are
-zero (they underflow a double). The ``_log`` variants run the same recursions in log space.
+zero (they underflow a double). The ``_log`` variants run the same recursions in log space;
+:func:`transition_ext` runs them on log-space rows in extended-range linear arithmetic
+(double mantissa times an integer power of e), which neither underflows nor needs a
+``logaddexp`` per addition.
 """
 
 from __future__ import annotations
