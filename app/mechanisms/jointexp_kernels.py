@@ -22,7 +22,10 @@ factor no smaller than the one it finally gets, so a term can only underflow if 
 contribution is below the smallest normal double (times the row scale).
 
 ``pw[e] = exp(-c e)`` is a table of exact powers for integer ``e``; entries past its end are
-zero (they underflow a double). The ``_log`` variants run the same recursions in log space.
+zero (they underflow a double). The ``_log`` variants run the same recursions in log space;
+:func:`transition_ext` runs them on log-space rows in extended-range linear arithmetic
+(double mantissa times an integer power of e), which neither underflows nor needs a
+``logaddexp`` per addition.
 """
 
 from __future__ import annotations
@@ -242,6 +245,181 @@ def transition_log(
             lfar = lr * (1.0 - f) + lG + lr * (pv - P[lo + t] - L - 1)
             a = _lae(a, lfar)
         val = logw[lo + v] + a
+        lS[v] = val
+        if val > top:
+            top = val
+        count = v + 1
+        if t == nT - 1 and lfar + suf_logw[lo + v] < top - keep:
+            break
+    return count, top
+
+
+# --------------------------------------------------------------------------- extended range
+
+#: exp(-k) for k = 0..745 (aligning two extended numbers whose exponents differ by k)
+EXP_NEG = np.exp(-np.arange(746, dtype=np.float64))
+_XLO = math.exp(-30.0)  # mantissas below this are renormalised (they stay normal doubles)
+
+
+def ext_decay_table(c: float, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``exp(-c k) = pm[k] * e**(-pe[k])`` for k < size, with integer ``pe[k] = floor(c k)``.
+
+    The mantissas lie in (1/e, 1], so no decay by a tabled distance can underflow. ``c k``
+    is rounded once, as in the log-space kernel's ``-c * k``.
+    """
+    x = c * np.arange(size, dtype=np.float64)
+    pe = np.floor(x)
+    return np.exp(pe - x), pe.astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _xnorm(m: float, e: int) -> tuple[float, int]:
+    """Bring a positive mantissa back to [1, e) (exact up to one rounding of the scale)."""
+    if m >= _XLO:
+        return m, e
+    if m == 0.0:
+        return 0.0, e
+    k = int(math.floor(math.log(m)))
+    return m * math.exp(-float(k)), e + k
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _xadd(m1: float, e1: int, m2: float, e2: int) -> tuple[float, int]:
+    """m1 e^e1 + m2 e^e2 on the larger exponent (a term 746+ e-folds down is dropped)."""
+    if m2 == 0.0:
+        return m1, e1
+    if m1 == 0.0:
+        return m2, e2
+    if e1 >= e2:
+        d = e1 - e2
+        if d < 746:
+            m1 += m2 * EXP_NEG[d]
+        return m1, e1
+    d = e2 - e1
+    if d < 746:
+        m2 += m1 * EXP_NEG[d]
+    return m2, e2
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _xdecay(
+    m: float, e: int, dist: int, c: float, pm: np.ndarray, pe: np.ndarray
+) -> tuple[float, int]:
+    """(m e^e) * exp(-c dist) for an integer distance >= 0."""
+    if dist < pm.size:
+        return _xnorm(m * pm[dist], e - pe[dist])
+    x = c * dist
+    k = math.floor(x)
+    return _xnorm(m * math.exp(k - x), e - int(k))
+
+
+@numba.njit(cache=True, nogil=True)
+def transition_ext(
+    lT: np.ndarray,
+    lo: int,
+    logw: np.ndarray,
+    suf_logw: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    keep: float,
+    pm: np.ndarray,
+    pe: np.ndarray,
+    Tm: np.ndarray,
+    Te: np.ndarray,
+    SAm: np.ndarray,
+    SAe: np.ndarray,
+    lS: np.ndarray,
+) -> tuple[int, float]:
+    """:func:`transition_log` computed in extended-range linear arithmetic.
+
+    Same input and output (log-space rows, the same stopping rule), but every sum is formed
+    as ``m * e**E`` with a double mantissa ``m`` in [e^-30, ~e^2) and an integer exponent
+    ``E``: one ``exp`` per input entry and one ``log`` per output entry instead of a
+    ``logaddexp`` per operation. Additions align on the larger exponent (exactly the double
+    addition of the two values, up to one rounding of the alignment factor ``e**-d``), decays
+    ``exp(-c D)`` split into an integer exponent and a mantissa factor in (1/e, 1] (table
+    ``pm, pe`` from :func:`ext_decay_table`, the same ``c D`` rounding as the log kernel), so
+    nothing underflows whatever the dynamic range; terms are only ever added.
+    ``Tm, Te, SAm, SAe`` are scratch of at least ``lT.size`` entries.
+    """
+    nT = lT.size
+    n_out = min(lS.size, logw.size - lo)
+    L = int(math.floor(nj))
+    f = nj - L
+    r_f = math.exp(-c * f)
+    r_1mf = math.exp(-c * (1.0 - f))
+    for u in range(nT):
+        x = lT[u]
+        if x == NEG_INF:
+            Tm[u] = 0.0
+            Te[u] = 0
+        else:
+            k = math.floor(x)
+            Tm[u] = math.exp(x - k)
+            Te[u] = int(k)
+    top = NEG_INF
+    t = -1
+    Gm = 0.0
+    Ge = 0
+    B = 0
+    BAm = 0.0
+    BAe = 0
+    wh = -1
+    lS[0] = NEG_INF
+    count = 1
+    for v in range(1, n_out):
+        pv = P[lo + v]
+        u = v - 1
+        if u < nT:
+            if u >= B:
+                xm, xe = _xdecay(Tm[u], Te[u], P[lo + u] - P[lo + B], c, pm, pe)
+                BAm, BAe = _xadd(BAm, BAe, xm, xe)
+            else:
+                B = u
+                BAm = Tm[u]
+                BAe = Te[u]
+            wh = u
+        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+            t += 1
+            if t > 0:
+                Gm, Ge = _xdecay(Gm, Ge, P[lo + t] - P[lo + t - 1], c, pm, pe)
+                Gm, Ge = _xadd(Gm, Ge, Tm[t], Te[t])
+            else:
+                Gm = Tm[t]
+                Ge = Te[t]
+        am = 0.0
+        ae = 0
+        wl = t + 1
+        if wl <= wh:
+            if wl >= B:
+                accm = Tm[wh]
+                acce = Te[wh]
+                SAm[wh] = accm
+                SAe[wh] = acce
+                for k in range(wh - 1, wl - 1, -1):
+                    accm, acce = _xdecay(accm, acce, P[lo + k + 1] - P[lo + k], c, pm, pe)
+                    accm, acce = _xadd(accm, acce, Tm[k], Te[k])
+                    SAm[k] = accm
+                    SAe[k] = acce
+                B = wh + 1
+                BAm = 0.0
+                BAe = 0
+            aggm = SAm[wl]
+            agge = SAe[wl]
+            if BAm > 0.0:
+                xm, xe = _xdecay(BAm, BAe, P[lo + B] - P[lo + wl], c, pm, pe)
+                aggm, agge = _xadd(aggm, agge, xm, xe)
+            am, ae = _xdecay(aggm, agge, L - (pv - P[lo + wl]), c, pm, pe)
+            am *= r_f
+        lfar = NEG_INF
+        if t >= 0:
+            fm, fe = _xdecay(Gm, Ge, pv - P[lo + t] - L - 1, c, pm, pe)
+            fm *= r_1mf
+            am, ae = _xadd(am, ae, fm, fe)
+            if t == nT - 1 and fm > 0.0:
+                lfar = math.log(fm) + fe
+        val = logw[lo + v] + math.log(am) + ae if am > 0.0 else NEG_INF
         lS[v] = val
         if val > top:
             top = val

@@ -41,19 +41,24 @@ CASES = [
 ]
 
 
-def _observed(case, *, seed: int, force_log: bool) -> tuple[collections.Counter, int]:
+PATHS = ["linear", "log", "ext"]  # linear rows; log rows summed by logaddexp / extended range
+
+
+def _observed(case, *, seed: int, path: str) -> tuple[collections.Counter, int]:
     data, q, eps, lo, hi, nb = case
     rng = np.random.default_rng(seed)
     edges = edges_for(data, lo, hi)
     counts: collections.Counter = collections.Counter()
-    if force_log:
+    if path != "linear":
         sup = support_for(data, lo, hi, q)
         c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
         with np.errstate(divide="ignore"):
             logw = np.log(sup.widths)
         gaps = quantile_gaps(sup.quantiles, sup.n)
         for _ in range(DRAWS):
-            seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, force_log_space=True)
+            seq = sample_interval_sequence(
+                logw, sup.cum, gaps, c, rng, force_log_space=True, log_kernel=path
+            )
             # support interval t is the dense interval cum[t] (its position)
             counts[tuple(int(sup.cum[i]) for i in seq)] += 1
         return counts, DRAWS
@@ -63,12 +68,12 @@ def _observed(case, *, seed: int, force_log: bool) -> tuple[collections.Counter,
     return counts, DRAWS
 
 
-@pytest.mark.parametrize("force_log", [False, True], ids=["linear", "log"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_exact_distribution_chi_square(case, force_log: bool) -> None:
+def test_exact_distribution_chi_square(case, path: str) -> None:
     data, q, eps, lo, hi, nb = case
     probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
-    observed, draws = _observed(case, seed=1234 + len(data), force_log=force_log)
+    observed, draws = _observed(case, seed=1234 + len(data), path=path)
     p = chi_square_p(observed, probs, draws)
     assert p > 1e-4, f"chi-square p={p:.3g}"
 
@@ -77,7 +82,7 @@ def test_exact_distribution_chi_square(case, force_log: bool) -> None:
 def test_negative_control_wrong_epsilon_is_detected(case) -> None:
     data, q, eps, lo, hi, nb = case
     wrong = jointexp_sequence_probs(data, q, epsilon=1.5 * eps, lower=lo, upper=hi, neighbors=nb)
-    observed, draws = _observed(case, seed=99, force_log=False)
+    observed, draws = _observed(case, seed=99, path="linear")
     assert chi_square_p(observed, wrong, draws) < 1e-4
 
 
@@ -121,9 +126,26 @@ def _exact_rows(
     return rows
 
 
+def _forward(logw, pos, gaps, c, path: str, **kw) -> _Forward:
+    kernel = "log" if path == "linear" else path
+    return _Forward(
+        logw, pos, gaps, c, log_space=path != "linear", budget=1 << 30, log_kernel=kernel, **kw
+    )
+
+
+def _worst_vs_reference(fwd: _Forward, exact, m: int) -> float:
+    worst = 0.0
+    for j in range(1, m + 1):
+        got = fwd.dense_total(j)
+        ref = np.array([float(v / max(exact[j - 1])) for v in exact[j - 1]])
+        got = got / got.max()
+        worst = max(worst, float(np.max(np.abs(got - ref))))
+    return worst
+
+
 @pytest.mark.parametrize("eps", [0.001, 0.05, 1.0, 8.0, 100.0])
-@pytest.mark.parametrize("force_log", [False, True], ids=["linear", "log"])
-def test_forward_rows_match_high_precision_reference(eps: float, force_log: bool) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_forward_rows_match_high_precision_reference(eps: float, path: str) -> None:
     """Every forward weight is within 2^-49 of its row's maximum of the 50-digit value."""
     rng = np.random.default_rng(3)
     x = np.concatenate([np.round(rng.normal(size=60), 1), rng.normal(size=60)])  # with ties
@@ -134,16 +156,35 @@ def test_forward_rows_match_high_precision_reference(eps: float, force_log: bool
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
     c = eps / 4.0
-    fwd = _Forward(logw, pos, gaps, c, log_space=force_log, budget=1 << 30)
+    fwd = _forward(logw, pos, gaps, c, path)
     fwd.run()
-    exact = _exact_rows(logw, pos, gaps, c)
-    worst = 0.0
-    for j in range(1, q.size + 1):
-        got = fwd.dense_total(j)
-        ref = np.array([float(v) for v in exact[j - 1]])
-        got = got / got.max()
-        ref = ref / ref.max()
-        worst = max(worst, float(np.max(np.abs(got - ref))))
+    worst = _worst_vs_reference(fwd, _exact_rows(logw, pos, gaps, c), q.size)
+    assert worst <= 2.0**-49, worst
+
+
+@pytest.mark.parametrize("path", ["log", "ext"])
+def test_forward_rows_in_a_clamped_run_match_high_precision_reference(path: str) -> None:
+    """Quantiles inside a clamped run: rows fall ~10^3 e-folds each, beyond a double.
+
+    35 % of the points sit above the bound, so the last three quantiles' rows each fall
+    ~c * 12 = 300 e-folds (900 in all; the linear pass refuses them). The rows the log-space
+    pass keeps (range sized by the probe, dense here as the rows are short) match the paper's
+    recursion in 50-digit arithmetic to 2^-49 of each row's maximum.
+    """
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.uniform(0.0, 10.0, size=78), np.full(42, 50.0)])
+    q = np.array([0.3, 0.6, 0.7, 0.8, 0.9])
+    sup = support_for(x, 0.0, 10.0)
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths / sup.widths.max())
+    gaps = quantile_gaps(q, x.size)
+    c = 100.0 / 4.0
+    with pytest.raises(_LinearGuardTripped):
+        _forward(logw, sup.cum, gaps, c, "linear").run()
+    fwd = _forward(logw, sup.cum, gaps, c, path, keep=math.inf)
+    fwd.run()
+    assert fwd.get(1).gmax - fwd.get(q.size).gmax > 700.0  # more than a double's range
+    worst = _worst_vs_reference(fwd, _exact_rows(logw, sup.cum, gaps, c), q.size)
     assert worst <= 2.0**-49, worst
 
 
