@@ -82,6 +82,10 @@ def _start(app: FastAPI) -> None:
     app.state.database_url = url
     app.state.engine = engine
     app.state.session_factory = sessionmaker(engine, expire_on_commit=False)
+    # Single-statement reads (authentication, re-reading a release) need no BEGIN/ROLLBACK.
+    app.state.autocommit_factory = sessionmaker(
+        engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
+    )
     app.state.migration_heads = head_revisions()
     logger.info("database: %s", "embedded PostgreSQL" if embedded else redact_url(url))
     if current_revisions(engine) != app.state.migration_heads:

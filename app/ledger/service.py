@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal, localcontext
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
@@ -63,8 +63,19 @@ def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
     """The dataset's budget (O(1): its balance row); None when the dataset does not exist.
 
     Call with the dataset row locked to get an answer that cannot change before commit.
+    (A plain statement: this runs once per release, under the dataset lock.)
     """
-    return budgets(session, dataset_ids=[dataset_id]).get(dataset_id)
+    row = session.execute(_ONE_BUDGET, {"id": dataset_id}).first()
+    if row is None:
+        return None
+    ge, gd, se, sd = (Decimal(0) if v is None else Decimal(v) for v in row)
+    return Budget(granted=Amount(ge, gd), spent=Amount(se, sd))
+
+
+_ONE_BUDGET = text(
+    "SELECT b.granted_epsilon, b.granted_delta, b.spent_epsilon, b.spent_delta"
+    " FROM dataset d LEFT JOIN budget_balance b ON b.dataset_id = d.id WHERE d.id = :id"
+)
 
 
 def budgets(session: Session, *, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, Budget]:
@@ -204,21 +215,22 @@ def add_debit(
     release_id: uuid.UUID,
     api_key_id: uuid.UUID | None,
     created_at: datetime,
-) -> LedgerEntry:
-    """Append the debit of one release (same transaction as the release row)."""
-    entry = LedgerEntry(
-        dataset_id=dataset_id,
-        kind="debit",
-        epsilon=cost.epsilon,
-        delta=cost.delta,
-        reason=None,
-        release_id=release_id,
-        api_key_id=api_key_id,
-        created_at=created_at,
+) -> None:
+    """Append the debit of one release (same transaction as the release row).
+
+    A Core INSERT (once per release, under the dataset lock: no unit of work)."""
+    session.execute(
+        insert(LedgerEntry).values(
+            dataset_id=dataset_id,
+            kind="debit",
+            epsilon=cost.epsilon,
+            delta=cost.delta,
+            reason=None,
+            release_id=release_id,
+            api_key_id=api_key_id,
+            created_at=created_at,
+        )
     )
-    session.add(entry)
-    session.flush()
-    return entry
 
 
 def list_entries(

@@ -209,8 +209,10 @@ async def _answer(
         _release_admission(request)
         timeout = settings.sync_wait_s if wait_s is None else min(wait_s, settings.sync_wait_s)
 
+        reader = getattr(request.app.state, "autocommit_factory", factory)
+
         def read() -> Release:
-            with factory() as session:
+            with reader() as session:  # one SELECT: no transaction needed
                 return service.get_release(session, principal=principal, release_id=release.id)
 
         try:

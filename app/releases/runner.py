@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import func, select, text, update
+from sqlalchemy import text, update
 from sqlalchemy.orm import Session
 
 from app.datasets.grid import grid_size, grid_values
@@ -32,7 +32,7 @@ from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
 from app.metrics import RELEASES, count_on_commit
-from app.releases.models import DONE, FAILED, PENDING, Release
+from app.releases.models import FAILED, PENDING, Release
 from app.releases.service import PENDING_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -216,31 +216,29 @@ def complete(session: Session, *, claim: Claim, estimates: list[float]) -> bool:
     """Store the estimates with ``done`` (durably) if the lease is still ours; notify waiters."""
     # This commit must reach the disk before any answer leaves, whatever the database's
     # default: it also makes the (asynchronously committed) reservation before it durable.
-    # (set_config(..., true) is SET LOCAL, folded into the statement to save a round trip.)
-    sync_on = select(func.set_config("synchronous_commit", "on", True).label("v")).subquery()
-    result = session.execute(
-        update(Release)
-        .where(
-            Release.id == claim.release_id,
-            Release.lease_token == claim.token,
-            Release.status == PENDING,
-            sync_on.c.v.is_not(None),
-        )
-        .values(
-            status=DONE,
-            estimates=estimates,
-            finished_at=text("clock_timestamp()"),
-            lease_until=None,
-        )
-        .returning(Release.method)
-        .execution_options(synchronize_session=False)
-    )
-    method = result.scalar_one_or_none()
+    # (set_config(..., true) is SET LOCAL, folded into the statement to save a round trip;
+    # a plain statement, as this runs once per release.)
+    method = session.execute(
+        _COMPLETE,
+        {"id": claim.release_id, "token": claim.token, "estimates": estimates},
+    ).scalar_one_or_none()
     if method is None:
         return False
     # The state change notifies the waiters (trigger release_notify, at commit).
     count_on_commit(session, RELEASES, method, "done")
     return True
+
+
+_COMPLETE = text(
+    """
+    UPDATE release
+    SET status = 'done', estimates = CAST(:estimates AS double precision[]),
+        finished_at = clock_timestamp(), lease_until = NULL
+    FROM (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
+    WHERE id = :id AND lease_token = :token AND status = 'pending' AND cfg.v IS NOT NULL
+    RETURNING method
+    """
+)
 
 
 def fail(session: Session, *, claim: Claim, reason: str) -> bool:

@@ -32,8 +32,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import localcontext
+from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -427,33 +428,36 @@ def _reserve(
     session.execute(text("SET LOCAL synchronous_commit = off"))
     now = datetime.now(UTC)
     after = remaining.minus(priced.cost)
-    release = Release(
-        id=uuid.uuid4() if release_id is None else release_id,
-        dataset_id=dataset_id,
-        api_key_id=principal.key_id,
-        method=priced.mechanism.name,
-        quantiles=[float(q) for q in query.quantiles],
-        estimates=None,
-        epsilon=plan.query.epsilon,
-        delta=plan.query.delta,
-        cost_epsilon=priced.cost.epsilon,
-        cost_delta=priced.cost.delta,
-        remaining_epsilon=after.epsilon,
-        remaining_delta=after.delta,
-        idempotency_key=idempotency_key,
-        request_hash=priced.fingerprint,
-        created_at=now,
-        status=PENDING,
-        failure=None,
-        attempts=0,
-        lease_token=None,
-        lease_until=None,
-        finished_at=None,
-        expected_error=plan.expected,
-        warnings=plan.warnings,
-    )
-    session.add(release)
-    session.flush()
+    columns: dict[str, Any] = {
+        "id": uuid.uuid4() if release_id is None else release_id,
+        "dataset_id": dataset_id,
+        "api_key_id": principal.key_id,
+        "method": priced.mechanism.name,
+        "quantiles": [float(q) for q in query.quantiles],
+        "estimates": None,
+        "epsilon": plan.query.epsilon,
+        "delta": plan.query.delta,
+        "cost_epsilon": priced.cost.epsilon,
+        "cost_delta": priced.cost.delta,
+        "remaining_epsilon": after.epsilon,
+        "remaining_delta": after.delta,
+        "idempotency_key": idempotency_key,
+        "request_hash": priced.fingerprint,
+        "created_at": now,
+        "status": PENDING,
+        "failure": None,
+        "attempts": 0,
+        "lease_token": None,
+        "lease_until": None,
+        "finished_at": None,
+        "expected_error": plan.expected,
+        "warnings": plan.warnings,
+    }
+    # Core INSERTs (no unit of work: this runs once per release, under the dataset lock);
+    # the returned Release is a detached copy of the row just written.
+    seq = session.execute(insert(Release).values(columns).returning(Release.seq)).scalar_one()
+    release = Release(**columns)
+    release.seq = seq
     try:
         add_debit(
             session,
