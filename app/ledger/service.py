@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal, localcontext
+from typing import cast
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import Table, bindparam, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
@@ -114,24 +115,25 @@ def dataset_with_budget(
     predates the commit that released the lock. Lock first, then read the budget in a new
     statement (:func:`budget`).
     """
-    stmt = (
-        select(Dataset, BudgetBalance)
-        .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
-        .where(Dataset.id == dataset_id)
-    )
-    row = session.execute(stmt).first()
+    row = session.execute(_DATASET_WITH_BUDGET, {"id": dataset_id}).first()
     if row is None:
         return None
-    dataset, balance = row
-    zero = Decimal(0)
-    if balance is None:
-        figures = Budget(granted=Amount(zero, zero), spent=Amount(zero, zero))
-    else:
-        figures = Budget(
-            granted=Amount(balance.granted_epsilon, balance.granted_delta),
-            spent=Amount(balance.spent_epsilon, balance.spent_delta),
-        )
-    return dataset, figures
+    dataset, ge, gd, se, sd = row
+    ge, gd, se, sd = (Decimal(0) if v is None else Decimal(v) for v in (ge, gd, se, sd))
+    return dataset, Budget(granted=Amount(ge, gd), spent=Amount(se, sd))
+
+
+_DATASET_WITH_BUDGET = (
+    select(
+        Dataset,
+        BudgetBalance.granted_epsilon,
+        BudgetBalance.granted_delta,
+        BudgetBalance.spent_epsilon,
+        BudgetBalance.spent_delta,
+    )
+    .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
+    .where(Dataset.id == bindparam("id"))
+)
 
 
 def budget(session: Session, *, dataset_id: uuid.UUID) -> Budget:
@@ -220,17 +222,21 @@ def add_debit(
 
     A Core INSERT (once per release, under the dataset lock: no unit of work)."""
     session.execute(
-        insert(LedgerEntry).values(
-            dataset_id=dataset_id,
-            kind="debit",
-            epsilon=cost.epsilon,
-            delta=cost.delta,
-            reason=None,
-            release_id=release_id,
-            api_key_id=api_key_id,
-            created_at=created_at,
-        )
+        _INSERT_ENTRY,
+        {
+            "dataset_id": dataset_id,
+            "kind": "debit",
+            "epsilon": cost.epsilon,
+            "delta": cost.delta,
+            "reason": None,
+            "release_id": release_id,
+            "api_key_id": api_key_id,
+            "created_at": created_at,
+        },
     )
+
+
+_INSERT_ENTRY = insert(cast(Table, LedgerEntry.__table__))
 
 
 def list_entries(

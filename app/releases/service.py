@@ -32,9 +32,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import localcontext
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import Table, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -455,7 +455,7 @@ def _reserve(
     }
     # Core INSERTs (no unit of work: this runs once per release, under the dataset lock);
     # the returned Release is a detached copy of the row just written.
-    seq = session.execute(insert(Release).values(columns).returning(Release.seq)).scalar_one()
+    seq = session.execute(_INSERT_RELEASE, columns).scalar_one()
     release = Release(**columns)
     release.seq = seq
     try:
@@ -480,6 +480,10 @@ def _reserve(
     session.flush()
     count_on_commit(session, RESERVATIONS, release.method)
     return Outcome(release, replayed=False)
+
+
+_RELEASE_TABLE = cast(Table, Release.__table__)
+_INSERT_RELEASE = insert(_RELEASE_TABLE).returning(_RELEASE_TABLE.c.seq)
 
 
 @dataclass(frozen=True)
