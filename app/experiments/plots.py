@@ -21,6 +21,7 @@ LABELS = {
     "smooth": "Smooth",
     "csmooth": "CSmooth",
     "aq": "ApproximateQuantiles",
+    "jointexp_smooth": "JointExp (smoothed)",
 }
 STYLES = {
     "jointexp": ("tab:cyan", "-"),
@@ -29,6 +30,7 @@ STYLES = {
     "smooth": ("tab:blue", "-."),
     "csmooth": ("tab:pink", "-."),
     "aq": ("tab:red", ":"),
+    "jointexp_smooth": ("tab:green", "-"),
 }
 _FALLBACK = ("tab:gray", "tab:olive", "tab:brown", "tab:green")
 

@@ -27,11 +27,12 @@ from app.mechanisms.errors import MechanismInputError
 from app.mechanisms.histogram import GRID_POINTS_MAX, GridHistogram
 from app.mechanisms.indexp import INDEXP
 from app.mechanisms.jointexp import JOINTEXP
+from app.mechanisms.jointexp_smooth import JOINTEXP_SMOOTH
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.smooth import SMOOTH
 
 MECHANISMS: dict[str, Mechanism] = {
-    m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH, CSMOOTH, AQ)
+    m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH, CSMOOTH, AQ, JOINTEXP_SMOOTH)
 }
 
 

@@ -11,6 +11,7 @@ import secrets
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from randomgen import ChaCha
 
 from app.mechanisms.errors import MechanismInputError
@@ -51,3 +52,18 @@ def uniform_integer(low: int, high: int, rng: Any) -> int:
         while prod & _MASK64 < threshold:
             prod = int(raw()) * s
     return int(low) + (prod >> 64)
+
+
+def uniform_bits(bits: int, size: int, rng: Any) -> NDArray[np.uint64]:
+    """``size`` independent integers, each exactly uniform on ``[0, 2^bits)`` (0 <= bits <= 64).
+
+    The top ``bits`` bits of raw 64-bit generator words (``rng.bit_generator.random_raw``),
+    one word per integer: no floating point and no rejection, so every value is hit by
+    exactly ``2^(64 - bits)`` words.
+    """
+    if not 0 <= bits <= 64:
+        raise ValueError("uniform_bits needs 0 <= bits <= 64")
+    if size == 0 or bits == 0:
+        return np.zeros(size, dtype=np.uint64)
+    raw = np.asarray(rng.bit_generator.random_raw(size), dtype=np.uint64).reshape(size)
+    return raw >> np.uint64(64 - bits)

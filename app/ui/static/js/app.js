@@ -6,7 +6,15 @@ import { drawSpending, drawStepCdf } from "./charts.js";
 
 const POLL_MS = 5000;
 const RELEASE_POLL_MS = 700;
-const FALLBACK_METHODS = ["jointexp", "indexp", "appindexp", "smooth", "csmooth", "aq"];
+const FALLBACK_METHODS = [
+  "jointexp",
+  "indexp",
+  "appindexp",
+  "smooth",
+  "csmooth",
+  "aq",
+  "jointexp_smooth",
+];
 
 const state = {
   me: null, // {id, role, dataset_id}

@@ -1,0 +1,241 @@
+"""Smoothed JointExp: the jitter's law, JointExp on the jittered histogram, exact law, privacy."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from app.experiments.metric import missed_points
+from app.mechanisms import MECHANISMS, GridHistogram, MechanismInputError
+from app.mechanisms import jointexp_smooth as js
+from app.mechanisms.histogram import support_from_grid
+from app.mechanisms.rng import uniform_bits
+from tests.mechanisms.exact import chi_square_p
+from tests.mechanisms.test_grid import grid_tuple_probs, hist_of, jointexp_sens
+
+SMOOTH = MECHANISMS["jointexp_smooth"]
+
+
+# ----------------------------------------------------------------------------- the jitter
+
+
+class _Words:
+    """A stand-in bit generator handing out the given raw words."""
+
+    def __init__(self, words: list[int]) -> None:
+        self.words = list(words)
+        self.bit_generator = self
+
+    def random_raw(self, size: int) -> np.ndarray:
+        out, self.words = self.words[:size], self.words[size:]
+        return np.asarray(out, dtype=np.uint64)
+
+
+def test_uniform_bits_are_the_top_bits_of_raw_words() -> None:
+    words = [0, 1 << 63, (1 << 64) - 1, 0x0123_4567_89AB_CDEF]
+    assert uniform_bits(1, 4, _Words(words)).tolist() == [0, 1, 1, 0]
+    assert uniform_bits(10, 4, _Words(words)).tolist() == [w >> 54 for w in words]
+    assert uniform_bits(64, 4, _Words(words)).tolist() == words
+    assert uniform_bits(0, 3, _Words([])).tolist() == [0, 0, 0]
+    with pytest.raises(ValueError):
+        uniform_bits(65, 1, _Words([0]))
+
+
+def test_substep_bits_use_public_quantities_and_bound_the_work() -> None:
+    assert js.substep_bits(201) == js.SUBSTEP_BITS  # integers on [-100, 100], step 1
+    assert js.substep_bits(2_000_001) == 1  # the service's default grid, n unknown
+    assert js.substep_bits(2_000_001, n=100_000) == js.SUBSTEP_BITS  # swap: n public
+    assert js.substep_bits(2_000_001, n=js.REFINED_MAX + 1) == 1
+    for k1 in (2, 1000, 2**21, 2**22, 2**43 + 1, 2**50, 2**53):
+        for n in (None, 10, js.REFINED_MAX, js.REFINED_MAX + 1):
+            b = js.substep_bits(k1, n)
+            assert 0 <= b <= js.SUBSTEP_BITS
+            assert k1 << b <= 2**53
+            assert min(n or 2**60, k1 << b) <= max(js.REFINED_MAX, k1)
+    assert js.substep_bits(2**53, n=10) == 0
+
+
+def _multinomial_law(c: int, r: int) -> dict[tuple[int, ...], float]:
+    law = {}
+    for split in itertools.product(range(c + 1), repeat=r):
+        if sum(split) == c:
+            law[split] = float(stats.multinomial.pmf(split, c, [1.0 / r] * r))
+    return law
+
+
+@pytest.mark.parametrize("chunk", [js.CHUNK, 4], ids=["vectorised", "heavy-cell path"])
+def test_jitter_is_an_independent_uniform_offset_per_record(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each cell's count is split multinomially (uniform, independent per record) over its
+    own sub-cells; nothing leaves its cell; cells are jittered independently."""
+    monkeypatch.setattr(js, "CHUNK", chunk)
+    cells = np.asarray([0, 3, 7], dtype=np.int64)
+    counts = np.asarray([6, 1, 2], dtype=np.int64)
+    bits, r = 2, 4
+    rng = np.random.default_rng(11)
+    draws = 20_000
+    seen: collections.Counter[tuple[int, ...]] = collections.Counter()
+    pair: collections.Counter[tuple[int, int]] = collections.Counter()
+    for _ in range(draws):
+        fine, fc = js.jitter_cells(cells, counts, bits, rng)
+        assert np.all(np.diff(fine) > 0)
+        owner = fine >> bits
+        assert np.array_equal(np.bincount(owner, weights=fc, minlength=8)[cells], counts)
+        split = np.zeros(r, dtype=np.int64)
+        sel = owner == 0
+        split[fine[sel] - 0] = fc[sel]
+        seen[tuple(int(v) for v in split)] += 1
+        pair[(int(fine[owner == 3][0] - 12), int(fine[owner == 7][0] - 28))] += 1
+    assert chi_square_p(seen, _multinomial_law(6, r), draws) > 1e-4  # type: ignore[arg-type]
+    # the single record of cell 3 and the lowest sub-cell of cell 7: independent draws
+    law7 = collections.Counter()
+    for a, b in itertools.product(range(r), repeat=2):
+        law7[min(a, b)] += 1.0 / 16
+    joint = {(o, lo): (1.0 / r) * law7[lo] for o in range(r) for lo in range(r)}
+    assert chi_square_p(pair, joint, draws) > 1e-4  # type: ignore[arg-type]
+    wrong = dict(seen)  # negative control: a split that is not uniform is detected
+    skew = {k: v * (1.5 if k[0] > k[1] else 1.0) for k, v in _multinomial_law(6, r).items()}
+    z = sum(skew.values())
+    assert chi_square_p(wrong, {k: v / z for k, v in skew.items()}, draws) < 1e-4  # type: ignore[arg-type]
+
+
+def test_run_grid_is_jointexp_on_the_jittered_histogram() -> None:
+    """Same generator stream: jitter the histogram, run JointExp on the refined grid, floor."""
+    x = np.round(np.random.default_rng(3).normal(0, 5, 3000))
+    hist = GridHistogram.from_values(x, -100.0, 100.0, 1.0)
+    q = np.arange(1, 20) / 20
+    for nb in ("swap", "add_remove"):
+        out = SMOOTH.run_grid(
+            hist, q, epsilon=1.0, delta=None, neighbors=nb, rng=np.random.default_rng(5)
+        )
+        rng = np.random.default_rng(5)
+        b = js.substep_bits(hist.grid_points, hist.n if nb == "swap" else None)
+        fine_cells, fine_counts = js.jitter_cells(hist.cells, hist.counts, b, rng)
+        fine = GridHistogram(fine_cells, fine_counts, hist.grid_points << b)
+        ref = MECHANISMS["jointexp"].run_grid(
+            fine, q, epsilon=1.0, delta=None, neighbors=nb, rng=rng
+        )
+        assert np.array_equal(out, ref >> b)
+
+
+# ----------------------------------------------------------------------- exact law, privacy
+
+
+def smooth_law(
+    records: list[int], q: list[float], *, epsilon: float, k1: int, nb: str, bits: int
+) -> dict[tuple[int, ...], float]:
+    """The mechanism's law from its definition: average over every offset vector (2^bits per
+    record, uniform) of the exponential mechanism over ordered tuples on the refined grid,
+    each output tuple mapped back by floor(y / 2^bits)."""
+    r = 1 << bits
+    sens = jointexp_sens(q, nb)
+    law: collections.defaultdict[tuple[int, ...], float] = collections.defaultdict(float)
+    for offs in itertools.product(range(r), repeat=len(records)):
+        fine = [x * r + o for x, o in zip(records, offs, strict=True)]
+        inner = grid_tuple_probs(
+            fine, q, epsilon=epsilon, grid_points=k1 * r, neighbors=nb, sensitivity=sens
+        )
+        for y, p in inner.items():
+            law[tuple(v // r for v in y)] += p / r ** len(records)
+    return dict(law)
+
+
+LAW_CASES = [
+    # (records as grid cells, quantiles, epsilon, grid_points, neighbors)
+    ([1, 1, 1, 3], [0.3, 0.7], 2.0, 5, "swap"),  # an atom holding both quantiles
+    ([0, 0, 2, 4, 4], [0.25, 0.75], 3.0, 5, "add_remove"),  # atoms at both ends
+    ([2, 2, 2, 2, 3], [0.3, 0.5, 0.8], 1.5, 5, "swap"),  # one long tie run, m = 3
+]
+
+
+@pytest.mark.parametrize("case", LAW_CASES, ids=["atom", "ends", "tie-run"])
+def test_grid_law_is_exact_and_1_5_eps_is_rejected(case) -> None:
+    records, q, eps, k1, nb = case
+    hist = hist_of(records, k1)
+    sup = support_from_grid(hist, q, epsilon=eps, neighbors=nb)
+    rng = np.random.default_rng(41 + len(records))
+    draws = 20_000
+    observed: collections.Counter[tuple[int, ...]] = collections.Counter()
+    for _ in range(draws):
+        out = js.jointexp_smooth_core(sup, rng, bits=1)
+        observed[tuple(int(v) for v in out)] += 1
+    exact = smooth_law(records, q, epsilon=eps, k1=k1, nb=nb, bits=1)
+    assert abs(sum(exact.values()) - 1.0) < 1e-12
+    assert chi_square_p(observed, exact, draws) > 1e-4  # type: ignore[arg-type]
+    wrong = smooth_law(records, q, epsilon=1.5 * eps, k1=k1, nb=nb, bits=1)
+    assert chi_square_p(observed, wrong, draws) < 1e-4  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize(
+    ("records", "neighbour", "nb"),
+    [
+        ([1, 1, 1, 3], [1, 1, 3, 3], "swap"),
+        ([1, 1, 1, 3], [0, 1, 1, 3], "swap"),
+        ([0, 2, 2, 4], [0, 2, 2, 2], "swap"),
+        ([1, 1, 1, 3], [1, 1, 1, 1, 3], "add_remove"),
+        ([0, 2, 2, 4], [0, 2, 4], "add_remove"),
+    ],
+)
+def test_privacy_ratio_of_exact_laws_is_bounded_by_e_eps(bits, records, neighbour, nb) -> None:
+    """Every output's probability under X and a neighbour X' (exact, from the definition)
+    differ by at most e^eps, as the coupling argument in the module docstring says."""
+    q, eps, k1 = [0.3, 0.7], 1.0, 5
+    p = smooth_law(records, q, epsilon=eps, k1=k1, nb=nb, bits=bits)
+    p2 = smooth_law(neighbour, q, epsilon=eps, k1=k1, nb=nb, bits=bits)
+    assert set(p) == set(p2)
+    worst = max(max(p[y] / p2[y], p2[y] / p[y]) for y in p)
+    assert worst <= math.exp(eps) * (1 + 1e-9)
+    assert worst > 1.05  # the neighbours are distinguishable at all: the check has teeth
+
+
+# ------------------------------------------------------------------------ raw-value path
+
+
+def test_raw_path_parameters_and_bounds() -> None:
+    x = np.concatenate([np.full(60, 10.0), np.linspace(-5, 5, 40)])
+    q = [0.1, 0.5, 0.9]
+    est = SMOOTH(x, q, epsilon=5.0, lower=-10.0, upper=10.0, rng=np.random.default_rng(1))
+    assert est.shape == (3,) and np.all(np.diff(est) >= 0)
+    assert np.all((est >= -10.0) & (est <= 10.0))
+    # the atom at the upper bound is answered by the bound itself
+    assert est[-1] == 10.0
+    for bad in (0.0, -1.0, math.inf, math.nan, "1", True):
+        with pytest.raises(MechanismInputError) as err:
+            SMOOTH(x, q, epsilon=1.0, lower=-10.0, upper=10.0, smoothing=bad)
+        assert err.value.parameter == "smoothing"
+    with pytest.raises(MechanismInputError) as err:
+        SMOOTH(x, q, epsilon=1.0, lower=-10.0, upper=1e308, smoothing=1e308)
+    assert err.value.parameter == "smoothing"
+
+
+def test_core_refuses_a_value_support() -> None:
+    from app.mechanisms.histogram import support_from_values
+
+    sup = support_from_values([1.0, 2.0], [0.5], epsilon=1.0, lower=0, upper=3, neighbors="swap")
+    with pytest.raises(MechanismInputError):
+        js.jointexp_smooth_core(sup, np.random.default_rng(0))
+
+
+def test_smoothing_fixes_jointexp_on_integer_data() -> None:
+    """The issue: at n = 10^4, m = 49 JointExp misses > 1000 points per quantile on integers."""
+    x = np.sort(np.round(np.random.default_rng(8).normal(0, 5, 10_000)))
+    q = np.arange(1, 50) / 50
+    plain, smooth = [], []
+    for t in range(3):
+        kw = {"epsilon": 1.0, "lower": -100.0, "upper": 100.0}
+        plain.append(
+            missed_points(x, q, MECHANISMS["jointexp"](x, q, rng=np.random.default_rng(t), **kw))
+        )
+        smooth.append(missed_points(x, q, SMOOTH(x, q, rng=np.random.default_rng(t), **kw)))
+        hist = GridHistogram.from_values(x, -100.0, 100.0, 1.0)
+        idx = SMOOTH.run_grid(hist, q, epsilon=1.0, delta=None, rng=np.random.default_rng(t))
+        smooth.append(missed_points(x, q, -100.0 + idx.astype(np.float64)))
+    assert np.mean(plain) > 500
+    assert np.mean(smooth) < 100
