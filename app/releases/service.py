@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from decimal import localcontext
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, text, update
+from sqlalchemy import Table, bindparam, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -484,6 +484,7 @@ def _reserve(
 
 _RELEASE_TABLE = cast(Table, Release.__table__)
 _INSERT_RELEASE = insert(_RELEASE_TABLE).returning(_RELEASE_TABLE.c.seq)
+_RELEASE_BY_ID = select(_RELEASE_TABLE).where(_RELEASE_TABLE.c.id == bindparam("id"))
 
 
 @dataclass(frozen=True)
@@ -567,11 +568,15 @@ def _resume(session: Session, release: Release) -> None:
 
 
 def get_release(session: Session, *, principal: Principal, release_id: uuid.UUID) -> Release:
-    """A release inside the key's scope; 404 otherwise."""
-    release = session.get(Release, release_id, populate_existing=True)
-    if release is None or not principal.can_see(release.dataset_id):
+    """A release inside the key's scope; 404 otherwise.
+
+    One plain SELECT (releases are polled): the result is a detached ``Release`` built from
+    the row, never attached to ``session``.
+    """
+    row = session.execute(_RELEASE_BY_ID, {"id": release_id}).mappings().first()
+    if row is None or not principal.can_see(row["dataset_id"]):
         raise not_found("release")
-    return release
+    return Release(**row)
 
 
 def list_releases(
