@@ -66,6 +66,14 @@ def eligible_methods(*, delta_given: bool, neighbors: str) -> list[str]:
     ]
 
 
+#: Methods ``auto`` never picks. ``jointexp_smooth`` is JointExp on data jittered within one
+#: grid step: its advantage is on tied data (atoms), which a planner that never looks at the
+#: data cannot see, and on continuous data it is JointExp again (its fitted model differs
+#: from JointExp's by noise) at up to 10x the run time. Analysts with tied data ask for it
+#: by name (docs/experiments.md §8.5); quotes still show its figures.
+NOT_AUTO = frozenset({"jointexp_smooth"})
+
+
 def recommend(
     n: int | None,
     quantiles: Sequence[float],
@@ -73,7 +81,8 @@ def recommend(
     delta: float | None,
     neighbors: str,
 ) -> str:
-    """The eligible method with the lowest expected error (ties: registry order).
+    """The eligible method with the lowest expected error (ties: registry order), outside
+    :data:`NOT_AUTO`.
 
     ``n=None`` (no public size) ranks at :data:`NOMINAL_N`. Methods without a model are
     never recommended, nor methods whose declared cost at these parameters exceeds the
@@ -85,7 +94,7 @@ def recommend(
     candidates = eligible_methods(delta_given=delta is not None, neighbors=neighbors)
     best: tuple[float, str] | None = None
     for name in candidates:
-        if not _costs_what_was_asked(name, epsilon, delta):
+        if name in NOT_AUTO or not _costs_what_was_asked(name, epsilon, delta):
             continue
         err = expected_error(name, size, quantiles, epsilon, delta, neighbors)
         if err is not None and (best is None or err[0] < best[0]):
@@ -106,4 +115,4 @@ def _costs_what_was_asked(name: str, epsilon: float, delta: float | None) -> boo
     return eps_cost <= epsilon * (1 + 1e-9) and delta_cost <= (delta or 0.0) * (1 + 1e-9)
 
 
-__all__ = ["NOMINAL_N", "eligible_methods", "expected_error", "recommend"]
+__all__ = ["NOMINAL_N", "NOT_AUTO", "eligible_methods", "expected_error", "recommend"]

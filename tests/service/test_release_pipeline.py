@@ -596,3 +596,53 @@ def test_killing_a_worker_mid_run_resumes_the_release_once(
         assert (attempts, debits) == (2, 1)
         assert Decimal(api.budget(ds)["spent"]["epsilon"]) == Decimal("0.2")
     raw.dispose()
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def _count_statements(engine: Engine) -> tuple[list[str], Callable[[], None]]:
+    """Record every statement ``engine`` sends (first line); returns (log, detach)."""
+    from sqlalchemy import event
+
+    log: list[str] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        log.append(statement.strip().splitlines()[0][:60])
+
+    event.listen(engine, "before_cursor_execute", before)
+    return log, lambda: event.remove(engine, "before_cursor_execute", before)
+
+
+def test_a_small_release_costs_few_statements(quiet: Quiet) -> None:
+    """Issue 8 (throughput): the reservation is 7 statements (key lookup, unlocked pre-check,
+    dataset lock, locked balance, SET LOCAL, two INSERTs) and a worker's run 2 (the claim,
+    which also returns the data version, and the completion). A regression that adds round
+    trips per release fails here."""
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
+    web_engine = quiet.client.app.state.engine  # type: ignore[attr-defined]
+    worker_engine = make_engine(quiet.url, quiet.settings, pre_ping=False)
+    factory = sessionmaker(worker_engine, expire_on_commit=False)
+    claims = sessionmaker(
+        worker_engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
+    )
+    try:
+        # Warm-up: freezes the dataset, refreshes the key's last use, fills the values cache.
+        assert _query(quiet, ds, prefer="respond-async").status_code == 202
+        assert process_one(factory, quiet.settings, claim_factory=claims)
+        web, detach_web = _count_statements(web_engine)
+        try:
+            r = _query(quiet, ds, prefer="respond-async")
+        finally:
+            detach_web()
+        assert r.status_code == 202, r.text
+        assert len(web) == 7, web
+        worker, detach_worker = _count_statements(worker_engine)
+        try:
+            assert process_one(factory, quiet.settings, claim_factory=claims)
+        finally:
+            detach_worker()
+        assert len(worker) == 2, worker
+        assert quiet.release_row(r.json()["id"])["status"] == "done"
+    finally:
+        worker_engine.dispose()
