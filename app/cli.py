@@ -114,19 +114,29 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     # run and the embedded PostgreSQL is stopped with the last process that uses it.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_normally)
+    from app.webprocs import reuseport_available, run_web_processes
+
     workers_proc = start_release_workers(release_workers)
+    status = 0
     try:
-        uvicorn.run(
-            "app.main:create_app",
-            factory=True,
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            log_level=settings.log_level.lower(),
-        )
+        if args.workers > 1 and reuseport_available():
+            # One SO_REUSEPORT socket per web process: the kernel balances connections
+            # (uvicorn's shared socket lets one process take a whole burst; app/webprocs.py).
+            status = run_web_processes(
+                args.host, args.port, args.workers, settings.log_level.lower()
+            )
+        else:
+            uvicorn.run(
+                "app.main:create_app",
+                factory=True,
+                host=args.host,
+                port=args.port,
+                workers=args.workers,
+                log_level=settings.log_level.lower(),
+            )
     finally:
         stop_release_workers(workers_proc)
-    return 0
+    return status
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -309,7 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the API (embedded PostgreSQL if no URL is set)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1, help="web (uvicorn) processes")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="web processes (on Linux each has its own SO_REUSEPORT socket, so the kernel "
+        "spreads connections over them)",
+    )
     serve.add_argument(
         "--release-workers",
         type=int,

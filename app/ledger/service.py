@@ -14,9 +14,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal, localcontext
-from typing import cast
 
-from sqlalchemy import Table, bindparam, func, insert, select, text
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
@@ -207,36 +206,6 @@ def add_grant(
         details={"epsilon": str(epsilon), "delta": str(delta), "reason": reason},
     )
     return entry
-
-
-def add_debit(
-    session: Session,
-    *,
-    dataset_id: uuid.UUID,
-    cost: Amount,
-    release_id: uuid.UUID,
-    api_key_id: uuid.UUID | None,
-    created_at: datetime,
-) -> None:
-    """Append the debit of one release (same transaction as the release row).
-
-    A Core INSERT (once per release, under the dataset lock: no unit of work)."""
-    session.execute(
-        _INSERT_ENTRY,
-        {
-            "dataset_id": dataset_id,
-            "kind": "debit",
-            "epsilon": cost.epsilon,
-            "delta": cost.delta,
-            "reason": None,
-            "release_id": release_id,
-            "api_key_id": api_key_id,
-            "created_at": created_at,
-        },
-    )
-
-
-_INSERT_ENTRY = insert(cast(Table, LedgerEntry.__table__))
 
 
 def list_entries(

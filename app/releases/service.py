@@ -31,10 +31,11 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import localcontext
+from decimal import Decimal, localcontext
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, select, text, update
+from sqlalchemy import Table, bindparam, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -47,8 +48,6 @@ from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
 from app.ledger.service import (
     Amount,
-    add_debit,
-    budget,
     dataset_with_budget,
     mechanism_float,
     price,
@@ -415,19 +414,12 @@ def _reserve(
     ensure_live(dataset)
     if dataset.values_uploaded_at is None:
         raise DpquantError(409, "no_values", "this dataset has no values yet")
-    remaining = budget(session, dataset_id=dataset_id).remaining
-    _refuse_if_unaffordable(remaining, priced.cost)
     # Invariant 6: the key's cap, in the same transaction, under its row lock (skipped for
     # keys without a cap; the debit's trigger checks every key in PostgreSQL regardless).
     if principal.capped:
         _refuse_if_over_cap(_calling_key(session, principal, for_update=True), priced.cost)
 
-    # The reservation may be lost in a crash without harm (no output exists yet): the commit
-    # that stores the estimates follows it in the WAL and is the one made durable before any
-    # answer leaves (app.releases.runner.complete).
-    session.execute(text("SET LOCAL synchronous_commit = off"))
     now = datetime.now(UTC)
-    after = remaining.minus(priced.cost)
     columns: dict[str, Any] = {
         "id": uuid.uuid4() if release_id is None else release_id,
         "dataset_id": dataset_id,
@@ -439,8 +431,6 @@ def _reserve(
         "delta": plan.query.delta,
         "cost_epsilon": priced.cost.epsilon,
         "cost_delta": priced.cost.delta,
-        "remaining_epsilon": after.epsilon,
-        "remaining_delta": after.delta,
         "idempotency_key": idempotency_key,
         "request_hash": priced.fingerprint,
         "created_at": now,
@@ -453,26 +443,22 @@ def _reserve(
         "expected_error": plan.expected,
         "warnings": plan.warnings,
     }
-    # Core INSERTs (no unit of work: this runs once per release, under the dataset lock);
-    # the returned Release is a detached copy of the row just written.
-    seq = session.execute(_INSERT_RELEASE, columns).scalar_one()
-    release = Release(**columns)
-    release.seq = seq
     try:
-        add_debit(
-            session,
-            dataset_id=dataset_id,
-            cost=priced.cost,
-            release_id=release.id,
-            api_key_id=principal.key_id,
-            created_at=now,
-        )
+        inserted = insert_reservation(session, columns)
     except IntegrityError as exc:  # the transaction is rolled back by the caller
-        # The balance row's CHECK refused an overdraft: unreachable while every writer takes
-        # the lock above, and a refusal (not an error) if some code path ever does not.
+        # The balance row's CHECK refused the overdraft: the budget read under the lock is
+        # the one in this statement. The refusal quotes the figures of the unlocked
+        # pre-check (budgets only shrink, so they are an upper bound of what is left).
         if "no_overdraft" not in str(exc.orig):
             raise
-        raise budget_refusal(remaining, priced.cost) from None
+        raise budget_refusal(found[1].remaining, priced.cost) from None
+    if inserted is None:  # no balance row: nothing was ever granted
+        raise budget_refusal(found[1].remaining, priced.cost)
+    seq, remaining_epsilon, remaining_delta = inserted
+    release = Release(
+        **columns, remaining_epsilon=remaining_epsilon, remaining_delta=remaining_delta
+    )
+    release.seq = seq
     if dataset.frozen_at is None:
         dataset.frozen_at = now  # values never change once a run has been paid for
     # The insert wakes the workers (trigger release_notify, at commit); a worker that misses
@@ -482,8 +468,82 @@ def _reserve(
     return Outcome(release, replayed=False)
 
 
+_RESERVE = text(
+    """
+    WITH b AS (
+        SELECT granted_epsilon - spent_epsilon - CAST(:cost_epsilon AS numeric) AS re,
+               granted_delta - spent_delta - CAST(:cost_delta AS numeric) AS rd
+        FROM budget_balance WHERE dataset_id = CAST(:dataset_id AS uuid)
+    ), r AS (
+        INSERT INTO release (id, dataset_id, api_key_id, method, quantiles, estimates,
+                             epsilon, delta, cost_epsilon, cost_delta, remaining_epsilon,
+                             remaining_delta, idempotency_key, request_hash, created_at,
+                             status, failure, attempts, lease_token, lease_until,
+                             finished_at, expected_error, warnings)
+        SELECT CAST(:id AS uuid), CAST(:dataset_id AS uuid), CAST(:api_key_id AS uuid),
+               CAST(:method AS varchar), CAST(:quantiles AS double precision[]), NULL,
+               CAST(:epsilon AS numeric), CAST(:delta AS numeric),
+               CAST(:cost_epsilon AS numeric), CAST(:cost_delta AS numeric), b.re, b.rd,
+               CAST(:idempotency_key AS varchar), CAST(:request_hash AS varchar),
+               CAST(:created_at AS timestamptz), 'pending', NULL, 0, NULL, NULL, NULL,
+               :expected_error, :warnings
+        FROM b
+        RETURNING seq, remaining_epsilon, remaining_delta
+    ), d AS (
+        INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, reason, release_id,
+                                  api_key_id, created_at)
+        SELECT CAST(:dataset_id AS uuid), 'debit', CAST(:cost_epsilon AS numeric),
+               CAST(:cost_delta AS numeric), NULL, CAST(:id AS uuid),
+               CAST(:api_key_id AS uuid), CAST(:created_at AS timestamptz)
+        FROM r
+    )
+    SELECT seq, remaining_epsilon, remaining_delta,
+           set_config('synchronous_commit', 'off', true)
+    FROM r
+    """
+).bindparams(bindparam("expected_error", type_=JSONB), bindparam("warnings", type_=JSONB))
+
+
+def insert_reservation(
+    session: Session, columns: dict[str, Any]
+) -> tuple[int, Decimal, Decimal] | None:
+    """Insert the pending release and its debit in ONE statement (the round trips made
+    while the dataset lock is held are the single-dataset release rate's bound); returns
+    the release's ``seq`` and the budget left after it, or None when the dataset has no
+    balance row (nothing ever granted).
+
+    The budget is read under the lock by this very statement; an overdraft is refused by
+    the balance row's CHECK (``no_overdraft``, an ``IntegrityError``), inside PostgreSQL.
+    The commit may skip the WAL flush (``synchronous_commit = off`` for this transaction):
+    a reservation lost in a crash lost no output, and the commit that stores the estimates
+    follows it in the WAL and is made durable before any answer leaves
+    (:func:`app.releases.runner.complete`).
+    """
+    params = {k: columns[k] for k in _RESERVE_PARAMS}
+    row = session.execute(_RESERVE, params).first()
+    if row is None:
+        return None
+    return int(row[0]), Decimal(row[1]), Decimal(row[2])
+
+
+_RESERVE_PARAMS = (
+    "id",
+    "dataset_id",
+    "api_key_id",
+    "method",
+    "quantiles",
+    "epsilon",
+    "delta",
+    "cost_epsilon",
+    "cost_delta",
+    "idempotency_key",
+    "request_hash",
+    "created_at",
+    "expected_error",
+    "warnings",
+)
+
 _RELEASE_TABLE = cast(Table, Release.__table__)
-_INSERT_RELEASE = insert(_RELEASE_TABLE).returning(_RELEASE_TABLE.c.seq)
 _RELEASE_BY_ID = select(_RELEASE_TABLE).where(_RELEASE_TABLE.c.id == bindparam("id"))
 
 

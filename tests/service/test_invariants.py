@@ -14,6 +14,7 @@ from sqlalchemy import Engine, text
 
 from app.main import create_app
 from app.mechanisms import MECHANISMS
+from app.releases import service
 
 from .conftest import ADMIN, SAMPLE, Api, make_settings
 
@@ -69,11 +70,13 @@ def test_inv1_failed_debit_insert_leaves_no_release(
     api: Api, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ds = api.dataset(values=SAMPLE)
+    real = service.insert_reservation
 
-    def broken_debit(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("simulated crash between release and debit")
+    def broken_debit(session: Any, columns: dict[str, Any]) -> None:
+        real(session, columns)  # the release and its debit are written ...
+        raise RuntimeError("simulated crash before the reservation commits")
 
-    monkeypatch.setattr("app.releases.service.add_debit", broken_debit)
+    monkeypatch.setattr(service, "insert_reservation", broken_debit)
     r = api.query(ds["id"])
     assert r.status_code == 503
     assert r.json()["type"] == "internal_error"

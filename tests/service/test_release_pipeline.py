@@ -615,10 +615,10 @@ def _count_statements(engine: Engine) -> tuple[list[str], Callable[[], None]]:
 
 
 def test_a_small_release_costs_few_statements(quiet: Quiet) -> None:
-    """Issue 8 (throughput): the reservation is 7 statements (key lookup, unlocked pre-check,
-    dataset lock, locked balance, SET LOCAL, two INSERTs) and a worker's run 2 (the claim,
-    which also returns the data version, and the completion). A regression that adds round
-    trips per release fails here."""
+    """Issue 8 (throughput): a reservation is 4 statements (key lookup, unlocked pre-check,
+    dataset lock, and one statement that reads the balance and inserts the release and its
+    debit) and a worker's run 2 (the claim, which also returns the data version, and the
+    completion). A regression that adds round trips per release fails here."""
     ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
     web_engine = quiet.client.app.state.engine  # type: ignore[attr-defined]
     worker_engine = make_engine(quiet.url, quiet.settings, pre_ping=False)
@@ -636,7 +636,7 @@ def test_a_small_release_costs_few_statements(quiet: Quiet) -> None:
         finally:
             detach_web()
         assert r.status_code == 202, r.text
-        assert len(web) == 7, web
+        assert len(web) == 4, web
         worker, detach_worker = _count_statements(worker_engine)
         try:
             assert process_one(factory, quiet.settings, claim_factory=claims)
