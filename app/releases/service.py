@@ -391,7 +391,8 @@ def _reserve(
         _refuse_if_unaffordable(found[1].remaining, priced.cost)
         if principal.capped:
             _refuse_if_over_cap(_calling_key(session, principal, for_update=False), priced.cost)
-    # The lock, then the budget in a statement of its own (see dataset_with_budget).
+    # The lock, then the budget in a statement of its own (see dataset_with_budget): here,
+    # the statement that also inserts the release and its debit (insert_reservation).
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     # Planned again under the lock: the public figures it reads (size hint) are now fixed.
     plan = plan_query(query, dataset=dataset, max_quantiles=max_quantiles)

@@ -156,3 +156,57 @@ def test_serve_with_embedded_postgres_and_two_workers(tmp_path: Path) -> None:
     assert "embedded PostgreSQL" in output
     assert (tmp_path / "state" / "pgdata" / "PG_VERSION").is_file()
     assert "DPQUANT_BOOTSTRAP_ADMIN_KEY is not set" in output and "create-key" in output
+
+
+def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: str) -> None:
+    """``--workers 2`` gives each web process its own SO_REUSEPORT socket: 16 keep-alive
+    connections opened at once (a client's pool) land on both processes. With one shared
+    socket the first process to wake accepted the whole burst and the other idled."""
+    import psutil
+
+    port = free_port()
+    env = os.environ | {
+        "DPQUANT_DATABASE_URL": database_url,
+        "DPQUANT_LOG_LEVEL": "WARNING",
+        "DPQUANT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2",
+         "--release-workers", "0"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    conns: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
+        request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        for c in conns:
+            c.sendall(request)
+        for c in conns:
+            assert c.recv(4096).startswith(b"HTTP/1.1 200")
+        owners: dict[int, int] = {}
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            held = [
+                k
+                for k in child.net_connections(kind="tcp")
+                if k.status == psutil.CONN_ESTABLISHED and k.laddr and k.laddr.port == port
+            ]
+            if held:
+                owners[child.pid] = len(held)
+        assert sum(owners.values()) == 16, owners
+        assert len(owners) == 2, f"one process took every connection: {owners}"
+    finally:
+        for c in conns:
+            c.close()
+        proc.terminate()
+        proc.wait(timeout=60)
