@@ -122,9 +122,13 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         if args.workers > 1 and reuseport_available():
             # One SO_REUSEPORT socket per web process: the kernel balances connections
             # (uvicorn's shared socket lets one process take a whole burst; app/webprocs.py).
-            status = run_web_processes(
-                args.host, args.port, args.workers, settings.log_level.lower()
-            )
+            try:
+                status = run_web_processes(
+                    args.host, args.port, args.workers, settings.log_level.lower()
+                )
+            except OSError as exc:  # the port is taken, or the address is not ours
+                logger.error("cannot listen on %s:%d (%s)", args.host, args.port, exc.strerror)
+                status = 1
         else:
             uvicorn.run(
                 "app.main:create_app",

@@ -210,3 +210,26 @@ def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: s
             c.close()
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_serve_with_two_workers_on_a_taken_port_says_so_and_exits(database_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = os.environ | {
+            "DPQUANT_DATABASE_URL": database_url,
+            "DPQUANT_LOG_LEVEL": "WARNING",
+            "DPQUANT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2",
+             "--release-workers", "0"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
