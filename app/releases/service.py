@@ -445,21 +445,21 @@ def _reserve(
         "warnings": plan.warnings,
     }
     try:
-        inserted = insert_reservation(session, columns)
+        reserved = insert_reservation(session, columns)
     except IntegrityError as exc:  # the transaction is rolled back by the caller
-        # The balance row's CHECK refused the overdraft: the budget read under the lock is
-        # the one in this statement. The refusal quotes the figures of the unlocked
-        # pre-check (budgets only shrink, so they are an upper bound of what is left).
+        # The balance row's CHECK refused an overdraft: unreachable while every writer takes
+        # the lock above (the statement checks first), and a refusal if some path ever does.
         if "no_overdraft" not in str(exc.orig):
             raise
         raise budget_refusal(found[1].remaining, priced.cost) from None
-    if inserted is None:  # no balance row: nothing was ever granted
-        raise budget_refusal(found[1].remaining, priced.cost)
-    seq, remaining_epsilon, remaining_delta = inserted
+    if reserved.seq is None or reserved.after is None:
+        raise budget_refusal(reserved.left, priced.cost)
     release = Release(
-        **columns, remaining_epsilon=remaining_epsilon, remaining_delta=remaining_delta
+        **columns,
+        remaining_epsilon=reserved.after.epsilon,
+        remaining_delta=reserved.after.delta,
     )
-    release.seq = seq
+    release.seq = reserved.seq
     if dataset.frozen_at is None:
         dataset.frozen_at = now  # values never change once a run has been paid for
     # The insert wakes the workers (trigger release_notify, at commit); a worker that misses
@@ -472,8 +472,7 @@ def _reserve(
 _RESERVE = text(
     """
     WITH b AS (
-        SELECT granted_epsilon - spent_epsilon - CAST(:cost_epsilon AS numeric) AS re,
-               granted_delta - spent_delta - CAST(:cost_delta AS numeric) AS rd
+        SELECT granted_epsilon - spent_epsilon AS le, granted_delta - spent_delta AS ld
         FROM budget_balance WHERE dataset_id = CAST(:dataset_id AS uuid)
     ), r AS (
         INSERT INTO release (id, dataset_id, api_key_id, method, quantiles, estimates,
@@ -484,11 +483,13 @@ _RESERVE = text(
         SELECT CAST(:id AS uuid), CAST(:dataset_id AS uuid), CAST(:api_key_id AS uuid),
                CAST(:method AS varchar), CAST(:quantiles AS double precision[]), NULL,
                CAST(:epsilon AS numeric), CAST(:delta AS numeric),
-               CAST(:cost_epsilon AS numeric), CAST(:cost_delta AS numeric), b.re, b.rd,
+               CAST(:cost_epsilon AS numeric), CAST(:cost_delta AS numeric),
+               b.le - CAST(:cost_epsilon AS numeric), b.ld - CAST(:cost_delta AS numeric),
                CAST(:idempotency_key AS varchar), CAST(:request_hash AS varchar),
                CAST(:created_at AS timestamptz), 'pending', NULL, 0, NULL, NULL, NULL,
                :expected_error, :warnings
         FROM b
+        WHERE b.le >= CAST(:cost_epsilon AS numeric) AND b.ld >= CAST(:cost_delta AS numeric)
         RETURNING seq, remaining_epsilon, remaining_delta
     ), d AS (
         INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, reason, release_id,
@@ -498,23 +499,33 @@ _RESERVE = text(
                CAST(:api_key_id AS uuid), CAST(:created_at AS timestamptz)
         FROM r
     )
-    SELECT seq, remaining_epsilon, remaining_delta,
+    SELECT b.le, b.ld, r.seq, r.remaining_epsilon, r.remaining_delta,
            set_config('synchronous_commit', 'off', true)
-    FROM r
+    FROM b LEFT JOIN r ON true
     """
 ).bindparams(bindparam("expected_error", type_=JSONB), bindparam("warnings", type_=JSONB))
 
 
-def insert_reservation(
-    session: Session, columns: dict[str, Any]
-) -> tuple[int, Decimal, Decimal] | None:
-    """Insert the pending release and its debit in ONE statement (the round trips made
-    while the dataset lock is held are the single-dataset release rate's bound); returns
-    the release's ``seq`` and the budget left after it, or None when the dataset has no
-    balance row (nothing ever granted).
+@dataclass(frozen=True)
+class Reserved:
+    """What :func:`insert_reservation` found under the lock, and wrote if it fitted."""
 
-    The budget is read under the lock by this very statement; an overdraft is refused by
-    the balance row's CHECK (``no_overdraft``, an ``IntegrityError``), inside PostgreSQL.
+    #: The budget left before this release (granted minus spent, read under the lock).
+    left: Amount
+    #: The new release's ``seq`` and the budget left after it; None when it did not fit.
+    seq: int | None
+    after: Amount | None
+
+
+def insert_reservation(session: Session, columns: dict[str, Any]) -> Reserved:
+    """Read the balance and, if the cost fits, insert the pending release and its debit, in
+    ONE statement (the round trips made while the dataset lock is held are what bounds the
+    release rate on one dataset).
+
+    The budget is read under the caller's dataset lock by this very statement, and the
+    refusal figures come from that same read. The balance row's CHECK refuses an overdraft
+    inside PostgreSQL as well (``no_overdraft``, an ``IntegrityError``) should a caller ever
+    skip the lock. A dataset without a balance row (nothing ever granted) has nothing left.
     The commit may skip the WAL flush (``synchronous_commit = off`` for this transaction):
     a reservation lost in a crash lost no output, and the commit that stores the estimates
     follows it in the WAL and is made durable before any answer leaves
@@ -523,8 +534,12 @@ def insert_reservation(
     params = {k: columns[k] for k in _RESERVE_PARAMS}
     row = session.execute(_RESERVE, params).first()
     if row is None:
-        return None
-    return int(row[0]), Decimal(row[1]), Decimal(row[2])
+        zero = Decimal(0)
+        return Reserved(left=Amount(zero, zero), seq=None, after=None)
+    left = Amount(Decimal(row[0]), Decimal(row[1]))
+    if row[2] is None:
+        return Reserved(left=left, seq=None, after=None)
+    return Reserved(left=left, seq=int(row[2]), after=Amount(Decimal(row[3]), Decimal(row[4])))
 
 
 _RESERVE_PARAMS = (

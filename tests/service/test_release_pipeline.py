@@ -646,3 +646,47 @@ def test_a_small_release_costs_few_statements(quiet: Quiet) -> None:
         assert quiet.release_row(r.json()["id"])["status"] == "done"
     finally:
         worker_engine.dispose()
+
+
+def test_a_reservation_that_does_not_fit_writes_nothing_and_reports_the_locked_budget(
+    quiet: Quiet,
+) -> None:
+    """insert_reservation checks the cost against the balance it reads itself (under the
+    caller's lock): too expensive, nothing is written and the figures of that read come
+    back for the 409; affordable, the release and its debit are written together."""
+    from datetime import UTC, datetime
+
+    from app.releases.service import insert_reservation
+
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="0.25")["id"]
+    with quiet.engine.connect() as conn:
+        key_id = conn.execute(text("SELECT id FROM api_key LIMIT 1")).scalar_one()
+
+    def columns(cost: str) -> dict[str, Any]:
+        return {
+            "id": uuid.uuid4(),
+            "dataset_id": uuid.UUID(ds),
+            "api_key_id": key_id,
+            "method": "indexp",
+            "quantiles": [0.5],
+            "epsilon": Decimal(cost),
+            "delta": None,
+            "cost_epsilon": Decimal(cost),
+            "cost_delta": Decimal(0),
+            "idempotency_key": None,
+            "request_hash": None,
+            "created_at": datetime.now(UTC),
+            "expected_error": None,
+            "warnings": [],
+        }
+
+    with quiet.factory() as session, session.begin():
+        refused = insert_reservation(session, columns("0.3"))
+    assert refused.seq is None and refused.after is None
+    assert refused.left.epsilon == Decimal("0.25")
+    assert quiet.ledger(ds)["debits"] == 0
+    with quiet.factory() as session, session.begin():
+        fitted = insert_reservation(session, columns("0.25"))
+    assert fitted.seq is not None and fitted.after is not None
+    assert fitted.after.epsilon == Decimal("0.00") and fitted.left.epsilon == Decimal("0.25")
+    assert quiet.ledger(ds)["debits"] == 1 and quiet.ledger(ds)["balance_spent"] == Decimal("0.25")
