@@ -158,6 +158,22 @@ def test_serve_with_embedded_postgres_and_two_workers(tmp_path: Path) -> None:
     assert "DPQUANT_BOOTSTRAP_ADMIN_KEY is not set" in output and "create-key" in output
 
 
+def _server_env(database_url: str) -> dict[str, str]:
+    """The session's database and bootstrap key (a server started without the key would
+    revoke it, issue 8)."""
+    return os.environ | {
+        "DPQUANT_DATABASE_URL": database_url,
+        "DPQUANT_LOG_LEVEL": "WARNING",
+        "DPQUANT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+    }
+
+
+def _two_web_processes(port: int) -> list[str]:
+    """``dpquant serve`` with two web processes and no release workers."""
+    return [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2",
+            "--release-workers", "0"]  # fmt: skip
+
+
 def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: str) -> None:
     """``--workers 2`` gives each web process its own SO_REUSEPORT socket: 16 keep-alive
     connections opened at once (a client's pool) land on both processes. With one shared
@@ -165,18 +181,12 @@ def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: s
     import psutil
 
     port = free_port()
-    env = os.environ | {
-        "DPQUANT_DATABASE_URL": database_url,
-        "DPQUANT_LOG_LEVEL": "WARNING",
-        "DPQUANT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
-    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2",
-         "--release-workers", "0"],
-        env=env,
+        _two_web_processes(port),
+        env=_server_env(database_url),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     conns: list[socket.socket] = []
     try:
         deadline = time.monotonic() + 90
@@ -217,19 +227,13 @@ def test_serve_with_two_workers_on_a_taken_port_says_so_and_exits(database_url: 
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        env = os.environ | {
-            "DPQUANT_DATABASE_URL": database_url,
-            "DPQUANT_LOG_LEVEL": "WARNING",
-            "DPQUANT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
-        }
         done = subprocess.run(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2",
-             "--release-workers", "0"],
-            env=env,
+            _two_web_processes(port),
+            env=_server_env(database_url),
             capture_output=True,
             text=True,
             timeout=120,
-        )  # fmt: skip
+        )
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "Traceback" not in done.stderr
