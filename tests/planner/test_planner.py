@@ -7,12 +7,13 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app.experiments import errormap
 from app.mechanisms import MECHANISMS
-from app.planner import eligible_methods, expected_error, recommend
+from app.planner import NOT_AUTO, eligible_methods, expected_error, recommend
 from app.planner.model import load_models
 
 QS9 = [j / 10 for j in range(1, 10)]
@@ -70,9 +71,30 @@ def test_recommend_is_the_argmin_of_expected_error() -> None:
         errs = {
             m: expected_error(m, 20_000, QS9, eps, None, "swap")
             for m in eligible_methods(delta_given=False, neighbors="swap")
+            if m not in NOT_AUTO
         }
-        assert errs[pick] is not None
+        assert pick not in NOT_AUTO and errs[pick] is not None
         assert all(e is None or errs[pick][0] <= e[0] for e in errs.values())  # type: ignore[index]
+
+
+def test_auto_never_picks_the_smoothed_jointexp_even_where_its_model_is_lowest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``jointexp_smooth`` only helps on ties, which the planner cannot see: even when its
+    fitted model predicts the lowest error, ``auto`` takes the best of the others."""
+    import app.planner as planner
+
+    real = planner.expected_error
+
+    def smooth_always_best(method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "jointexp_smooth":
+            return (0.0, 0.0)
+        return real(method, *args, **kwargs)
+
+    monkeypatch.setattr(planner, "expected_error", smooth_always_best)
+    assert "jointexp_smooth" in NOT_AUTO
+    pick = planner.recommend(20_000, QS9, 1.0, None, "swap")
+    assert pick != "jointexp_smooth" and pick in MECHANISMS
 
 
 def test_error_map_picks_up_every_registered_method(
