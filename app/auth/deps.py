@@ -28,9 +28,7 @@ def get_principal(
         raise unauthorized()
     # Autocommit: a lookup (and at most one single-statement write per key and minute) needs
     # no transaction, which saves the BEGIN and ROLLBACK round trips on every request.
-    factory: sessionmaker[Session] = getattr(
-        request.app.state, "autocommit_factory", request.app.state.session_factory
-    )
+    factory: sessionmaker[Session] = request.app.state.autocommit_factory
     with factory() as session, session.begin():
         key = authenticate(session, raw=credentials.credentials)
         if key is None:

@@ -112,7 +112,8 @@ def dataset_with_budget(
     Never combine the dataset lock with this join: after waiting for ``FOR UPDATE OF
     dataset`` PostgreSQL re-reads only the locked row, not the joined balance row, which then
     predates the commit that released the lock. Lock first, then read the budget in a new
-    statement (:func:`budget`).
+    statement (:func:`budget`, or the reservation's own statement,
+    :func:`app.releases.service.insert_reservation`).
     """
     row = session.execute(_DATASET_WITH_BUDGET, {"id": dataset_id}).first()
     if row is None:

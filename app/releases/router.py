@@ -200,7 +200,6 @@ async def _answer(
 ) -> Response:
     """The response to a reservation: wait for the run (or not), then present the release."""
     settings = request.app.state.settings
-    factory = request.app.state.session_factory
     release = outcome.release
     respond_async, wait_s = parse_prefer(prefer)
     if not service.is_finished(release) and not respond_async:
@@ -209,7 +208,7 @@ async def _answer(
         _release_admission(request)
         timeout = settings.sync_wait_s if wait_s is None else min(wait_s, settings.sync_wait_s)
 
-        reader = getattr(request.app.state, "autocommit_factory", factory)
+        reader = request.app.state.autocommit_factory
 
         def read() -> Release:
             with reader() as session:  # one SELECT: no transaction needed
