@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
-from sqlalchemy import Engine, MetaData, create_engine, text
+from sqlalchemy import Engine, MetaData, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.config import Settings
@@ -105,13 +105,16 @@ def resolve_database_url(settings: Settings) -> tuple[str, bool]:
 def make_engine(
     url: str, settings: Settings, *, process: str = "api", pre_ping: bool = True
 ) -> Engine:
-    """An engine with a bounded pool, pre-ping (survives PostgreSQL restarts) and hidden
-    statement parameters (never a data value in a log line or an exception message).
+    """An engine with a bounded pool, a liveness ping for idle connections (survives
+    PostgreSQL restarts) and hidden statement parameters (never a data value in a log line
+    or an exception message).
 
-    ``process`` labels the pool in the ``dpquant_db_pool_*`` metrics. ``pre_ping=False``
-    saves a round trip per checkout for callers that retry on a lost connection themselves
-    (the release workers: a stale pooled connection fails one attempt, SQLAlchemy then
-    discards the pool, and the worker's loop tries again)."""
+    ``pre_ping`` pings a pooled connection at checkout only when it has sat idle in the pool
+    for more than :data:`IDLE_PING_S` (see :func:`ping_idle_connections`); a busy pool pays
+    no round trip for it. ``pre_ping=False`` never pings, for callers that retry on a lost
+    connection themselves (the release workers: a stale pooled connection fails one attempt,
+    SQLAlchemy then discards the pool, and the worker's loop tries again). ``process``
+    labels the pool in the ``dpquant_db_pool_*`` metrics."""
     connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout_s}
     hide_result_rows()  # issue 5: no data value in logs, even with SQL logging at DEBUG
     engine = create_engine(
@@ -121,15 +124,66 @@ def make_engine(
         pool_size=settings.pool_size,
         max_overflow=settings.max_overflow,
         pool_timeout=settings.pool_timeout_s,
-        pool_pre_ping=pre_ping,
         connect_args=connect_args,
     )
+    if pre_ping:
+        ping_idle_connections(engine)
+    utc_sessions(engine)
     # issue 5: no statement or lock wait may hang a request (503 instead)
     install_timeouts(engine, statement_timeout_ms=settings.statement_timeout_ms)
     from app.metrics import instrument_pool  # imported late: see app.cli.ensure_metrics_dir
 
     instrument_pool(engine, process=process, capacity=settings.pool_size + settings.max_overflow)
     return engine
+
+
+def utc_sessions(engine: Engine) -> None:
+    """Every connection reads timestamps in UTC, whatever the server's ``TimeZone``: a
+    response built in memory (``datetime.now(UTC)``, or an announced finish time) and a
+    later read of the same row serialise to the same bytes."""
+
+    @event.listens_for(engine, "connect")
+    def _utc(dbapi_connection: Any, record: Any) -> None:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET TimeZone = 'UTC'")
+        dbapi_connection.autocommit = autocommit
+
+
+#: A pooled connection idle for longer than this is pinged before use. A connection reused
+#: sooner was working that recently; should the server have restarted in between, the
+#: first statement fails with the connection invalidated, SQLAlchemy discards the pool,
+#: and :func:`transaction` runs the work again once on a fresh connection.
+IDLE_PING_S = 1.0
+
+_CHECKED_IN = "dpquant_checked_in"
+
+
+def ping_idle_connections(engine: Engine, idle_s: float = IDLE_PING_S) -> None:
+    """Ping a pooled connection at checkout if it was idle for more than ``idle_s``.
+
+    SQLAlchemy's ``pool_pre_ping`` pings at *every* checkout: a round trip per transaction
+    (three per release in the web process). Under load connections come back to the pool
+    and leave again within milliseconds, so this pings only the ones that waited, which is
+    where a server restart or an idle-connection timeout leaves dead sockets. A failed
+    ping raises ``DisconnectionError``: the pool then discards the connection and checks
+    out another (SQLAlchemy's documented pessimistic-disconnect recipe).
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(dbapi_connection: Any, record: Any) -> None:
+        record.info[_CHECKED_IN] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        since = record.info.get(_CHECKED_IN)
+        if since is None or time.monotonic() - since <= idle_s:
+            return  # a new connection, or one that worked a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError("idle connection failed its ping") from exc
 
 
 def redact_url(url: str) -> str:
@@ -193,8 +247,11 @@ def transaction(
     ``work`` is run again from the start (in a new transaction) after a serialization
     failure or a deadlock, at most ``attempts`` times in all, with jittered backoff; any other
     exception rolls back and propagates. A connection lost *during* the commit raises
-    :class:`CommitOutcomeUnknown`, since the transaction may have committed.
+    :class:`CommitOutcomeUnknown`, since the transaction may have committed. A connection
+    found dead *before* the commit (a pooled connection that outlived a server restart)
+    committed nothing, so ``work`` is run again, once, on a fresh connection.
     """
+    reconnected = False
     for attempt in range(1, attempts + 1):
         session = factory()
         try:
@@ -211,6 +268,10 @@ def transaction(
             return result
         except DBAPIError as exc:
             session.rollback()
+            if exc.connection_invalidated and not reconnected:
+                reconnected = True
+                logger.info("transaction retried on a fresh connection (the old one was dead)")
+                continue
             if sqlstate(exc) in RETRYABLE_SQLSTATES and attempt < attempts:
                 logger.info("transaction retried after SQLSTATE %s", sqlstate(exc))
                 time.sleep(_JITTER.uniform(0, 0.002 * 2**attempt))
