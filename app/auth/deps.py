@@ -43,7 +43,8 @@ def get_principal(
 
 
 def _requires(*roles: str) -> object:
-    def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    # async: a role check does no I/O, and a sync dependency costs a thread-pool round trip
+    async def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in roles:
             raise forbidden(f"requires role {' or '.join(roles)}")
         return principal
