@@ -125,9 +125,12 @@ def process_one(
 ) -> bool:
     """Claim and run one release; False when there was nothing to run.
 
-    ``claim_factory`` (default ``factory``) opens the claiming session; the worker passes an
-    autocommit one, since the claim is a single statement (no BEGIN/COMMIT round trips).
+    ``claim_factory`` (default ``factory``) opens the sessions of the claim and of the
+    completion; the worker passes an autocommit one, since each is a single statement (no
+    BEGIN/COMMIT round trips; the completion's statement sets ``synchronous_commit`` for its
+    own implicit transaction, so it is durable whatever the database's default).
     """
+    single = claim_factory or factory
     lease_s = settings.run_timeout_s + settings.lease_margin_s
 
     def claim_and_load(session: Session) -> tuple[Claim, Job | RunFailed | None] | None:
@@ -139,7 +142,7 @@ def process_one(
         except RunFailed as exc:
             return claim, exc  # settled below, in its own transaction
 
-    claimed = transaction(claim_factory or factory, claim_and_load)
+    claimed = transaction(single, claim_and_load)
     if claimed is None:
         return False
     claim, job = claimed
@@ -162,9 +165,9 @@ def process_one(
         except RunFailed as exc:
             logger.error("release %s failed: %s (charged)", claim.release_id, exc)
             reason = exc.reason
-            settle(factory, lambda s: fail(s, claim=claim, reason=reason), until=lease_end)
+            settle(single, lambda s: fail(s, claim=claim, reason=reason), until=lease_end)
             return True
-        settle(factory, lambda s: complete(s, claim=claim, estimates=estimates), until=lease_end)
+        settle(single, lambda s: complete(s, claim=claim, estimates=estimates), until=lease_end)
         return True
     finally:
         if slot is not None:
@@ -195,6 +198,13 @@ def warm_up() -> None:
             logger.warning("warm-up of %s failed (%s)", mech.name, type(exc).__name__)
 
 
+def _heard(
+    listener: psycopg.Connection[Any], *, timeout: float, stop_after: int | None = None
+) -> int:
+    """How many notifications arrive within ``timeout`` (0: only those already received)."""
+    return sum(1 for _ in listener.notifies(timeout=timeout, stop_after=stop_after))
+
+
 def worker_main(url: str, slot: Slot, log_level: str) -> None:
     """Entry point of one worker process (spawned by the supervisor)."""
     logging.basicConfig(
@@ -216,16 +226,25 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
     )
     warm_up()
     listener: psycopg.Connection[Any] | None = None
+    # Claims worth trying: one per notification heard (each announces one runnable release)
+    # and one per poll (expired leases announce nothing). A worker that ran a release claims
+    # again only if something was announced meanwhile, rather than sending an empty claim
+    # after every run.
+    hints = 1
     try:
         while not stop.requested:
             try:
                 if listener is None:
                     listener = psycopg.connect(libpq_conninfo(url), autocommit=True)
                     listener.execute(f"LISTEN {PENDING_CHANNEL}")
-                if process_one(factory, settings, slot, claim_factory=claim_factory):
-                    continue
-                for _ in listener.notifies(timeout=settings.worker_poll_s, stop_after=1):
-                    pass
+                    hints = 1  # whatever was announced while not listening
+                if hints > 0:
+                    if process_one(factory, settings, slot, claim_factory=claim_factory):
+                        hints = hints - 1 + _heard(listener, timeout=0.0)
+                        continue
+                    hints = 0  # the queue is empty (or every runnable release is leased)
+                heard = _heard(listener, timeout=settings.worker_poll_s, stop_after=1)
+                hints = max(1, heard + _heard(listener, timeout=0.0))
             except (psycopg.Error, OSError) as exc:
                 logger.warning("worker database error (%s); retrying", type(exc).__name__)
                 if listener is not None:

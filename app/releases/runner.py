@@ -94,27 +94,7 @@ def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | No
     # description and data version, so loading the job needs no further statement.
     while True:
         row = session.execute(
-            text(
-                """
-                UPDATE release AS r
-                SET lease_token = :token,
-                    lease_until = clock_timestamp() + make_interval(secs => :lease),
-                    attempts = r.attempts + 1
-                FROM (SELECT id FROM release
-                      WHERE status = 'pending'
-                        AND (lease_until IS NULL OR lease_until < clock_timestamp())
-                      ORDER BY seq
-                      LIMIT 1
-                      FOR UPDATE SKIP LOCKED) AS next,
-                     dataset AS d,
-                     (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
-                WHERE r.id = next.id AND d.id = r.dataset_id AND cfg.v IS NOT NULL
-                RETURNING r.id, r.lease_token, r.attempts, r.dataset_id, r.method,
-                          r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
-                          d.granularity, d.neighbors, d.archived_at,
-                          CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
-                """
-            ),
+            _CLAIM,
             {"token": uuid.uuid4(), "lease": float(lease_s)},
         ).first()
         if row is None:
@@ -126,6 +106,29 @@ def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | No
             "release %s failed: %d runs started, none finished", claim.release_id, max_runs
         )
         fail(session, claim=claim, reason=FAILURE_LOST)
+
+
+_CLAIM = text(
+    """
+    UPDATE release AS r
+    SET lease_token = :token,
+        lease_until = clock_timestamp() + make_interval(secs => :lease),
+        attempts = r.attempts + 1
+    FROM (SELECT id FROM release
+          WHERE status = 'pending'
+            AND (lease_until IS NULL OR lease_until < clock_timestamp())
+          ORDER BY seq
+          LIMIT 1
+          FOR UPDATE SKIP LOCKED) AS next,
+         dataset AS d,
+         (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
+    WHERE r.id = next.id AND d.id = r.dataset_id AND cfg.v IS NOT NULL
+    RETURNING r.id, r.lease_token, r.attempts, r.dataset_id, r.method,
+              r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
+              d.granularity, d.neighbors, d.archived_at,
+              CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
+    """
+)
 
 
 def load_job(session: Session, claim: Claim) -> Job | None:

@@ -202,6 +202,40 @@ def test_a_failed_run_keeps_its_debit_and_a_retry_resumes_it_without_a_new_one(
     assert _query(quiet, ds, key=key, epsilon="0.2").json()["type"] == "idempotency_conflict"
 
 
+def test_a_synchronous_failure_is_answered_from_its_announcement_byte_identically(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that fails while its request waits: the 201 is built from the announced outcome
+    (status, public reason, finish time, no estimates) and equals a later GET byte for byte."""
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise FloatingPointError("injected failure")
+
+    monkeypatch.setitem(MECHANISMS, "indexp", broken_indexp(boom))
+    answer: list[Any] = []
+    waiting = threading.Thread(target=lambda: answer.append(_query(quiet, ds, epsilon="1e-1")))
+    waiting.start()
+    try:
+        with quiet.engine.connect() as conn:
+            for _ in range(200):  # the reservation, then run it while the request waits
+                pending = conn.execute(
+                    text("SELECT count(*) FROM release WHERE dataset_id = :d"), {"d": ds}
+                ).scalar_one()
+                if pending:
+                    break
+                time.sleep(0.005)
+        assert quiet.run_one()
+    finally:
+        waiting.join(timeout=30)
+    created = answer[0]
+    assert created.status_code == 201, created.text
+    assert created.json()["status"] == "failed"
+    assert created.json()["failure"] == "mechanism_error" and created.json()["estimates"] is None
+    again = quiet.client.get(f"/v1/releases/{created.json()['id']}", headers=ADMIN)
+    assert again.content == created.content
+
+
 def test_runs_per_release_are_bounded_by_max_runs(
     quiet: Quiet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -646,6 +680,49 @@ def test_a_small_release_costs_few_statements(quiet: Quiet) -> None:
         assert quiet.release_row(r.json()["id"])["status"] == "done"
     finally:
         worker_engine.dispose()
+
+
+def test_the_completion_is_on_disk_when_its_autocommit_statement_returns(quiet: Quiet) -> None:
+    """The worker stores ``done`` in one autocommit statement that sets
+    ``synchronous_commit = on`` for its own implicit transaction: even on a connection whose
+    default is ``off`` (as the reservation's commit is), the WAL is flushed past the
+    completion before the statement returns, so no answer can leave ahead of it."""
+    from sqlalchemy import event
+
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
+    engine = make_engine(quiet.url, quiet.settings, pre_ping=False)
+
+    @event.listens_for(engine, "connect")
+    def _async_by_default(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.execute("SET synchronous_commit = off")
+        dbapi_connection.commit()
+
+    single = sessionmaker(
+        engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
+    )
+    lsn: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _mark(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "SET status = 'done'" in statement:  # the WAL position just before the completion
+            with quiet.engine.connect() as other:
+                lsn.append(other.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one())
+
+    try:
+        r = _query(quiet, ds, prefer="respond-async")
+        assert r.status_code == 202, r.text
+        with engine.connect() as conn:
+            assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "off"
+        assert process_one(quiet.factory, quiet.settings, claim_factory=single)
+        assert len(lsn) == 1
+        with engine.connect() as conn:
+            flushed = conn.execute(
+                text("SELECT pg_current_wal_flush_lsn() > CAST(:lsn AS pg_lsn)"), {"lsn": lsn[0]}
+            ).scalar_one()
+        assert flushed, "the completion returned before its commit reached the disk"
+        assert quiet.release_row(r.json()["id"])["status"] == "done"
+    finally:
+        engine.dispose()
 
 
 def test_a_reservation_that_does_not_fit_writes_nothing_and_reports_the_locked_budget(
