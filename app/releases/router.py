@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from typing import Annotated
@@ -40,7 +39,7 @@ from app.releases.schemas import (
     ReleasePage,
     ReleasePublic,
 )
-from app.releases.waiter import wait_until
+from app.releases.waiter import Watch, wait_until
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +194,7 @@ async def _answer(
     outcome: service.Outcome,
     prefer: str | None,
     principal: Principal,
-    watching: asyncio.Event,
+    watching: Watch,
     new_id: uuid.UUID,
 ) -> Response:
     """The response to a reservation: wait for the run (or not), then present the release."""
@@ -214,6 +213,8 @@ async def _answer(
             with reader() as session:  # one SELECT: no transaction needed
                 return service.get_release(session, principal=principal, release_id=release.id)
 
+        reserved = release
+        new = release.id == new_id  # watched since before it existed (a replay was not)
         try:
             release = await wait_until(
                 request.app.state.completion_hub,
@@ -221,8 +222,9 @@ async def _answer(
                 read=read,
                 finished=service.is_finished,
                 timeout_s=timeout,
-                # a new release was watched since before it existed; a replayed one was not
-                watching=watching if release.id == new_id else None,
+                watching=watching if new else None,
+                # the announced outcome completes the reserved release without a re-read
+                complete=(lambda outcome: service.with_outcome(reserved, outcome)) if new else None,
             )
         except (DBAPIError, SQLAlchemyTimeoutError):
             # The release is reserved and paid whatever happens now: say so (202 + Location)

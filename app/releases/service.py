@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, localcontext
@@ -664,6 +665,32 @@ def list_releases(
     if before is not None:
         stmt = stmt.where(Release.seq < before)
     return list(session.scalars(stmt.order_by(Release.seq.desc()).limit(limit)))
+
+
+def with_outcome(release: Release, outcome: Mapping[str, Any]) -> Release | None:
+    """``release`` (as reserved, in memory) finished as announced in ``outcome`` (see
+    :mod:`app.releases.waiter`): the same values a re-read of the row gives, so the answer
+    is byte-identical to a later GET. None when the announcement is not a finished outcome
+    of this release (the caller then reads the row)."""
+    try:
+        if uuid.UUID(str(outcome["id"])) != release.id or outcome["status"] not in (DONE, FAILED):
+            return None
+        finished_at = datetime.fromisoformat(outcome["finished_at"]).replace(tzinfo=UTC)
+        raw = outcome["estimates"]
+        estimates = None if raw is None else [float(x) for x in raw]
+        failure = outcome["failure"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    columns = {column.key: getattr(release, column.key) for column in Release.__table__.columns}
+    columns.update(
+        status=outcome["status"],
+        failure=None if failure is None else str(failure),
+        finished_at=finished_at,
+        estimates=estimates,
+        lease_token=None,
+        lease_until=None,
+    )
+    return Release(**columns)
 
 
 def is_finished(release: Release) -> bool:

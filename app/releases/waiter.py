@@ -2,19 +2,23 @@
 
 One ``LISTEN`` connection per web process (an asyncio task started by the lifespan) receives
 the workers' ``NOTIFY`` of finished releases and wakes the requests waiting for them. A
-waiting request holds no thread, no pooled connection, no lock and no admission slot; it
-re-reads the release when woken, and at least every :data:`RECHECK_S` seconds, so a lost
-notification (or a listener reconnecting) only delays an answer, never loses it.
+waiting request holds no thread, no pooled connection, no lock and no admission slot. A
+finished announcement carries the outcome (status, failure, finish time, estimates; see
+migration 0007), so a request that reserved the release completes it in memory; otherwise
+(a replayed release, or an outcome too large for a notification) it re-reads the release
+when woken. It re-reads at least every :data:`RECHECK_S` seconds, so a lost notification
+(or a listener reconnecting) only delays an answer, never loses it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
@@ -35,12 +39,33 @@ def libpq_conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+class Watch:
+    """One waiter's wake-up: ``event`` is set whenever the release may have finished;
+    ``outcome`` holds the announced outcome once one arrived (None: read the row)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.outcome: dict[str, Any] | None = None
+
+
+def parse_announcement(payload: str) -> tuple[uuid.UUID, dict[str, Any] | None] | None:
+    """A finished announcement: the release id and, when the payload carries it, the outcome
+    (a JSON object with ``id``, ``status``, ``failure``, ``finished_at``, ``estimates``)."""
+    try:
+        if not payload.startswith("{"):
+            return uuid.UUID(payload), None
+        outcome = json.loads(payload)
+        return uuid.UUID(outcome["id"]), outcome
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class CompletionHub:
     """Wakes waiters when their release id is announced on :data:`FINISHED_CHANNEL`."""
 
     def __init__(self, url: str) -> None:
         self._conninfo = libpq_conninfo(url)
-        self._events: dict[uuid.UUID, set[asyncio.Event]] = {}
+        self._watches: dict[uuid.UUID, set[Watch]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -73,31 +98,32 @@ class CompletionHub:
                 await asyncio.sleep(1.0)
 
     def _wake(self, payload: str) -> None:
-        try:
-            release_id = uuid.UUID(payload)
-        except ValueError:
+        parsed = parse_announcement(payload)
+        if parsed is None:
             return
-        for event in self._events.get(release_id, ()):
-            event.set()
+        release_id, outcome = parsed
+        for watch in self._watches.get(release_id, ()):
+            watch.outcome = outcome
+            watch.event.set()
 
     def _wake_all(self) -> None:
-        for events in self._events.values():
-            for event in events:
-                event.set()
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.event.set()
 
     @contextmanager
-    def watch(self, release_id: uuid.UUID) -> Iterator[asyncio.Event]:
-        """An event set whenever ``release_id`` may have finished (registered while open)."""
-        event = asyncio.Event()
-        self._events.setdefault(release_id, set()).add(event)
+    def watch(self, release_id: uuid.UUID) -> Iterator[Watch]:
+        """A :class:`Watch` woken whenever ``release_id`` may have finished (while open)."""
+        watch = Watch()
+        self._watches.setdefault(release_id, set()).add(watch)
         try:
-            yield event
+            yield watch
         finally:
-            waiters = self._events.get(release_id)
-            if waiters is not None:
-                waiters.discard(event)
-                if not waiters:
-                    del self._events[release_id]
+            watches = self._watches.get(release_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[release_id]
 
 
 async def wait_until(
@@ -107,42 +133,50 @@ async def wait_until(
     read: Callable[[], T],
     finished: Callable[[T], bool],
     timeout_s: float,
-    watching: asyncio.Event | None = None,
+    watching: Watch | None = None,
+    complete: Callable[[dict[str, Any]], T | None] | None = None,
 ) -> T:
-    """Re-read the release until ``finished`` or ``timeout_s``; returns the last read.
+    """Wait until the release is ``finished`` or ``timeout_s`` has passed; returns the last
+    state seen.
 
-    ``watching``: an event from :meth:`CompletionHub.watch` registered *before* the release
-    was committed as pending. Nothing can have finished unheard then, so the first read
-    waits for a notification (or :data:`RECHECK_S`) instead of reading a row known to be
-    pending.
+    ``watching``: a :class:`Watch` from :meth:`CompletionHub.watch` registered *before* the
+    release was committed as pending. Nothing can have finished unheard then, so the first
+    read waits for a notification (or :data:`RECHECK_S`) instead of reading a row known to
+    be pending. ``complete``: builds the finished state from an announced outcome (None if it
+    cannot), which saves the read.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, timeout_s)
     if watching is not None:
-        return await _wait_loop(watching, deadline, read, finished, skip_first_read=True)
-    with hub.watch(release_id) as event:
-        return await _wait_loop(event, deadline, read, finished, skip_first_read=False)
+        return await _wait_loop(watching, deadline, read, finished, complete, skip_first=True)
+    with hub.watch(release_id) as watch:
+        return await _wait_loop(watch, deadline, read, finished, complete, skip_first=False)
 
 
 async def _wait_loop(
-    event: asyncio.Event,
+    watch: Watch,
     deadline: float,
     read: Callable[[], T],
     finished: Callable[[T], bool],
+    complete: Callable[[dict[str, Any]], T | None] | None,
     *,
-    skip_first_read: bool,
+    skip_first: bool,
 ) -> T:
     loop = asyncio.get_running_loop()
-    if skip_first_read:
+    if skip_first:
         with suppress(TimeoutError):
             await asyncio.wait_for(
-                event.wait(), timeout=max(0.0, min(RECHECK_S, deadline - loop.time()))
+                watch.event.wait(), timeout=max(0.0, min(RECHECK_S, deadline - loop.time()))
             )
     while True:
-        event.clear()
-        current = await anyio.to_thread.run_sync(read)
+        watch.event.clear()
+        current = None
+        if complete is not None and watch.outcome is not None:
+            current = complete(watch.outcome)
+        if current is None:
+            current = await anyio.to_thread.run_sync(read)
         remaining = deadline - loop.time()
         if finished(current) or remaining <= 0:
             return current
         with suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=min(RECHECK_S, remaining))
+            await asyncio.wait_for(watch.event.wait(), timeout=min(RECHECK_S, remaining))
