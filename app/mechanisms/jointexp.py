@@ -321,25 +321,15 @@ class _Forward:
                 np.empty(n_t),
                 ls,
             )
-        l1 = ls[:count]
-        lw_here = self.logw[prev.lo : prev.lo + n_t]
-        lstay = -self.c * nj
-        lfloor = l1[:n_t] + math.log(PRUNE)
-        # level k + 1 (k + 2 copies) from level k: all levels at once
-        shift = lstay - np.log(np.arange(2, lev.shape[0] + 2, dtype=np.float64))
-        cands = lev + lw_here[None, :] + shift[:, None]
-        cands[cands < lfloor[None, :]] = -np.inf
-        alive = np.flatnonzero(np.any(cands > -np.inf, axis=1))
-        nrep = int(alive[-1]) + 1 if alive.size else 0  # only trailing empty levels go
-        if nrep:
-            out = np.full((1 + nrep, count), -np.inf)
-            out[0] = l1
-            out[1:, :n_t] = cands[:nrep]
-            tot = _logsumexp_levels(out)
-            top = float(tot.max())
-        else:
-            out = l1.reshape(1, -1)
-            tot = l1
+        # repeat levels, the sum over levels, the kept span and the shift by the maximum
+        out, tot, a, top = K.log_levels_step(
+            lev,
+            self.logw[prev.lo : prev.lo + n_t],
+            -self.c * nj,
+            ls[:count],
+            math.log(PRUNE),
+            self.keep,
+        )
         if not math.isfinite(top):
             raise FloatingPointError("JointExp: a forward row has no mass")
         gmax = prev.gmax + top
@@ -348,22 +338,7 @@ class _Forward:
             # this row needs the earlier rows' floors lower by the shortfall
             short = peak + j * self.log_growth - (gmax - self.headroom)
             self.needed_keep = max(self.needed_keep, self.keep + short)
-        a, b = _span(tot >= top - self.keep)
-        out = out[:, a:b] - top
-        total = None
-        if out.shape[0] > 1:
-            # Entries more than `keep` e-folds down are dropped wherever they are (the linear
-            # pass loses them to underflow the same way); repeat levels left empty go too.
-            drop = out < -self.keep
-            out[drop] = -np.inf
-            nonempty = np.flatnonzero(np.any(out > -np.inf, axis=1))
-            out = np.ascontiguousarray(out[: int(nonempty[-1]) + 1])
-            # the sum over levels, which the next row starts from: the one just formed, with
-            # the columns that lost an entry summed again
-            total = tot[a:b] - top
-            cols = np.flatnonzero(np.any(drop, axis=0))
-            if cols.size:
-                total[cols] = _logsumexp_levels(np.ascontiguousarray(out[:, cols]))
+        total = tot if tot.size else None
         return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0, gmax, peak, total)
 
     # -- storage ----------------------------------------------------------------------------

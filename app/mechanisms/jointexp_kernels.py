@@ -515,3 +515,146 @@ def logsumexp_rows(x: np.ndarray, out: np.ndarray) -> None:
 def log_of(x: np.ndarray, out: np.ndarray) -> None:
     for i in range(x.size):
         out[i] = math.log(x[i]) if x[i] > 0.0 else NEG_INF
+
+
+# --------------------------------------------------------------------------- repeat levels
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lse_col(x: np.ndarray, v: int) -> float:
+    """log sum_k exp(x[k, v]), exactly as :func:`logsumexp_rows` computes it for one column.
+
+    A column with a single finite entry is that entry (``mx + log(exp(0))`` is ``mx``).
+    """
+    mx = NEG_INF
+    nfin = 0
+    for k in range(x.shape[0]):
+        if x[k, v] > NEG_INF:
+            nfin += 1
+            if x[k, v] > mx:
+                mx = x[k, v]
+    if nfin <= 1:
+        return mx
+    acc = 0.0
+    for k in range(x.shape[0]):
+        if x[k, v] > NEG_INF:
+            acc += math.exp(x[k, v] - mx)
+    return mx + math.log(acc)
+
+
+@numba.njit(cache=True, nogil=True)
+def log_levels_step(
+    lev: np.ndarray,
+    lw_here: np.ndarray,
+    lstay: float,
+    l1: np.ndarray,
+    lprune: float,
+    keep: float,
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """The repeat levels of a log-space row, its sum over levels, span and normalisation.
+
+    ``lev`` (levels x n_t) is the previous row's levels (logs), ``l1`` the new single-copy
+    entries (``count >= n_t`` of them). Level k + 1 of the new row is
+    ``lev[k] + lw_here + lstay - log(k + 2)``, dropped where below ``l1 + lprune`` (PRUNE of
+    the single-copy entry at the same interval); trailing empty levels go. The row is then
+    cut to the columns whose sum over levels is within ``keep`` of its maximum ``top`` and
+    shifted by ``-top``; with repeat levels, entries below ``-keep`` are dropped as well,
+    trailing empty levels go, and the columns holding a dropped or empty entry have their
+    sum formed again from what is kept.
+
+    Returns ``(levels, total, a, top)``: the new levels (logs, max-normalised), their sum over
+    levels (an empty array when a single level is left), the first kept column, and ``top``.
+    The arithmetic is that of the numpy formulation it replaces (``logsumexp_rows`` column by
+    column, the same operations in the same order), fused into two passes over the row.
+    """
+    nprev, n_t = lev.shape
+    count = l1.size
+    # Repeat entries can only be finite where the previous row's levels are: the columns
+    # [h0, h1). Outside them a column is its single-copy entry alone, and every sum below is
+    # that entry (a one-term logsumexp), so only the hull is worked column by column.
+    h0 = n_t
+    h1 = 0
+    nrep = 0  # which levels survive the pruning (only trailing empty ones are removed)
+    for k in range(nprev):
+        sh = lstay - math.log(k + 2.0)
+        first = -1
+        for v in range(n_t):
+            y = lev[k, v]
+            if y > NEG_INF:
+                first = v
+                break
+        if first < 0:
+            continue
+        last = first
+        for v in range(n_t - 1, first, -1):
+            if lev[k, v] > NEG_INF:
+                last = v
+                break
+        alive = False
+        for v in range(first, last + 1):
+            y = lev[k, v]
+            if y > NEG_INF and not y + lw_here[v] + sh < l1[v] + lprune:
+                alive = True
+                break
+        if alive:
+            nrep = k + 1
+        h0 = min(h0, first)
+        h1 = max(h1, last + 1)
+    nl = 1 + nrep
+    if nrep == 0:
+        h0 = 0
+        h1 = 0
+    out = np.empty((nl, count))
+    tot = np.empty(count)
+    out[0, :] = l1
+    for k in range(nrep):
+        sh = lstay - math.log(k + 2.0)
+        out[k + 1, :] = NEG_INF
+        for v in range(h0, h1):
+            y = lev[k, v]
+            if y > NEG_INF:
+                y = y + lw_here[v] + sh
+                if not y < l1[v] + lprune:
+                    out[k + 1, v] = y
+    top = NEG_INF
+    for v in range(count):
+        s = _lse_col(out, v) if h0 <= v < h1 else out[0, v]
+        tot[v] = s
+        if s > top:
+            top = s
+    if top == NEG_INF:
+        return out[:, :0], tot[:0], 0, top
+    a = 0
+    while not tot[a] >= top - keep:
+        a += 1
+    b = count
+    while not tot[b - 1] >= top - keep:
+        b -= 1
+    if nl == 1:
+        lv = np.empty((1, b - a))
+        for v in range(a, b):
+            lv[0, v - a] = out[0, v] - top
+        return lv, tot[:0], a, top
+    last = 0
+    res = np.empty((nl, b - a))
+    for k in range(nl):
+        for v in range(a, b):
+            x = out[k, v] - top
+            if x < -keep:
+                x = NEG_INF
+            res[k, v - a] = x
+            if x > NEG_INF and k > last:
+                last = k
+    lv = np.ascontiguousarray(res[: last + 1])
+    total = np.empty(b - a)
+    for v in range(a, b):
+        if h0 <= v < h1:
+            lost = False
+            for k in range(nl):
+                if out[k, v] - top < -keep:  # dropped, or empty (-inf)
+                    lost = True
+                    break
+            total[v - a] = _lse_col(lv, v - a) if lost else tot[v] - top
+        else:  # the repeat levels are empty here: the sum is the kept single-copy entry
+            total[v - a] = res[0, v - a]
+    return lv, total, a, top
