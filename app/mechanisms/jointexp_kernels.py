@@ -429,6 +429,190 @@ def transition_ext(
     return count, top
 
 
+# ------------------------------------------------------------------ scaled (coarse exponent)
+
+#: Exponent step of the scaled kernel: a value is ``m * e**(SCALE_STEP * k)``, integer k.
+SCALE_STEP = 350.0
+_SLO = math.exp(-0.5 * SCALE_STEP)  # mantissas are kept in [e^-175, e^175) ...
+_SHI = math.exp(0.5 * SCALE_STEP)
+_SUP = math.exp(SCALE_STEP)  # ... by multiplying with e^(+-350) when they leave it
+_SDN = math.exp(-SCALE_STEP)
+
+
+def scaled_decay_table(c: float, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``exp(-c k) = qm[k] * e**(-SCALE_STEP * qe[k])`` for k < size, mantissas in (e^-350, 1].
+
+    ``qe[k] = floor(c k / SCALE_STEP)``; ``c k`` is rounded once (as in the log kernel) and
+    ``c k - SCALE_STEP qe[k]`` is then exact, so each factor carries one rounding (its exp).
+    """
+    x = c * np.arange(size, dtype=np.float64)
+    qe = np.floor(x / SCALE_STEP)
+    return np.exp(qe * SCALE_STEP - x), qe.astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _snorm(m: float, k: int) -> tuple[float, int]:
+    """Bring a mantissa back to [e^-175, e^175): one exact-range multiply by e^(+-350).
+
+    Callers only form mantissas in [e^-526, 2 e^175) (a normalised mantissa times a factor
+    in (e^-351, 1], or the sum of two), so one step suffices and nothing is subnormal.
+    """
+    if m < _SLO:
+        if m == 0.0:
+            return 0.0, k
+        return m * _SUP, k - 1
+    if m >= _SHI:
+        return m * _SDN, k + 1
+    return m, k
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sadd(m1: float, k1: int, m2: float, k2: int) -> tuple[float, int]:
+    """m1 e^(350 k1) + m2 e^(350 k2). Equal exponents (the common case) add directly; one
+    step apart, the smaller is scaled by e^-350 (one rounding); further apart it is below
+    e^-350 of the larger (both mantissas in [e^-175, e^175)) and is dropped."""
+    if m2 == 0.0:
+        return m1, k1
+    if m1 == 0.0:
+        return m2, k2
+    if k1 == k2:
+        return _snorm(m1 + m2, k1)
+    if k1 == k2 + 1:
+        return _snorm(m1 + m2 * _SDN, k1)
+    if k2 == k1 + 1:
+        return _snorm(m2 + m1 * _SDN, k2)
+    if k1 > k2:
+        return m1, k1
+    return m2, k2
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sdecay(
+    m: float, k: int, dist: int, c: float, qm: np.ndarray, qe: np.ndarray
+) -> tuple[float, int]:
+    """(m e^(350 k)) * exp(-c dist) for an integer distance >= 0."""
+    if dist < qm.size:
+        return _snorm(m * qm[dist], k - qe[dist])
+    x = c * dist
+    j = math.floor(x / SCALE_STEP)
+    return _snorm(m * math.exp(j * SCALE_STEP - x), k - int(j))
+
+
+@numba.njit(cache=True, nogil=True)
+def transition_scaled(
+    lT: np.ndarray,
+    lo: int,
+    logw: np.ndarray,
+    suf_logw: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    keep: float,
+    qm: np.ndarray,
+    qe: np.ndarray,
+    Tm: np.ndarray,
+    Te: np.ndarray,
+    SAm: np.ndarray,
+    SAe: np.ndarray,
+    lS: np.ndarray,
+) -> tuple[int, float]:
+    """:func:`transition_ext` with a coarse exponent: every sum is ``m * e**(350 k)``.
+
+    The same recursions, inputs, outputs and stopping rule as :func:`transition_log` and
+    :func:`transition_ext`. Mantissas stay in [e^-175, e^175) (:func:`_snorm`), so values
+    whose exponents are equal -- nearly all, since an exponent only moves after 175 e-folds
+    -- add as plain doubles, decays are one multiply by a tabled factor in (e^-350, 1]
+    (:func:`scaled_decay_table`), and renormalising is one multiply by e^(+-350), never a
+    log or exp. As in the ext kernel, nothing underflows at any depth, only non-negative
+    terms are added, and a term is dropped only when it is below e^-350 of the sum it joins.
+    ``Tm, Te, SAm, SAe`` are scratch of at least ``lT.size`` entries.
+    """
+    nT = lT.size
+    n_out = min(lS.size, logw.size - lo)
+    L = int(math.floor(nj))
+    f = nj - L
+    r_f = math.exp(-c * f)
+    r_1mf = math.exp(-c * (1.0 - f))
+    for u in range(nT):
+        x = lT[u]
+        if x == NEG_INF:
+            Tm[u] = 0.0
+            Te[u] = 0
+        else:
+            k = math.floor(x / SCALE_STEP + 0.5)
+            Tm[u] = math.exp(x - k * SCALE_STEP)  # x - 350 k is exact; |.| <= 175
+            Te[u] = int(k)
+    top = NEG_INF
+    t = -1
+    Gm = 0.0
+    Ge = 0
+    B = 0
+    BAm = 0.0
+    BAe = 0
+    wh = -1
+    lS[0] = NEG_INF
+    count = 1
+    for v in range(1, n_out):
+        pv = P[lo + v]
+        u = v - 1
+        if u < nT:
+            if u >= B:
+                xm, xe = _sdecay(Tm[u], Te[u], P[lo + u] - P[lo + B], c, qm, qe)
+                BAm, BAe = _sadd(BAm, BAe, xm, xe)
+            else:
+                B = u
+                BAm = Tm[u]
+                BAe = Te[u]
+            wh = u
+        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+            t += 1
+            if t > 0:
+                Gm, Ge = _sdecay(Gm, Ge, P[lo + t] - P[lo + t - 1], c, qm, qe)
+                Gm, Ge = _sadd(Gm, Ge, Tm[t], Te[t])
+            else:
+                Gm = Tm[t]
+                Ge = Te[t]
+        am = 0.0
+        ae = 0
+        wl = t + 1
+        if wl <= wh:
+            if wl >= B:
+                accm = Tm[wh]
+                acce = Te[wh]
+                SAm[wh] = accm
+                SAe[wh] = acce
+                for k in range(wh - 1, wl - 1, -1):
+                    accm, acce = _sdecay(accm, acce, P[lo + k + 1] - P[lo + k], c, qm, qe)
+                    accm, acce = _sadd(accm, acce, Tm[k], Te[k])
+                    SAm[k] = accm
+                    SAe[k] = acce
+                B = wh + 1
+                BAm = 0.0
+                BAe = 0
+            aggm = SAm[wl]
+            agge = SAe[wl]
+            if BAm > 0.0:
+                xm, xe = _sdecay(BAm, BAe, P[lo + B] - P[lo + wl], c, qm, qe)
+                aggm, agge = _sadd(aggm, agge, xm, xe)
+            am, ae = _sdecay(aggm, agge, L - (pv - P[lo + wl]), c, qm, qe)
+            am *= r_f
+        lfar = NEG_INF
+        if t >= 0:
+            fm, fe = _sdecay(Gm, Ge, pv - P[lo + t] - L - 1, c, qm, qe)
+            fm *= r_1mf
+            am, ae = _sadd(am, ae, fm, fe)
+            if t == nT - 1 and fm > 0.0:
+                lfar = math.log(fm) + fe * SCALE_STEP
+        val = logw[lo + v] + (math.log(am) + ae * SCALE_STEP) if am > 0.0 else NEG_INF
+        lS[v] = val
+        if val > top:
+            top = val
+        count = v + 1
+        if t == nT - 1 and lfar + suf_logw[lo + v] < top - keep:
+            break
+    return count, top
+
+
 # --------------------------------------------------------------------------- backward draws
 
 
@@ -486,9 +670,10 @@ def step_weights_log(
             out[k * count + v] = x
             if x > top:
                 top = x
+    lo_x = top - 746.0  # exp of anything below this is 0.0 in a double: skip the call
     for j in range(nlev * count):
         x = out[j]
-        out[j] = math.exp(x - top) if x > NEG_INF else 0.0
+        out[j] = math.exp(x - top) if x > lo_x else 0.0
     return top
 
 
@@ -559,19 +744,21 @@ def log_levels_step(
     the single-copy entry at the same interval); trailing empty levels go. The row is then
     cut to the columns whose sum over levels is within ``keep`` of its maximum ``top`` and
     shifted by ``-top``; with repeat levels, entries below ``-keep`` are dropped as well,
-    trailing empty levels go, and the columns holding a dropped or empty entry have their
-    sum formed again from what is kept.
+    trailing empty levels go, and the columns that lost an entry have their sum formed again
+    from what is kept.
 
     Returns ``(levels, total, a, top)``: the new levels (logs, max-normalised), their sum over
     levels (an empty array when a single level is left), the first kept column, and ``top``.
-    The arithmetic is that of the numpy formulation it replaces (``logsumexp_rows`` column by
-    column, the same operations in the same order), fused into two passes over the row.
+    Sums are :func:`logsumexp_rows` column by column; a column whose sum over levels is not
+    changed by the cut keeps ``sum - top`` (the numpy formulation this replaces formed
+    ``logsumexp(levels - top)`` again for columns holding any empty level: the same value to
+    rounding). Only the columns where a repeat entry survives are summed with ``exp``.
     """
     nprev, n_t = lev.shape
     count = l1.size
-    # Repeat entries can only be finite where the previous row's levels are: the columns
-    # [h0, h1). Outside them a column is its single-copy entry alone, and every sum below is
-    # that entry (a one-term logsumexp), so only the hull is worked column by column.
+    # The repeat entries that survive the pruning lie in the columns [h0, h1). Outside them
+    # a column is its single-copy entry alone, and every sum below is that entry (a one-term
+    # logsumexp), so only the hull is worked column by column.
     h0 = n_t
     h1 = 0
     nrep = 0  # which levels survive the pruning (only trailing empty ones are removed)
@@ -580,81 +767,90 @@ def log_levels_step(
         first = -1
         for v in range(n_t):
             y = lev[k, v]
-            if y > NEG_INF:
+            if y > NEG_INF and not y + lw_here[v] + sh < l1[v] + lprune:
                 first = v
                 break
         if first < 0:
             continue
+        nrep = k + 1
         last = first
         for v in range(n_t - 1, first, -1):
-            if lev[k, v] > NEG_INF:
-                last = v
-                break
-        alive = False
-        for v in range(first, last + 1):
             y = lev[k, v]
             if y > NEG_INF and not y + lw_here[v] + sh < l1[v] + lprune:
-                alive = True
+                last = v
                 break
-        if alive:
-            nrep = k + 1
         h0 = min(h0, first)
         h1 = max(h1, last + 1)
     nl = 1 + nrep
     if nrep == 0:
         h0 = 0
         h1 = 0
-    out = np.empty((nl, count))
-    tot = np.empty(count)
-    out[0, :] = l1
+    hw = h1 - h0
+    # the hull's columns, all levels (level 0 is l1); outside it only l1 is non-empty
+    hull = np.empty((nl, hw))
+    for v in range(hw):
+        hull[0, v] = l1[h0 + v]
     for k in range(nrep):
         sh = lstay - math.log(k + 2.0)
-        out[k + 1, :] = NEG_INF
-        for v in range(h0, h1):
-            y = lev[k, v]
+        for v in range(hw):
+            x = NEG_INF
+            y = lev[k, h0 + v]
             if y > NEG_INF:
-                y = y + lw_here[v] + sh
-                if not y < l1[v] + lprune:
-                    out[k + 1, v] = y
+                y = y + lw_here[h0 + v] + sh
+                if not y < l1[h0 + v] + lprune:
+                    x = y
+            hull[k + 1, v] = x
+    htot = np.empty(hw)
     top = NEG_INF
-    for v in range(count):
-        s = _lse_col(out, v) if h0 <= v < h1 else out[0, v]
-        tot[v] = s
+    for v in range(hw):
+        s = _lse_col(hull, v)
+        htot[v] = s
         if s > top:
             top = s
+    for v in range(count):
+        if (v < h0 or v >= h1) and l1[v] > top:
+            top = l1[v]
     if top == NEG_INF:
-        return out[:, :0], tot[:0], 0, top
+        return hull[:, :0], htot[:0], 0, top
     a = 0
-    while not tot[a] >= top - keep:
+    while not (htot[a - h0] if h0 <= a < h1 else l1[a]) >= top - keep:
         a += 1
     b = count
-    while not tot[b - 1] >= top - keep:
+    while not (htot[b - 1 - h0] if h0 <= b - 1 < h1 else l1[b - 1]) >= top - keep:
         b -= 1
     if nl == 1:
         lv = np.empty((1, b - a))
         for v in range(a, b):
-            lv[0, v - a] = out[0, v] - top
-        return lv, tot[:0], a, top
+            lv[0, v - a] = l1[v] - top
+        return lv, htot[:0], a, top
+    # entries more than keep e-folds down are dropped wherever they are; trailing empty
+    # levels go (outside the hull only level 0 can hold an entry)
     last = 0
-    res = np.empty((nl, b - a))
-    for k in range(nl):
-        for v in range(a, b):
-            x = out[k, v] - top
-            if x < -keep:
-                x = NEG_INF
-            res[k, v - a] = x
-            if x > NEG_INF and k > last:
+    for k in range(1, nl):
+        for v in range(max(a, h0), min(b, h1)):
+            if not hull[k, v - h0] - top < -keep:
                 last = k
-    lv = np.ascontiguousarray(res[: last + 1])
+                break
+    lv = np.empty((last + 1, b - a))
     total = np.empty(b - a)
     for v in range(a, b):
         if h0 <= v < h1:
             lost = False
             for k in range(nl):
-                if out[k, v] - top < -keep:  # dropped, or empty (-inf)
-                    lost = True
-                    break
-            total[v - a] = _lse_col(lv, v - a) if lost else tot[v] - top
+                x = hull[k, v - h0] - top
+                if x < -keep:
+                    if x > NEG_INF:  # an entry is dropped: the sum is formed again
+                        lost = True
+                    x = NEG_INF
+                if k <= last:
+                    lv[k, v - a] = x
+            total[v - a] = _lse_col(lv, v - a) if lost else htot[v - h0] - top
         else:  # the repeat levels are empty here: the sum is the kept single-copy entry
-            total[v - a] = res[0, v - a]
+            x = l1[v] - top
+            if x < -keep:
+                x = NEG_INF
+            lv[0, v - a] = x
+            for k in range(1, last + 1):
+                lv[k, v - a] = NEG_INF
+            total[v - a] = x
     return lv, total, a, top
