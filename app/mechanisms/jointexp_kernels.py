@@ -499,10 +499,46 @@ def _sdecay(
 
 
 @numba.njit(cache=True, nogil=True)
+def split_scaled(lx: np.ndarray, xr: np.ndarray, xe: np.ndarray) -> None:
+    """``lx = xr + SCALE_STEP * xe`` with integer ``xe`` and ``|xr| <= 175`` (exact).
+
+    ``exp(xr)`` (taken by numpy, vectorised) is then the mantissa of ``exp(lx)`` in the
+    scaled form; ``-inf`` maps to ``xr = -inf`` (mantissa 0).
+    """
+    for u in range(lx.size):
+        x = lx[u]
+        if x == NEG_INF:
+            xr[u] = NEG_INF
+            xe[u] = 0
+        else:
+            k = math.floor(x / SCALE_STEP + 0.5)
+            xr[u] = x - k * SCALE_STEP  # exact: a multiple of ulp(x) below 2^8 in size
+            xe[u] = int(k)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sgreater(m1: float, k1: int, m2: float, k2: int) -> bool:
+    """m1 e^(350 k1) > m2 e^(350 k2) for mantissas from :func:`_snorm` (or 0)."""
+    if m1 == 0.0:
+        return False
+    if m2 == 0.0:
+        return True
+    if k1 == k2:
+        return m1 > m2
+    if k1 == k2 + 1:
+        return m1 * _SUP > m2
+    if k2 == k1 + 1:
+        return m1 > m2 * _SUP
+    return k1 > k2
+
+
+@numba.njit(cache=True, nogil=True)
 def transition_scaled(
-    lT: np.ndarray,
+    Tm: np.ndarray,
+    Te: np.ndarray,
     lo: int,
-    logw: np.ndarray,
+    wm: np.ndarray,
+    we: np.ndarray,
     suf_logw: np.ndarray,
     P: np.ndarray,
     nj: float,
@@ -510,39 +546,38 @@ def transition_scaled(
     keep: float,
     qm: np.ndarray,
     qe: np.ndarray,
-    Tm: np.ndarray,
-    Te: np.ndarray,
     SAm: np.ndarray,
     SAe: np.ndarray,
-    lS: np.ndarray,
-) -> tuple[int, float]:
-    """:func:`transition_ext` with a coarse exponent: every sum is ``m * e**(350 k)``.
+    Sm: np.ndarray,
+    Se: np.ndarray,
+) -> int:
+    """:func:`transition_ext` on rows in scaled form: every value is ``m * e**(350 k)``.
 
-    The same recursions, inputs, outputs and stopping rule as :func:`transition_log` and
-    :func:`transition_ext`. Mantissas stay in [e^-175, e^175) (:func:`_snorm`), so values
-    whose exponents are equal -- nearly all, since an exponent only moves after 175 e-folds
-    -- add as plain doubles, decays are one multiply by a tabled factor in (e^-350, 1]
-    (:func:`scaled_decay_table`), and renormalising is one multiply by e^(+-350), never a
-    log or exp. As in the ext kernel, nothing underflows at any depth, only non-negative
-    terms are added, and a term is dropped only when it is below e^-350 of the sum it joins.
-    ``Tm, Te, SAm, SAe`` are scratch of at least ``lT.size`` entries.
+    Input ``T[u] = Tm[u] e^(350 Te[u])`` (from :func:`split_scaled`), widths
+    ``w = wm e^(350 we)``; output ``S[v] = Sm[v] e^(350 Se[v])`` for ``v < count`` (the
+    return value): the same sums as :func:`transition_log` / :func:`transition_ext`
+    (``logw`` included), with no ``exp`` or ``log`` per entry -- the caller converts rows with
+    vectorised numpy. Mantissas stay in [e^-176, e^175) (:func:`_snorm`), so values whose
+    exponents are equal -- nearly all, an exponent only moves after 175 e-folds -- add as
+    plain doubles, a decay is one multiply by a tabled factor in (e^-350, 1]
+    (:func:`scaled_decay_table`) and renormalising is one multiply by e^(+-350). Nothing
+    underflows at any depth, only non-negative terms are added, and a term is dropped only
+    when it is below e^-348 of the sum it joins.
+
+    Stopping: once the window has passed the row, values only fall (see
+    :func:`transition_log`); the same test, ``far + suf_logw < top - keep``, is made at every
+    8th output (and whenever the far part is zero), so the loop may run up to 7 outputs
+    longer than the log kernel's; those are computed exactly like the rest. ``SAm, SAe`` are
+    scratch of at least ``Tm.size`` entries.
     """
-    nT = lT.size
-    n_out = min(lS.size, logw.size - lo)
+    nT = Tm.size
+    n_out = min(Sm.size, wm.size - lo)
     L = int(math.floor(nj))
     f = nj - L
     r_f = math.exp(-c * f)
     r_1mf = math.exp(-c * (1.0 - f))
-    for u in range(nT):
-        x = lT[u]
-        if x == NEG_INF:
-            Tm[u] = 0.0
-            Te[u] = 0
-        else:
-            k = math.floor(x / SCALE_STEP + 0.5)
-            Tm[u] = math.exp(x - k * SCALE_STEP)  # x - 350 k is exact; |.| <= 175
-            Te[u] = int(k)
-    top = NEG_INF
+    topm = 0.0
+    tope = 0
     t = -1
     Gm = 0.0
     Ge = 0
@@ -550,7 +585,8 @@ def transition_scaled(
     BAm = 0.0
     BAe = 0
     wh = -1
-    lS[0] = NEG_INF
+    Sm[0] = 0.0
+    Se[0] = 0
     count = 1
     for v in range(1, n_out):
         pv = P[lo + v]
@@ -596,21 +632,24 @@ def transition_scaled(
                 aggm, agge = _sadd(aggm, agge, xm, xe)
             am, ae = _sdecay(aggm, agge, L - (pv - P[lo + wl]), c, qm, qe)
             am *= r_f
-        lfar = NEG_INF
+        fm = 0.0
+        fe = 0
         if t >= 0:
             fm, fe = _sdecay(Gm, Ge, pv - P[lo + t] - L - 1, c, qm, qe)
             fm *= r_1mf
             am, ae = _sadd(am, ae, fm, fe)
-            if t == nT - 1 and fm > 0.0:
-                lfar = math.log(fm) + fe * SCALE_STEP
-        val = logw[lo + v] + (math.log(am) + ae * SCALE_STEP) if am > 0.0 else NEG_INF
-        lS[v] = val
-        if val > top:
-            top = val
+        Sm[v] = am
+        Se[v] = ae
+        vm, ve = _snorm(am * wm[lo + v], ae + we[lo + v])
+        if _sgreater(vm, ve, topm, tope):
+            topm = vm
+            tope = ve
         count = v + 1
-        if t == nT - 1 and lfar + suf_logw[lo + v] < top - keep:
-            break
-    return count, top
+        if t == nT - 1 and (fm == 0.0 or (v & 7) == 0) and topm > 0.0:
+            lfar = math.log(fm) + fe * SCALE_STEP if fm > 0.0 else NEG_INF
+            if lfar + suf_logw[lo + v] < math.log(topm) + tope * SCALE_STEP - keep:
+                break
+    return count
 
 
 # --------------------------------------------------------------------------- backward draws
