@@ -429,6 +429,229 @@ def transition_ext(
     return count, top
 
 
+# ------------------------------------------------------------------ scaled (coarse exponent)
+
+#: Exponent step of the scaled kernel: a value is ``m * e**(SCALE_STEP * k)``, integer k.
+SCALE_STEP = 350.0
+_SLO = math.exp(-0.5 * SCALE_STEP)  # mantissas are kept in [e^-175, e^175) ...
+_SHI = math.exp(0.5 * SCALE_STEP)
+_SUP = math.exp(SCALE_STEP)  # ... by multiplying with e^(+-350) when they leave it
+_SDN = math.exp(-SCALE_STEP)
+
+
+def scaled_decay_table(c: float, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``exp(-c k) = qm[k] * e**(-SCALE_STEP * qe[k])`` for k < size, mantissas in (e^-350, 1].
+
+    ``qe[k] = floor(c k / SCALE_STEP)``; ``c k`` is rounded once (as in the log kernel) and
+    ``c k - SCALE_STEP qe[k]`` is then exact, so each factor carries one rounding (its exp).
+    """
+    x = c * np.arange(size, dtype=np.float64)
+    qe = np.floor(x / SCALE_STEP)
+    return np.exp(qe * SCALE_STEP - x), qe.astype(np.int64)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _snorm(m: float, k: int) -> tuple[float, int]:
+    """Bring a mantissa back to [e^-175, e^175): one exact-range multiply by e^(+-350).
+
+    Callers only form mantissas in [e^-526, 2 e^175) (a normalised mantissa times a factor
+    in (e^-351, 1], or the sum of two), so one step suffices and nothing is subnormal.
+    """
+    if m < _SLO:
+        if m == 0.0:
+            return 0.0, k
+        return m * _SUP, k - 1
+    if m >= _SHI:
+        return m * _SDN, k + 1
+    return m, k
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sadd(m1: float, k1: int, m2: float, k2: int) -> tuple[float, int]:
+    """m1 e^(350 k1) + m2 e^(350 k2). Equal exponents (the common case) add directly; one
+    step apart, the smaller is scaled by e^-350 (one rounding); further apart it is below
+    e^-350 of the larger (both mantissas in [e^-175, e^175)) and is dropped."""
+    if m2 == 0.0:
+        return m1, k1
+    if m1 == 0.0:
+        return m2, k2
+    if k1 == k2:
+        return _snorm(m1 + m2, k1)
+    if k1 == k2 + 1:
+        return _snorm(m1 + m2 * _SDN, k1)
+    if k2 == k1 + 1:
+        return _snorm(m2 + m1 * _SDN, k2)
+    if k1 > k2:
+        return m1, k1
+    return m2, k2
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sdecay(
+    m: float, k: int, dist: int, c: float, qm: np.ndarray, qe: np.ndarray
+) -> tuple[float, int]:
+    """(m e^(350 k)) * exp(-c dist) for an integer distance >= 0."""
+    if dist < qm.size:
+        return _snorm(m * qm[dist], k - qe[dist])
+    x = c * dist
+    j = math.floor(x / SCALE_STEP)
+    return _snorm(m * math.exp(j * SCALE_STEP - x), k - int(j))
+
+
+@numba.njit(cache=True, nogil=True)
+def split_scaled(lx: np.ndarray, xr: np.ndarray, xe: np.ndarray) -> None:
+    """``lx = xr + SCALE_STEP * xe`` with integer ``xe`` and ``|xr| <= 175`` (exact).
+
+    ``exp(xr)`` (taken by numpy, vectorised) is then the mantissa of ``exp(lx)`` in the
+    scaled form; ``-inf`` maps to ``xr = -inf`` (mantissa 0).
+    """
+    for u in range(lx.size):
+        x = lx[u]
+        if x == NEG_INF:
+            xr[u] = NEG_INF
+            xe[u] = 0
+        else:
+            k = math.floor(x / SCALE_STEP + 0.5)
+            xr[u] = x - k * SCALE_STEP  # exact: a multiple of ulp(x) below 2^8 in size
+            xe[u] = int(k)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sgreater(m1: float, k1: int, m2: float, k2: int) -> bool:
+    """m1 e^(350 k1) > m2 e^(350 k2) for mantissas from :func:`_snorm` (or 0)."""
+    if m1 == 0.0:
+        return False
+    if m2 == 0.0:
+        return True
+    if k1 == k2:
+        return m1 > m2
+    if k1 == k2 + 1:
+        return m1 * _SUP > m2
+    if k2 == k1 + 1:
+        return m1 > m2 * _SUP
+    return k1 > k2
+
+
+@numba.njit(cache=True, nogil=True)
+def transition_scaled(
+    Tm: np.ndarray,
+    Te: np.ndarray,
+    lo: int,
+    wm: np.ndarray,
+    we: np.ndarray,
+    suf_logw: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    keep: float,
+    qm: np.ndarray,
+    qe: np.ndarray,
+    SAm: np.ndarray,
+    SAe: np.ndarray,
+    Sm: np.ndarray,
+    Se: np.ndarray,
+) -> int:
+    """:func:`transition_ext` on rows in scaled form: every value is ``m * e**(350 k)``.
+
+    Input ``T[u] = Tm[u] e^(350 Te[u])`` (from :func:`split_scaled`), widths
+    ``w = wm e^(350 we)``; output ``S[v] = Sm[v] e^(350 Se[v])`` for ``v < count`` (the
+    return value): the same sums as :func:`transition_log` / :func:`transition_ext`
+    (``logw`` included), with no ``exp`` or ``log`` per entry -- the caller converts rows with
+    vectorised numpy. Mantissas stay in [e^-176, e^175) (:func:`_snorm`), so values whose
+    exponents are equal -- nearly all, an exponent only moves after 175 e-folds -- add as
+    plain doubles, a decay is one multiply by a tabled factor in (e^-350, 1]
+    (:func:`scaled_decay_table`) and renormalising is one multiply by e^(+-350). Nothing
+    underflows at any depth, only non-negative terms are added, and a term is dropped only
+    when it is below e^-348 of the sum it joins.
+
+    Stopping: once the window has passed the row, values only fall (see
+    :func:`transition_log`); the same test, ``far + suf_logw < top - keep``, is made at every
+    8th output (and whenever the far part is zero), so the loop may run up to 7 outputs
+    longer than the log kernel's; those are computed exactly like the rest. ``SAm, SAe`` are
+    scratch of at least ``Tm.size`` entries.
+    """
+    nT = Tm.size
+    n_out = min(Sm.size, wm.size - lo)
+    L = int(math.floor(nj))
+    f = nj - L
+    r_f = math.exp(-c * f)
+    r_1mf = math.exp(-c * (1.0 - f))
+    topm = 0.0
+    tope = 0
+    t = -1
+    Gm = 0.0
+    Ge = 0
+    B = 0
+    BAm = 0.0
+    BAe = 0
+    wh = -1
+    Sm[0] = 0.0
+    Se[0] = 0
+    count = 1
+    for v in range(1, n_out):
+        pv = P[lo + v]
+        u = v - 1
+        if u < nT:
+            if u >= B:
+                xm, xe = _sdecay(Tm[u], Te[u], P[lo + u] - P[lo + B], c, qm, qe)
+                BAm, BAe = _sadd(BAm, BAe, xm, xe)
+            else:
+                B = u
+                BAm = Tm[u]
+                BAe = Te[u]
+            wh = u
+        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+            t += 1
+            if t > 0:
+                Gm, Ge = _sdecay(Gm, Ge, P[lo + t] - P[lo + t - 1], c, qm, qe)
+                Gm, Ge = _sadd(Gm, Ge, Tm[t], Te[t])
+            else:
+                Gm = Tm[t]
+                Ge = Te[t]
+        am = 0.0
+        ae = 0
+        wl = t + 1
+        if wl <= wh:
+            if wl >= B:
+                accm = Tm[wh]
+                acce = Te[wh]
+                SAm[wh] = accm
+                SAe[wh] = acce
+                for k in range(wh - 1, wl - 1, -1):
+                    accm, acce = _sdecay(accm, acce, P[lo + k + 1] - P[lo + k], c, qm, qe)
+                    accm, acce = _sadd(accm, acce, Tm[k], Te[k])
+                    SAm[k] = accm
+                    SAe[k] = acce
+                B = wh + 1
+                BAm = 0.0
+                BAe = 0
+            aggm = SAm[wl]
+            agge = SAe[wl]
+            if BAm > 0.0:
+                xm, xe = _sdecay(BAm, BAe, P[lo + B] - P[lo + wl], c, qm, qe)
+                aggm, agge = _sadd(aggm, agge, xm, xe)
+            am, ae = _sdecay(aggm, agge, L - (pv - P[lo + wl]), c, qm, qe)
+            am *= r_f
+        fm = 0.0
+        fe = 0
+        if t >= 0:
+            fm, fe = _sdecay(Gm, Ge, pv - P[lo + t] - L - 1, c, qm, qe)
+            fm *= r_1mf
+            am, ae = _sadd(am, ae, fm, fe)
+        Sm[v] = am
+        Se[v] = ae
+        vm, ve = _snorm(am * wm[lo + v], ae + we[lo + v])
+        if _sgreater(vm, ve, topm, tope):
+            topm = vm
+            tope = ve
+        count = v + 1
+        if t == nT - 1 and (fm == 0.0 or (v & 7) == 0) and topm > 0.0:
+            lfar = math.log(fm) + fe * SCALE_STEP if fm > 0.0 else NEG_INF
+            if lfar + suf_logw[lo + v] < math.log(topm) + tope * SCALE_STEP - keep:
+                break
+    return count
+
+
 # --------------------------------------------------------------------------- backward draws
 
 
@@ -486,9 +709,10 @@ def step_weights_log(
             out[k * count + v] = x
             if x > top:
                 top = x
+    lo_x = top - 746.0  # exp of anything below this is 0.0 in a double: skip the call
     for j in range(nlev * count):
         x = out[j]
-        out[j] = math.exp(x - top) if x > NEG_INF else 0.0
+        out[j] = math.exp(x - top) if x > lo_x else 0.0
     return top
 
 
@@ -515,3 +739,157 @@ def logsumexp_rows(x: np.ndarray, out: np.ndarray) -> None:
 def log_of(x: np.ndarray, out: np.ndarray) -> None:
     for i in range(x.size):
         out[i] = math.log(x[i]) if x[i] > 0.0 else NEG_INF
+
+
+# --------------------------------------------------------------------------- repeat levels
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lse_col(x: np.ndarray, v: int) -> float:
+    """log sum_k exp(x[k, v]), exactly as :func:`logsumexp_rows` computes it for one column.
+
+    A column with a single finite entry is that entry (``mx + log(exp(0))`` is ``mx``).
+    """
+    mx = NEG_INF
+    nfin = 0
+    for k in range(x.shape[0]):
+        if x[k, v] > NEG_INF:
+            nfin += 1
+            if x[k, v] > mx:
+                mx = x[k, v]
+    if nfin <= 1:
+        return mx
+    acc = 0.0
+    for k in range(x.shape[0]):
+        if x[k, v] > NEG_INF:
+            acc += math.exp(x[k, v] - mx)
+    return mx + math.log(acc)
+
+
+@numba.njit(cache=True, nogil=True)
+def log_levels_step(
+    lev: np.ndarray,
+    lw_here: np.ndarray,
+    lstay: float,
+    l1: np.ndarray,
+    lprune: float,
+    keep: float,
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """The repeat levels of a log-space row, its sum over levels, span and normalisation.
+
+    ``lev`` (levels x n_t) is the previous row's levels (logs), ``l1`` the new single-copy
+    entries (``count >= n_t`` of them). Level k + 1 of the new row is
+    ``lev[k] + lw_here + lstay - log(k + 2)``, dropped where below ``l1 + lprune`` (PRUNE of
+    the single-copy entry at the same interval); trailing empty levels go. The row is then
+    cut to the columns whose sum over levels is within ``keep`` of its maximum ``top`` and
+    shifted by ``-top``; with repeat levels, entries below ``-keep`` are dropped as well,
+    trailing empty levels go, and the columns that lost an entry have their sum formed again
+    from what is kept.
+
+    Returns ``(levels, total, a, top)``: the new levels (logs, max-normalised), their sum over
+    levels (an empty array when a single level is left), the first kept column, and ``top``.
+    Sums are :func:`logsumexp_rows` column by column; a column whose sum over levels is not
+    changed by the cut keeps ``sum - top`` (the numpy formulation this replaces formed
+    ``logsumexp(levels - top)`` again for columns holding any empty level: the same value to
+    rounding). Only the columns where a repeat entry survives are summed with ``exp``.
+    """
+    nprev, n_t = lev.shape
+    count = l1.size
+    # The repeat entries that survive the pruning lie in the columns [h0, h1). Outside them
+    # a column is its single-copy entry alone, and every sum below is that entry (a one-term
+    # logsumexp), so only the hull is worked column by column.
+    h0 = n_t
+    h1 = 0
+    nrep = 0  # which levels survive the pruning (only trailing empty ones are removed)
+    for k in range(nprev):
+        sh = lstay - math.log(k + 2.0)
+        first = -1
+        for v in range(n_t):
+            y = lev[k, v]
+            if y > NEG_INF and not y + lw_here[v] + sh < l1[v] + lprune:
+                first = v
+                break
+        if first < 0:
+            continue
+        nrep = k + 1
+        last = first
+        for v in range(n_t - 1, first, -1):
+            y = lev[k, v]
+            if y > NEG_INF and not y + lw_here[v] + sh < l1[v] + lprune:
+                last = v
+                break
+        h0 = min(h0, first)
+        h1 = max(h1, last + 1)
+    nl = 1 + nrep
+    if nrep == 0:
+        h0 = 0
+        h1 = 0
+    hw = h1 - h0
+    # the hull's columns, all levels (level 0 is l1); outside it only l1 is non-empty
+    hull = np.empty((nl, hw))
+    for v in range(hw):
+        hull[0, v] = l1[h0 + v]
+    for k in range(nrep):
+        sh = lstay - math.log(k + 2.0)
+        for v in range(hw):
+            x = NEG_INF
+            y = lev[k, h0 + v]
+            if y > NEG_INF:
+                y = y + lw_here[h0 + v] + sh
+                if not y < l1[h0 + v] + lprune:
+                    x = y
+            hull[k + 1, v] = x
+    htot = np.empty(hw)
+    top = NEG_INF
+    for v in range(hw):
+        s = _lse_col(hull, v)
+        htot[v] = s
+        if s > top:
+            top = s
+    for v in range(count):
+        if (v < h0 or v >= h1) and l1[v] > top:
+            top = l1[v]
+    if top == NEG_INF:
+        return hull[:, :0], htot[:0], 0, top
+    a = 0
+    while not (htot[a - h0] if h0 <= a < h1 else l1[a]) >= top - keep:
+        a += 1
+    b = count
+    while not (htot[b - 1 - h0] if h0 <= b - 1 < h1 else l1[b - 1]) >= top - keep:
+        b -= 1
+    if nl == 1:
+        lv = np.empty((1, b - a))
+        for v in range(a, b):
+            lv[0, v - a] = l1[v] - top
+        return lv, htot[:0], a, top
+    # entries more than keep e-folds down are dropped wherever they are; trailing empty
+    # levels go (outside the hull only level 0 can hold an entry)
+    last = 0
+    for k in range(1, nl):
+        for v in range(max(a, h0), min(b, h1)):
+            if not hull[k, v - h0] - top < -keep:
+                last = k
+                break
+    lv = np.empty((last + 1, b - a))
+    total = np.empty(b - a)
+    for v in range(a, b):
+        if h0 <= v < h1:
+            lost = False
+            for k in range(nl):
+                x = hull[k, v - h0] - top
+                if x < -keep:
+                    if x > NEG_INF:  # an entry is dropped: the sum is formed again
+                        lost = True
+                    x = NEG_INF
+                if k <= last:
+                    lv[k, v - a] = x
+            total[v - a] = _lse_col(lv, v - a) if lost else htot[v - h0] - top
+        else:  # the repeat levels are empty here: the sum is the kept single-copy entry
+            x = l1[v] - top
+            if x < -keep:
+                x = NEG_INF
+            lv[0, v - a] = x
+            for k in range(1, last + 1):
+                lv[k, v - a] = NEG_INF
+            total[v - a] = x
+    return lv, total, a, top
