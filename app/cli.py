@@ -131,7 +131,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 status = 1
         else:
             uvicorn.run(
-                "app.main:create_app",
+                "app.main:create_server_app",
                 factory=True,
                 host=args.host,
                 port=args.port,

@@ -59,7 +59,7 @@ def web_process(host: str, port: int, log_level: str) -> None:
     sock = reuseport_socket(host, port)
     sock.listen(2048)
     config = uvicorn.Config(
-        "app.main:create_app", factory=True, host=host, port=port, log_level=log_level
+        "app.main:create_server_app", factory=True, host=host, port=port, log_level=log_level
     )
     uvicorn.Server(config).run(sockets=[sock])
 

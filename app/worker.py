@@ -16,6 +16,7 @@ claim them again; ``max_runs`` bounds the runs one release can start.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import multiprocessing
 import os
@@ -260,6 +261,10 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
     )
     keep_freed_memory()
     warm_up()
+    # Everything imported and compiled so far lives as long as the process: keep it out of
+    # the garbage collector's full passes (each took ~110 ms in a worker, a latency spike
+    # for whichever release was running).
+    gc.freeze()
     listener: psycopg.Connection[Any] | None = None
     # Claims worth trying: one per notification heard (each announces one runnable release)
     # and one per poll (expired leases announce nothing). A worker that ran a release claims
