@@ -266,8 +266,16 @@ def grid_histogram(values: np.ndarray) -> object:
 
 
 def mechanism_time(histogram: object, runs: int) -> float:
-    """In-process time of what a release worker computes: JointExp on the stored histogram."""
+    """In-process time of what a release worker computes: JointExp on the stored histogram.
+
+    Under the workers' allocator settings (``app.worker.keep_freed_memory``): otherwise
+    this long-lived process would fault the DP rows in again on every run, and the
+    reference would be slower than the worker it is compared with.
+    """
     from app.mechanisms import GridHistogram, get_mechanism
+    from app.worker import keep_freed_memory
+
+    keep_freed_memory()
 
     assert isinstance(histogram, GridHistogram)
     mech = get_mechanism("jointexp")
