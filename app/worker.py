@@ -24,6 +24,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.sharedctypes import Synchronized
@@ -71,6 +72,13 @@ class Slot:
         with self.lock:
             self.release.raw = claim.release_id.bytes
             self.token.raw = claim.token.bytes
+            self.deadline.value = deadline
+
+    def set_lease(self, token: uuid.UUID, deadline: float) -> None:
+        """Before a claim: the token the lease will carry (the release is not known yet)."""
+        with self.lock:
+            self.release.raw = bytes(16)
+            self.token.raw = token.bytes
             self.deadline.value = deadline
 
     def clear(self) -> None:
@@ -135,8 +143,14 @@ def process_one(
     single = claim_factory or factory
     lease_s = settings.run_timeout_s + settings.lease_margin_s
 
+    # The lease's token is published before the claim: a worker killed between the claim's
+    # commit and its first word to the supervisor still gets its lease given back.
+    token = uuid.uuid4()
+    if slot is not None:
+        slot.set_lease(token, time.monotonic() + settings.run_timeout_s)
+
     def claim_and_load(session: Session) -> tuple[Claim, Job | RunFailed | None] | None:
-        claim = claim_next(session, lease_s=lease_s, max_runs=settings.max_runs)
+        claim = claim_next(session, lease_s=lease_s, max_runs=settings.max_runs, token=token)
         if claim is None:
             return None
         try:
@@ -144,8 +158,20 @@ def process_one(
         except RunFailed as exc:
             return claim, exc  # settled below, in its own transaction
 
-    claimed = transaction(single, claim_and_load)
+    try:
+        claimed = transaction(single, claim_and_load)
+    except BaseException:
+        if slot is not None:
+            slot.clear()
+        # The claim may have committed before the failure: give its lease back now rather
+        # than when it expires (best effort; an unreachable database expires it later).
+        unknown = Claim(release_id=uuid.UUID(int=0), token=token, attempts=0)
+        with suppress(Exception):
+            transaction(single, lambda s: expire_lease(s, claim=unknown))
+        raise
     if claimed is None:
+        if slot is not None:
+            slot.clear()
         return False
     claim, job = claimed
     lease_end = time.monotonic() + lease_s - 1.0

@@ -82,9 +82,14 @@ class RunFailed(Exception):
         self.reason = reason
 
 
-def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | None:
+def claim_next(
+    session: Session, *, lease_s: float, max_runs: int, token: uuid.UUID | None = None
+) -> Claim | None:
     """Lease the oldest runnable release (pending, lease free or expired); None when idle.
 
+    ``token`` is the new lease's token (a fresh one when None): a worker publishes it to its
+    supervisor *before* claiming, so a worker killed right after the claim commits still
+    has its lease given back (:func:`expire_lease` and :func:`fail` find a lease by token).
     A release that already started ``max_runs`` runs is marked failed instead (its workers
     kept dying) and the next one is tried.
     """
@@ -95,7 +100,7 @@ def claim_next(session: Session, *, lease_s: float, max_runs: int) -> Claim | No
     while True:
         row = session.execute(
             _CLAIM,
-            {"token": uuid.uuid4(), "lease": float(lease_s)},
+            {"token": token or uuid.uuid4(), "lease": float(lease_s)},
         ).first()
         if row is None:
             return None
@@ -245,12 +250,11 @@ _COMPLETE = text(
 
 
 def fail(session: Session, *, claim: Claim, reason: str) -> bool:
-    """Mark the release ``failed`` (it keeps its debit) if the lease is still ``claim``'s."""
-    stmt = update(Release).where(
-        Release.id == claim.release_id,
-        Release.lease_token == claim.token,
-        Release.status == PENDING,
-    )
+    """Mark the release ``failed`` (it keeps its debit) if the lease is still ``claim``'s.
+
+    The lease is found by its token alone (unique per claim), so a supervisor that knows
+    only the token of a worker it killed can settle the release."""
+    stmt = update(Release).where(Release.lease_token == claim.token, Release.status == PENDING)
     result = session.execute(
         stmt.values(
             status=FAILED,
@@ -269,18 +273,17 @@ def fail(session: Session, *, claim: Claim, reason: str) -> bool:
 
 
 def expire_lease(session: Session, *, claim: Claim) -> None:
-    """Give a claimed release back to the queue at once (its run was interrupted)."""
-    session.execute(
+    """Give a claimed release back to the queue at once (its run was interrupted); the lease
+    is found by its token alone (see :func:`fail`)."""
+    released = session.execute(
         update(Release)
-        .where(
-            Release.id == claim.release_id,
-            Release.lease_token == claim.token,
-            Release.status == PENDING,
-        )
+        .where(Release.lease_token == claim.token, Release.status == PENDING)
         .values(lease_until=text("clock_timestamp()"))
+        .returning(Release.id)
         .execution_options(synchronize_session=False)
-    )
-    session.execute(
-        text("SELECT pg_notify(:channel, :payload)"),
-        {"channel": PENDING_CHANNEL, "payload": str(claim.release_id)},
-    )  # still pending, so no trigger fires: wake the workers here
+    ).scalar_one_or_none()
+    if released is not None:
+        session.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": PENDING_CHANNEL, "payload": str(released)},
+        )  # still pending, so no trigger fires: wake the workers here

@@ -568,6 +568,50 @@ def test_a_run_past_the_time_limit_is_killed_and_failed_with_its_debit(
         assert Decimal(api.budget(ds)["spent"]["epsilon"]) == Decimal("0.1")
 
 
+def test_a_worker_killed_right_after_its_claim_commits_gets_its_lease_given_back(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker publishes its lease token to the supervisor *before* claiming, so a SIGKILL
+    between the claim's commit and the worker's next word still lets the supervisor give
+    the lease back at once (by token), instead of the release waiting out run_timeout +
+    margin. (CI once caught the test below waiting out its 150 s lease that way.)"""
+    import multiprocessing
+
+    import app.worker as worker_module
+    from app.releases.runner import Claim, claim_next
+    from app.worker import Slot, Supervisor
+
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
+    rid = _query(quiet, ds, prefer="respond-async").json()["id"]
+    slot = Slot(multiprocessing.get_context("spawn"))
+    published: list[Any] = []
+
+    def spy(session: Session, **kwargs: Any) -> Any:
+        published.append((slot.read(), kwargs["token"]))
+        raise KeyboardInterrupt  # stands in for the SIGKILL: no claim, nothing settled
+
+    monkeypatch.setattr(worker_module, "claim_next", spy)
+    with pytest.raises(KeyboardInterrupt):
+        process_one(quiet.factory, quiet.settings, slot)
+    ((seen, token),) = published
+    assert seen is not None, "the supervisor would not know the lease of a worker dying now"
+    assert seen[0].token == token and seen[0].release_id == uuid.UUID(int=0)
+    assert slot.read() is None  # cleared again on the way out
+
+    # The claim commits, the worker dies before saying which release: settle by token.
+    with quiet.factory() as session, session.begin():
+        claim = claim_next(session, lease_s=600, max_runs=3, token=token)
+    assert claim is not None and str(claim.release_id) == rid
+    supervisor = Supervisor(quiet.url, quiet.settings, 1)
+    try:
+        supervisor._settle(Claim(uuid.UUID(int=0), token, 0), timed_out=False)
+    finally:
+        supervisor.engine.dispose()
+    with quiet.factory() as session, session.begin():
+        again = claim_next(session, lease_s=600, max_runs=3)
+    assert again is not None and str(again.release_id) == rid and again.attempts == 2
+
+
 def test_killing_a_worker_mid_run_resumes_the_release_once(
     make_schema: Callable[[], str],
 ) -> None:
