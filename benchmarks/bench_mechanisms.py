@@ -10,7 +10,9 @@ Default table (issue 9): JointExp, m = 99 (q_j = j/100), epsilon = 1, swap neigh
 N(0, 5^2), bounds [-100, 100]:
 
 * n = 10^6 values through the raw-array call, four shapes: continuous; rounded to 0.1;
-  rounded to integers; 5 % of the values moved above the upper bound (150.0, clamped).
+  rounded to integers; 5 % of the values moved above the upper bound (150.0, clamped);
+  and two more clamped shapes than the issue names: 5 % below the lower bound, and 5 %
+  beyond each bound.
   ``np.sort`` of the same array is timed in the same process (median of the same number of
   runs) and the ratio reported; targets: <= 20x np.sort, peak RSS <= 1 GB.
 * n = 10^8 records given as a grid histogram (granularity 3.2e-5 on [-100, 100]: about 10^6
@@ -46,7 +48,15 @@ from typing import Any
 
 DEFAULT_SIZES = ["1e3", "1e4", "1e5", "1e6", "1e7"]
 DEFAULT_MS = [1, 9, 29, 99]
-CASES = ["continuous", "round0.1", "integer", "clamped5pct", "hist1e8"]
+CASES = [
+    "continuous",
+    "round0.1",
+    "integer",
+    "clamped5pct",
+    "clamped5pct_lower",
+    "clamped5pct_both",
+    "hist1e8",
+]
 TARGET_RATIO = 20.0
 TARGET_RSS_MB = 1024.0
 TARGET_HIST_S = 1.0
@@ -69,6 +79,12 @@ def _case_data(case: str, n: int, seed: int) -> Any:
         x = np.round(x)
     elif case == "clamped5pct":
         x[rng.random(n) < 0.05] = 150.0
+    elif case == "clamped5pct_lower":
+        x[rng.random(n) < 0.05] = -150.0
+    elif case == "clamped5pct_both":
+        u = rng.random(n)
+        x[u < 0.05] = 150.0
+        x[u > 0.95] = -150.0
     return x
 
 

@@ -55,6 +55,7 @@ surviving repeat level) and O(d) per sampled block; memory O(d sqrt(m)) at worst
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -70,6 +71,12 @@ from app.mechanisms.validation import FloatArray, IntArray
 
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
 GUARD = 2.0**-100  # backward weights below this fraction of the row: form them in log space
+#: ... unless they are still normal doubles well above what the kernel table drops: weights
+#: at least TINY_DRAW lose at most 2^25 * 2^-1074 (subnormal products) < 2^-89 of the
+#: largest, and kernel factors past the table's 750 e-folds cost at most e^-745 of the row's
+#: maximum, below e^-95 of a largest weight that is at least DEEP_DRAW of it.
+DEEP_DRAW = math.exp(-650.0)
+TINY_DRAW = 2.0**-900
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
 PROBE_KEEP = 750.0  # range of the probe pass that sizes LOG_KEEP from the rows' falls
 #: What a linear row can lose: each entry sums at most ~4 (d + 1) terms, each exact to the
@@ -133,6 +140,12 @@ class _Row:
         return int(self.levels.nbytes) + (0 if self.total is None else int(self.total.nbytes))
 
 
+def median_log_width(logw: FloatArray) -> float:
+    """log of the median positive width (0.0 if none): the width errors are charged at."""
+    positive = logw[logw > -math.inf]
+    return float(np.median(positive)) if positive.size else 0.0
+
+
 def _logsumexp_levels(levels: FloatArray) -> FloatArray:
     out = np.empty(levels.shape[1])
     K.logsumexp_rows(levels, out)
@@ -166,10 +179,19 @@ class _Forward:
         budget: int,
         keep: float = LOG_KEEP,
         log_kernel: str = "scaled",
+        tilt: float = 0.0,
+        lw_ref: float | None = None,
     ) -> None:
+        if tilt and (log_space or not 0.0 < tilt < c):
+            raise ValueError("a tilt needs linear rows and 0 < tilt < c")
         self.logw = logw
         self.pos = pos
         self.keep = keep
+        # Linear rows may be tilted: stored as alpha(j, i, k) e^(-mu (P_i - (n_1 + .. + n_j))),
+        # which turns the kernel into r^|D - n_j| e^(-mu (D - n_j)) (near part decaying at
+        # c - mu, far part at c + mu) and leaves the repeat levels as they are. A row whose
+        # mass lies far below its maximum then fits the linear range (see _choose_tilt).
+        self.mu = tilt
         # suffix maxima of the log widths bound the log pass's geometric tails (log pass only)
         self.suf_logw = np.maximum.accumulate(logw[::-1])[::-1].copy() if log_space else logw
         self.gaps = gaps
@@ -189,24 +211,38 @@ class _Forward:
         self.m = gaps.size - 1
         self.n1 = logw.size
         self.w = np.exp(logw)  # normalised widths, max 1; zero-width intervals are 0
+        self.live_idx = np.flatnonzero(self.w > 0.0)  # intervals of positive width
+        self.live_pos = pos[self.live_idx]
         # kappa bounds how much an absolute error grows in one row: the single-copy kernel
         # sums to at most (1 + r) / (1 - r) over distinct integer distances (and has at most
         # d + 1 terms, each <= 1; widths <= 1), the repeat levels add at most 1/2.
-        r = math.exp(-c)
-        kern = (1.0 + r) / -math.expm1(-c)
+        # Tilted: the near part sums to at most e^(-(c-mu) f) / (1 - e^-(c-mu)), the far part
+        # to e^(-(c+mu)(1-f)) / (1 - e^-(c+mu)); convex in f, so the larger end (f = 0 or 1)
+        # bounds both (mu = 0 gives (1 + r) / (1 - r) at either end). Every term is <= 1.
+        qa, qb = -math.expm1(-(c - tilt)), -math.expm1(-(c + tilt))
+        kern = max(1.0 / qa + math.exp(-(c + tilt)) / qb, math.exp(-(c - tilt)) / qa + 1.0 / qb)
         self.log_kappa = math.log(min(kern, float(self.n1)) + 0.5)
         # Errors grow per row by at most kappa times the width of the entry they land on;
         # they are charged the median positive width (the rows' own mass is charged the same
         # widths, so a uniform width scale is not a fall). This is the one step that is not a
         # worst-case bound: see docs/mechanisms.md, "Range rule".
-        positive = self.w[self.w > 0.0]
-        lw_ref = math.log(float(np.median(positive))) if positive.size else 0.0
+        if lw_ref is None:
+            lw_ref = median_log_width(logw)
+        self.lw_ref = lw_ref
         self.log_growth = self.log_kappa + lw_ref
         self.headroom = HEADROOM + math.log(self.m + 1.0)
         self.linear_floor = LINEAR_RANGE - math.log(4.0 * self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
-        pw_len = int(min(int(pos[-1]) + 2, math.ceil(750.0 / c) + 2))
-        self.pw = np.exp(-c * np.arange(max(pw_len, 2), dtype=np.float64))
+        # each row's maximum (common log scale) and where it is (a position), for _choose_tilt
+        self.gmaxes = np.zeros(self.m)
+        self.modes = np.zeros(self.m)
+        # decay tables: near part (rate c - mu) and far part (rate c + mu; the same untilted)
+        pw_len = int(min(int(pos[-1]) + 2, math.ceil(750.0 / (c - tilt)) + 2))
+        self.pw = np.exp(-(c - tilt) * np.arange(max(pw_len, 2), dtype=np.float64))
+        self.pwf = self.pw
+        if tilt:
+            pwf_len = int(min(int(pos[-1]) + 2, math.ceil(750.0 / (c + tilt)) + 2))
+            self.pwf = np.exp(-(c + tilt) * np.arange(max(pwf_len, 2), dtype=np.float64))
         self.budget = budget
         self.block = max(1, math.isqrt(self.m - 1) + 1)  # ~sqrt(m) rows per checkpoint block
         self.rows: dict[int, _Row] = {}
@@ -219,6 +255,9 @@ class _Forward:
     def first(self) -> _Row:
         lrow = np.empty(self.n1)
         K.first_row_log(self.logw, self.pos, float(self.gaps[0]), self.c, lrow)
+        if self.mu:
+            lrow -= self.mu * (self.pos - float(self.gaps[0]))
+        self.modes[0] = float(self.pos[int(np.argmax(lrow))])
         if self.log_space:
             lrow -= lrow.max()
             a, b = _span(lrow >= -self.keep)
@@ -253,30 +292,29 @@ class _Forward:
         n_t = total.size
         scale = 1.0 / prev.top
         # Past the window, S decays by r per step; from ln(n_t) + 746 e-folds on it is 0.0.
-        tail = n_t + math.floor(nj) + math.ceil((math.log(n_t + 1.0) + 746.0) / self.c) + 4
+        rate = self.c + self.mu  # the far part's decay
+        tail = n_t + math.floor(nj) + math.ceil((math.log(n_t + 1.0) + 746.0) / rate) + 4
         s = np.empty(min(self.n1 - prev.lo, tail))
         count, top = K.transition_linear(
-            total, prev.lo, scale, self.w, self.pos, nj, self.c, self.pw, np.empty(n_t), s
+            total,
+            prev.lo,
+            scale,
+            self.w,
+            self.pos,
+            nj,
+            self.c,
+            self.mu,
+            self.pw,
+            self.pwf,
+            np.empty(n_t),
+            s,
         )
         lev1 = s[:count]
-        stay = math.exp(-self.c * nj) * scale  # r^{n_j}, in units of the previous row's max
-        nrep = 0
-        if stay > 0.0:
-            w_here = self.w[prev.lo : prev.lo + n_t]
-            factor = stay / np.arange(2, lev.shape[0] + 2, dtype=np.float64)
-            cands = lev * w_here[None, :] * factor[:, None]
-            cands[cands < PRUNE * lev1[None, :n_t]] = 0.0
-            alive = np.flatnonzero(np.any(cands > 0.0, axis=1))
-            nrep = int(alive[-1]) + 1 if alive.size else 0  # level index is the count
-        if nrep:
-            out = np.zeros((1 + nrep, count))
-            out[0] = lev1
-            out[1:, :n_t] = cands[:nrep]
-            tot = out.sum(axis=0)
-            top = float(tot.max())
-        else:
-            out = lev1.reshape(1, -1)
-            tot = lev1
+        # r^{n_j}, in units of the previous row's max (tilted rows: times e^{mu n_j}, the
+        # tilt's shift from row j - 1 to row j at the same position)
+        stay = math.exp(-(self.c - self.mu) * nj) * scale
+        w_here = self.w[prev.lo : prev.lo + n_t]
+        out, top, a, at = K.linear_levels_step(lev, w_here, stay, lev1, PRUNE)
         if not (top > 0.0 and math.isfinite(top)):
             raise _LinearGuardTripped
         gmax = prev.gmax + math.log(top)  # values are in units of the previous row's max
@@ -284,8 +322,9 @@ class _Forward:
         peak = max(prev.peak, trunc - j * self.log_growth)
         if not self._range_ok(peak, gmax, j):
             raise _LinearGuardTripped
-        a, b = _span(tot)
-        return _Row(prev.lo + a, np.ascontiguousarray(out[:, a:b]), top, gmax, peak)
+        self.gmaxes[j - 1] = gmax
+        self.modes[j - 1] = float(self.pos[prev.lo + at])
+        return _Row(prev.lo + a, out, top, gmax, peak)
 
     def _step_log(self, prev: _Row, j: int) -> _Row:
         """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
@@ -374,6 +413,10 @@ class _Forward:
         if not math.isfinite(top):
             raise FloatingPointError("JointExp: a forward row has no mass")
         gmax = prev.gmax + top
+        self.gmaxes[j - 1] = gmax
+        self.modes[j - 1] = float(
+            self.pos[prev.lo + a + int(np.argmax(tot if tot.size else out[0]))]
+        )
         peak = max(prev.peak, gmax - self.keep - j * self.log_growth)
         if not self._range_ok(peak, gmax, j):
             # this row needs the earlier rows' floors lower by the shortfall
@@ -413,6 +456,10 @@ class _Forward:
         vals = np.exp(row.levels) if self.log_space else row.levels
         out = np.zeros(self.n1)
         out[row.lo : row.lo + vals.shape[1]] = vals.sum(axis=0)
+        if self.mu:  # tilted: back to alpha (in logs: the tilt spans thousands of e-folds)
+            with np.errstate(divide="ignore"):
+                lout = np.log(out) + self.mu * (self.pos - float(self.gaps[:j].sum()))
+            return np.asarray(np.exp(lout - lout.max()), dtype=np.float64)
         return np.asarray(out / out.max(), dtype=np.float64)
 
     def get(self, j: int) -> _Row:
@@ -452,28 +499,58 @@ def _draw_block(
     nlev = min(row.levels.shape[0], j)
     buf = np.empty(nlev * count)
     pos = fwd.pos
+    # Each weight's error is the row entry's error times its kernel factor, so the check
+    # below compares the row's floor, scaled by the largest kernel factor, with the largest
+    # weight. That factor is taken over every interval below i_end, stored or not: an entry
+    # the row dropped (below its floor) may sit where the kernel is largest. The kernel's
+    # log, -c |e| - mu e with e = pos_ref - P - nj, is unimodal in P with its peak at
+    # P = pos_ref - nj, so its largest value, lk <= 0, is at a neighbour of that point.
+    # Zero-width intervals hold exactly 0.0 in every row (no error), so only intervals of
+    # positive width count.
+    live = fwd.live_pos[: int(np.searchsorted(fwd.live_idx, i_end))]
+    at = int(np.searchsorted(live, pos_ref - nj))
+    lk = max(
+        -fwd.c * abs(e) - fwd.mu * e
+        for e in (pos_ref - float(live[k]) - nj for k in (at - 1, at) if 0 <= k < live.size)
+    )
     if fwd.log_space:
-        ltop = K.step_weights_log(row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+        ltop = K.step_weights_log(
+            row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf
+        )
         g_draw = row.gmax + ltop
     else:
+        # Linear weights with the kernel scaled by up to e^300 towards its largest factor,
+        # so a draw whose kernel is small everywhere (a quantile far from every candidate)
+        # stays in normal doubles; a factor that still ends up below ~e^-708 is e^-408 of
+        # the largest one.
+        lscale = min(-lk, 300.0)
         top = K.step_weights_linear(
-            row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.pw, buf
+            row.levels,
+            row.lo,
+            nlev,
+            count,
+            pos_ref,
+            pos,
+            nj,
+            fwd.c,
+            fwd.mu,
+            math.exp(lscale),
+            fwd.pw,
+            fwd.pwf,
+            buf,
         )
-        if top >= GUARD * row.top:
-            g_draw = row.gmax + math.log(top / row.top)
+        if top >= GUARD * row.top or (top >= row.top * DEEP_DRAW and top >= TINY_DRAW):
+            g_draw = row.gmax + math.log(top / row.top) - lscale
         else:
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row.
             lrow = np.empty_like(row.levels)
             K.log_of(row.levels.reshape(-1), lrow.reshape(-1))
-            ltop = K.step_weights_log(lrow, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, buf)
+            ltop = K.step_weights_log(
+                lrow, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf
+            )
             g_draw = row.gmax + ltop - math.log(row.top)
-    # Each weight's error is the row entry's error times its kernel factor, so the check
-    # compares the row's floor, scaled by the largest kernel factor, with the largest weight.
-    cand = pos[row.lo : row.lo + count]
-    at = int(np.searchsorted(cand, pos_ref - nj))
-    near = min(abs(float(cand[k]) - (pos_ref - nj)) for k in (at - 1, at) if 0 <= k < count)
-    g_rel = g_draw + fwd.c * near  # g_draw - log(max kernel factor)
+    g_rel = g_draw - lk  # g_draw - log(max kernel factor)
     if not fwd._range_ok(row.peak, g_rel, j):
         if not fwd.log_space:
             raise _LinearGuardTripped
@@ -485,6 +562,83 @@ def _draw_block(
     return row.lo + pick % count, pick // count + 1
 
 
+def _probe(
+    logw: FloatArray,
+    pos: IntArray,
+    gaps: FloatArray,
+    c: float,
+    log_kernel: str,
+    lw_ref: float | None = None,
+) -> _Forward:
+    """A narrow log pass (``PROBE_KEEP`` e-folds, rows a quarter as wide) that measures rows.
+
+    It runs to the end even when its range is short, recording each row's maximum, where
+    it lies, and the largest range any row asked for (``needed_keep``). Its rows lack
+    range, so the falls it sees are at least the true ones (missing mass only lowers a
+    row's maximum).
+    """
+    probe = _Forward(
+        logw,
+        pos,
+        gaps,
+        c,
+        log_space=True,
+        budget=0,
+        keep=PROBE_KEEP,
+        log_kernel=log_kernel,
+        lw_ref=lw_ref,
+    )
+    with contextlib.suppress(_LogGuardTripped):
+        probe.run()
+    return probe
+
+
+def _keep_after(probe: _Forward) -> float:
+    """The range the exact log pass starts with: enough for the falls the probe saw."""
+    return LOG_KEEP if probe.needed_keep == 0.0 else max(LOG_KEEP, probe.needed_keep + 200.0)
+
+
+#: Tilts tried, as mu = c (1 - 2^-k): the smaller c - mu, the further below its maximum a
+#: linear row reaches (~745 / (c - mu) positions) and the wider it is.
+TILT_STEPS = tuple(range(1, 13))
+#: e-folds kept in hand when a tilt is judged from the probe's rows.
+TILT_MARGIN = 60.0
+
+
+def _choose_tilt(probe: _Forward) -> float:
+    """The tilt under which linear rows should hold the probe's falls (0.0: none found).
+
+    A tilted row j is stored as ``alpha e^(-mu (P - T_j))`` (``T_j = n_1 + .. + n_j``), so
+    its maximum is at least the untilted one at the probe's mode, shifted:
+    ``gmax_j - mu (mode_j - T_j)``. Rows whose mass is pushed below their targets (data
+    clamped at a bound, a quantile inside a tie) rise by the tilt as much as they fell.
+    Each candidate is judged by the linear pass's own range rule on those estimated
+    maxima, with the tilted kernel's growth; the least tilt that passes is chosen (the
+    narrowest rows). The pass that runs checks its own range, so this only decides speed.
+    """
+    c, m = probe.c, probe.m
+    targets = np.cumsum(probe.gaps[:m])
+    idx = np.arange(1, m + 1, dtype=np.float64)
+    lw_ref = probe.lw_ref
+    for k in TILT_STEPS:
+        mu = c * (1.0 - 2.0**-k)
+        g = _log_kappa(c, mu, probe.n1) + lw_ref
+        gm = probe.gmaxes - mu * (probe.modes - targets)
+        floors = np.maximum(gm, np.concatenate(([gm[0]], gm[:-1]))) - probe.linear_floor
+        shifted = gm - idx * g
+        later_min = np.minimum.accumulate(shifted[::-1])[::-1]
+        if np.all(floors - idx * g <= later_min - probe.headroom - TILT_MARGIN):
+            return mu
+    return 0.0
+
+
+def _log_kappa(c: float, mu: float, n1: int) -> float:
+    """log of the bound on one row's error growth (see _Forward.__init__)."""
+    qa, qb = -math.expm1(-(c - mu)), -math.expm1(-(c + mu))
+    kern = max(1.0 / qa + math.exp(-(c + mu)) / qb, math.exp(-(c - mu)) / qa + 1.0 / qb)
+    return math.log(min(kern, float(n1)) + 0.5)
+
+
 def _run_log_space(
     logw: FloatArray,
     pos: IntArray,
@@ -493,28 +647,31 @@ def _run_log_space(
     budget: int,
     keep: float | None = None,
     log_kernel: str = "scaled",
+    lw_ref: float | None = None,
 ) -> _Forward:
     """Forward pass in log space, widening the kept range until every row has enough.
 
     A pass that comes up short reports the largest range any row asked for; the next pass
-    keeps that much (plus slack). Without a ``keep`` a narrow probe pass (``PROBE_KEEP``
-    e-folds, rows a quarter as wide) measures the rows' falls first. Its rows lack range, so
-    the falls it sees are at least the true ones (missing mass only lowers a row's maximum),
-    and the exact pass then starts with the range they need. Every pass checks its own range
-    (:meth:`_Forward._range_ok`), so the probe only decides speed, never the result.
+    keeps that much (plus slack). Without a ``keep`` a probe pass (:func:`_probe`) measures
+    the rows' falls first and the exact pass starts with the range they need. Every pass
+    checks its own range (:meth:`_Forward._range_ok`), so the probe only decides speed,
+    never the result.
     """
+    if lw_ref is None:
+        lw_ref = median_log_width(logw)
     if keep is None:
-        probe = _Forward(
-            logw, pos, gaps, c, log_space=True, budget=0, keep=PROBE_KEEP, log_kernel=log_kernel
-        )
-        try:
-            probe.run()
-            keep = LOG_KEEP
-        except _LogGuardTripped as trip:
-            keep = max(LOG_KEEP, trip.needed_keep + 200.0)
+        keep = _keep_after(_probe(logw, pos, gaps, c, log_kernel, lw_ref))
     while True:
         fwd = _Forward(
-            logw, pos, gaps, c, log_space=True, budget=budget, keep=keep, log_kernel=log_kernel
+            logw,
+            pos,
+            gaps,
+            c,
+            log_space=True,
+            budget=budget,
+            keep=keep,
+            log_kernel=log_kernel,
+            lw_ref=lw_ref,
         )
         try:
             fwd.run()
@@ -528,6 +685,45 @@ def _wider(keep: float, needed: float) -> float:
     return new if new < 1e6 else math.inf  # inf: dense, nothing dropped
 
 
+def _forward_pass(
+    logw: FloatArray,
+    pos: IntArray,
+    gaps: FloatArray,
+    c: float,
+    budget: int,
+    log_kernel: str,
+    tilt: bool | float,
+    lw_ref: float,
+) -> _Forward:
+    """Linear rows; tilted linear rows where a probe says they hold; else the log pass.
+
+    ``tilt``: True chooses a tilt from the probe (:func:`_choose_tilt`), False never
+    tilts, a number forces that tilt (tests).
+    """
+    if tilt is True or tilt is False:
+        fwd = _Forward(logw, pos, gaps, c, log_space=False, budget=budget, lw_ref=lw_ref)
+        try:
+            fwd.run()
+            return fwd
+        except _LinearGuardTripped:
+            pass
+        probe = _probe(logw, pos, gaps, c, log_kernel, lw_ref)
+        mu = _choose_tilt(probe) if tilt else 0.0
+    else:
+        probe, mu = None, float(tilt)
+    if mu > 0.0:
+        tilted = _Forward(
+            logw, pos, gaps, c, log_space=False, budget=budget, tilt=mu, lw_ref=lw_ref
+        )
+        try:
+            tilted.run()
+            return tilted
+        except _LinearGuardTripped:
+            pass
+    keep = None if probe is None else _keep_after(probe)
+    return _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref)
+
+
 def sample_interval_sequence(
     logw: FloatArray,
     pos: IntArray,
@@ -538,6 +734,7 @@ def sample_interval_sequence(
     force_log_space: bool = False,
     budget: int = MEMORY_BUDGET_BYTES,
     log_kernel: str = "scaled",
+    tilt: bool | float = True,
 ) -> IntArray:
     """Exact draw of the nondecreasing interval sequence (i_1..i_m) of JointExp.
 
@@ -554,30 +751,29 @@ def sample_interval_sequence(
         log_kernel: how log-space rows are summed: ``"scaled"`` (linear arithmetic with
             a coarse exponent, the default), ``"ext"`` (extended-range, a per-value
             exponent) or ``"log"`` (logaddexp); the last two are kept for tests.
+        tilt: whether a failed linear pass may be retried with tilted linear rows before
+            the log pass (True), never (False), or that tilt ``mu`` forced (tests).
     """
     logw = logw - float(np.max(logw))
     pos = np.ascontiguousarray(pos, dtype=np.int64)
     d1 = logw.size
     m = gaps.size - 1
+    lw_ref = median_log_width(logw)
     if force_log_space:
-        fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel)
+        fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel, lw_ref=lw_ref)
     else:
-        fwd = _Forward(logw, pos, gaps, c, log_space=False, budget=budget)
-        try:
-            fwd.run()
-        except _LinearGuardTripped:
-            fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel)
+        fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref)
     seq = np.empty(m, dtype=np.int64)
     j, i_end, pos_ref = m, d1, int(pos[-1])
     while j > 0:
         try:
             i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
         except _LinearGuardTripped:
-            fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel)
+            fwd = _run_log_space(logw, pos, gaps, c, budget, log_kernel=log_kernel, lw_ref=lw_ref)
             continue  # same step, exact weights; nothing was drawn
         except _LogGuardTripped as trip:
             keep = _wider(fwd.keep, trip.needed_keep)
-            fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel)
+            fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref)
             continue
         seq[j - k : j] = i
         j -= k

@@ -69,24 +69,31 @@ def transition_linear(
     P: np.ndarray,
     nj: float,
     c: float,
+    mu: float,
     pw: np.ndarray,
+    pwf: np.ndarray,
     SA: np.ndarray,
     S: np.ndarray,
 ) -> tuple[int, float]:
     """Single-copy transition in linear space over a row stored from global index ``lo``.
 
     ``T[u]`` is the previous row (summed over repeats) at global index ``lo + u``, zero
-    outside. Writes ``S[v] = w[lo + v] * scale * sum_{u < v} T[u] r**|P[lo+v] - P[lo+u] - nj|``
+    outside. Writes ``S[v] = w[lo + v] * scale * sum_{u < v} T[u] k(P[lo+v] - P[lo+u])``
     for ``v = 0, 1, ...`` and returns ``(count, max)``: entries from ``count`` on are exactly
     zero (the far tail has underflowed to 0.0), so the loop stops there. ``SA`` is scratch of
     at least ``T.size`` entries; ``S`` holds up to ``d + 1 - lo`` entries.
+
+    The kernel is ``k(D) = r**|D - nj| * exp(-mu (D - nj))``: the module's kernel for
+    ``mu = 0``; with a tilt ``0 <= mu < c`` (rows stored as ``alpha e^(-mu P)``, see
+    ``jointexp._Forward``) its near part decays at rate ``c - mu`` (table ``pw``) and its far
+    part at ``c + mu`` (table ``pwf``; the same table when ``mu = 0``).
     """
     nT = T.size
     n_out = min(S.size, w.size - lo)
     L = int(math.floor(nj))
     f = nj - L
-    r_f = math.exp(-c * f)
-    r_1mf = math.exp(-c * (1.0 - f))
+    r_f = math.exp(-(c - mu) * f)
+    r_1mf = math.exp(-(c + mu) * (1.0 - f))
     top = 0.0
     t = -1  # far pointer (local index)
     G = 0.0
@@ -126,7 +133,7 @@ def transition_linear(
             wh = u
         while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
             t += 1
-            G = T[t] + (_pw(pw, P[lo + t] - P[lo + t - 1]) * G if t > 0 else 0.0)
+            G = T[t] + (_pw(pwf, P[lo + t] - P[lo + t - 1]) * G if t > 0 else 0.0)
         a = 0.0
         wl = t + 1
         if wl <= wh:
@@ -144,7 +151,7 @@ def transition_linear(
             a = r_f * _pw(pw, L - (pv - P[lo + wl])) * agg
         far = 0.0
         if t >= 0:
-            far = r_1mf * G * _pw(pw, pv - P[lo + t] - L - 1)
+            far = r_1mf * G * _pw(pwf, pv - P[lo + t] - L - 1)
             a += far
         val = w[lo + v] * (scale * a)
         S[v] = val
@@ -154,6 +161,63 @@ def transition_linear(
         if t == nT - 1 and far == 0.0:
             break  # window past the row and the geometric tail is exactly zero
     return count, top
+
+
+@numba.njit(cache=True, nogil=True)
+def linear_levels_step(
+    lev: np.ndarray, w_here: np.ndarray, stay: float, lev1: np.ndarray, prune: float
+) -> tuple[np.ndarray, float, int, int]:
+    """The repeat levels of a linear row, its span, maximum and where the maximum is.
+
+    ``lev`` (levels x n_t) is the previous row, ``lev1`` the new single-copy entries
+    (``count >= n_t``). Level k + 1 of the new row is ``lev[k] * w_here * (stay / (k + 2))``,
+    set to 0.0 where below ``prune`` times the single-copy entry at the same interval;
+    trailing empty levels go. Returns ``(levels, top, a, at)``: the levels cut to the columns
+    from the first to the last whose sum over levels is non-zero (starting at column ``a``),
+    the largest such sum ``top`` and its column ``at`` (0.0 and an empty row if all are 0).
+    """
+    nprev, n_t = lev.shape
+    count = lev1.size
+    nrep = 0  # the last level with a surviving entry (found level by level, first hit ends)
+    if stay > 0.0:
+        for k in range(nprev):
+            f = stay / (k + 2.0)
+            for v in range(n_t):
+                x = lev[k, v] * w_here[v] * f
+                if x > 0.0 and not x < prune * lev1[v]:
+                    nrep = k + 1
+                    break
+    top = 0.0
+    at = 0
+    a = count
+    b = 0
+    for v in range(count):
+        t = lev1[v]
+        if v < n_t:
+            for k in range(nrep):
+                x = lev[k, v] * w_here[v] * (stay / (k + 2.0))
+                if x > 0.0 and not x < prune * lev1[v]:
+                    t += x
+        if t > 0.0:
+            if v < a:
+                a = v
+            b = v + 1
+        if t > top:
+            top = t
+            at = v
+    if b <= a:
+        return np.zeros((1, 0)), 0.0, 0, 0
+    out = np.empty((1 + nrep, b - a))  # every entry is written below
+    for v in range(a, b):
+        out[0, v - a] = lev1[v]
+        for k in range(nrep):
+            x = 0.0
+            if v < n_t:
+                y = lev[k, v] * w_here[v] * (stay / (k + 2.0))
+                if y > 0.0 and not y < prune * lev1[v]:
+                    x = y
+            out[k + 1, v - a] = x
+    return out, top, a, at
 
 
 @numba.njit(cache=True, nogil=True)
@@ -170,9 +234,10 @@ def exp_normalise(lx: np.ndarray, out: np.ndarray) -> float:
     for i in range(lx.size):
         if lx[i] > top:
             top = lx[i]
+    lo_x = top - 746.0  # exp of anything below this is 0.0 in a double: skip the call
     for i in range(lx.size):
         v = lx[i]
-        out[i] = math.exp(v - top) if v > NEG_INF else 0.0
+        out[i] = math.exp(v - top) if v > lo_x else 0.0
     return top
 
 
@@ -665,18 +730,25 @@ def step_weights_linear(
     P: np.ndarray,
     nj: float,
     c: float,
+    mu: float,
+    kscale: float,
     pw: np.ndarray,
+    pwf: np.ndarray,
     out: np.ndarray,
 ) -> float:
-    """out[k * count + v] = levels[k, v] * r**|pos_ref - P[lo + v] - nj| for v < count; max."""
+    """out[k * count + v] = levels[k, v] * kscale * k(pos_ref - P[lo + v]) for v < count; max.
+
+    ``k`` is :func:`transition_linear`'s kernel (tilt ``mu``, tables ``pw`` and ``pwf``);
+    ``kscale`` <= 1 / max k over the candidates keeps every factor <= 1.
+    """
     L = int(math.floor(nj))
     f = nj - L
-    r_f = math.exp(-c * f)
-    r_1mf = math.exp(-c * (1.0 - f))
+    r_f = kscale * math.exp(-(c - mu) * f)
+    r_1mf = kscale * math.exp(-(c + mu) * (1.0 - f))
     top = 0.0
     for v in range(count):
         d = pos_ref - P[lo + v]
-        kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pw, d - L - 1)
+        kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pwf, d - L - 1)
         for k in range(nlev):
             x = levels[k, v] * kern
             out[k * count + v] = x
@@ -695,15 +767,18 @@ def step_weights_log(
     P: np.ndarray,
     nj: float,
     c: float,
+    mu: float,
     out: np.ndarray,
 ) -> float:
-    """Max-normalised exp(llevels[k, v] - c|pos_ref - P[lo + v] - nj| - max) for v < count.
+    """Max-normalised exp(llevels[k, v] + log k(pos_ref - P[lo + v]) - max) for v < count.
 
-    Returns the max (in the units of ``llevels``).
+    ``log k(D) = -c |D - nj| - mu (D - nj)`` (:func:`transition_linear`'s kernel). Returns
+    the max (in the units of ``llevels``).
     """
     top = NEG_INF
     for v in range(count):
-        lk = -c * abs(pos_ref - P[lo + v] - nj)
+        e = pos_ref - P[lo + v] - nj
+        lk = -c * abs(e) - mu * e
         for k in range(nlev):
             x = llevels[k, v] + lk
             out[k * count + v] = x

@@ -43,7 +43,8 @@ CASES = [
 ]
 
 
-PATHS = ["linear", "log", "ext", "scaled"]  # linear rows; log rows: logaddexp / ext / scaled
+# linear rows; tilted linear rows; log rows: logaddexp / ext / scaled
+PATHS = ["linear", "tilted", "log", "ext", "scaled"]
 
 
 def _observed(case, *, seed: int, path: str) -> tuple[collections.Counter, int]:
@@ -58,9 +59,12 @@ def _observed(case, *, seed: int, path: str) -> tuple[collections.Counter, int]:
             logw = np.log(sup.widths)
         gaps = quantile_gaps(sup.quantiles, sup.n)
         for _ in range(DRAWS):
-            seq = sample_interval_sequence(
-                logw, sup.cum, gaps, c, rng, force_log_space=True, log_kernel=path
-            )
+            if path == "tilted":  # these cases all hold in rows tilted by 3c/4 (tested below)
+                seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, tilt=0.75 * c)
+            else:
+                seq = sample_interval_sequence(
+                    logw, sup.cum, gaps, c, rng, force_log_space=True, log_kernel=path
+                )
             # support interval t is the dense interval cum[t] (its position)
             counts[tuple(int(sup.cum[i]) for i in seq)] += 1
         return counts, DRAWS
@@ -524,3 +528,132 @@ def test_linear_rows_on_narrow_data_in_loose_bounds_match_the_dense_log_pass() -
     dense.run()
     for j in range(1, q.size + 1):
         np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)
+
+
+# --------------------------------------------------------------------------- tilted rows
+
+
+def _prepared(x, q, lo: float = -100.0, hi: float = 100.0):
+    sup = support_for(x, lo, hi, q)
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths / sup.widths.max())
+    pos = np.ascontiguousarray(sup.cum, dtype=np.int64)
+    return logw, pos, quantile_gaps(np.asarray(q, dtype=np.float64), len(x))
+
+
+def _clamped(kind: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, 5.0, size=n)
+    u = rng.random(n)
+    if kind in ("upper", "both"):
+        x[u < 0.05] = 150.0
+    if kind in ("lower", "both"):
+        x[u > 0.95] = -150.0
+    if kind == "tie":
+        x[u < 0.3] = 1.0
+    return x
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_the_chi_square_cases_hold_in_tilted_rows(case) -> None:
+    """The "tilted" chi-square path really samples from tilted linear rows."""
+    from app.mechanisms.jointexp import _forward_pass, median_log_width
+
+    data, q, eps, lo, hi, nb = case
+    sup = support_for(data, lo, hi, q)
+    c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths / sup.widths.max())
+    gaps = quantile_gaps(sup.quantiles, sup.n)
+    pos = np.ascontiguousarray(sup.cum, dtype=np.int64)
+    fwd = _forward_pass(logw, pos, gaps, c, 1 << 30, "scaled", 0.75 * c, median_log_width(logw))
+    assert not fwd.log_space
+    assert fwd.mu == 0.75 * c
+
+
+@pytest.mark.parametrize("kind", ["upper", "lower", "both"])
+def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
+    """5 % of the data beyond a bound: the linear pass lacks range, the tilted one holds.
+
+    The rows' maxima fall by thousands of e-folds where quantiles are pushed against the
+    clamped mass; tilted by e^(-mu P) they do not, and the pass stays linear (not the log
+    pass, several times slower).
+    """
+    from app.mechanisms.jointexp import _forward_pass, median_log_width
+
+    q = np.arange(1, 100) / 100.0
+    logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
+    lw = median_log_width(logw)
+    plain = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(_LinearGuardTripped):
+        plain.run()
+    fwd = _forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
+    assert not fwd.log_space
+    assert 0.0 < fwd.mu < 0.25
+
+
+@pytest.mark.parametrize("kind", ["upper", "lower", "both", "tie"])
+@pytest.mark.parametrize("frac", [0.5, 0.9, 0.99, None])
+def test_tilted_rows_draw_the_sequences_the_log_pass_draws(kind: str, frac) -> None:
+    """Same uniforms, same sequences: tilted rows (forced or chosen) against log rows.
+
+    Both draw each block by inverse CDF from one uniform, so exact weights give the same
+    sequence except where a uniform falls within rounding of a CDF step.
+    """
+    q = np.arange(1, 20) / 20.0
+    logw, pos, gaps = _prepared(_clamped(kind, 20_000, 11), q)
+    for c in (0.05, 0.25, 1.0):
+        tilt = True if frac is None else frac * c
+        for seed in range(15):
+            ref = sample_interval_sequence(
+                logw, pos, gaps, c, np.random.default_rng(seed), force_log_space=True
+            )
+            got = sample_interval_sequence(
+                logw, pos, gaps, c, np.random.default_rng(seed), tilt=tilt
+            )
+            np.testing.assert_array_equal(got, ref)
+
+
+def test_a_draw_counts_dropped_entries_where_its_kernel_peaks() -> None:
+    """A row's dropped entries may lie under the kernel's peak; the draw check must see them.
+
+    30 % of the data tied at one value, c = 1, rows tilted by 0.9 c: the tilted rows never
+    reach past the tie (their entries there are far below the tilted maximum and dropped),
+    yet the last blocks' kernels peak there. A check that only took the kernel's largest
+    factor over the stored entries accepted those rows and drew every sequence wrongly
+    (40 of 40 seeds); the check over every interval of positive width sends the draw to the
+    log pass, and the sequences are the log pass's.
+    """
+    rng = np.random.default_rng(7)
+    x = rng.normal(0.0, 5.0, size=3000)
+    x[rng.random(3000) < 0.3] = 1.0
+    q = np.arange(1, 10) / 10.0
+    logw, pos, gaps = _prepared(x, q)
+    tilted = _Forward(logw, pos, gaps, 1.0, log_space=False, budget=1 << 30, tilt=0.9)
+    tilted.run()  # the forward rows alone pass the range rule
+    assert int(pos[tilted.get(q.size).lo + tilted.get(q.size).levels.shape[1] - 1]) < 2000
+    for seed in range(10):
+        ref = sample_interval_sequence(
+            logw, pos, gaps, 1.0, np.random.default_rng(seed), force_log_space=True
+        )
+        got = sample_interval_sequence(logw, pos, gaps, 1.0, np.random.default_rng(seed), tilt=0.9)
+        np.testing.assert_array_equal(got, ref)
+        assert int(pos[ref[-1]]) > 2000  # the draws do go past the tie
+
+
+def test_tilted_rows_match_the_dense_log_rows_on_clamped_data() -> None:
+    """Untilted again, the rows of a tilted pass equal the dense log pass's to rounding."""
+    from app.mechanisms.jointexp import _choose_tilt, _probe, median_log_width
+
+    q = np.arange(1, 50) / 50.0
+    for kind in ("upper", "lower", "both"):
+        logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
+        lw = median_log_width(logw)
+        mu = _choose_tilt(_probe(logw, pos, gaps, 0.25, "scaled", lw))
+        assert mu > 0.0
+        tilted = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu)
+        tilted.run()
+        dense = _Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+        dense.run()
+        for j in range(1, q.size + 1):
+            np.testing.assert_allclose(tilted.dense_total(j), dense.dense_total(j), atol=1e-13)
