@@ -216,12 +216,8 @@ class _Forward:
         # kappa bounds how much an absolute error grows in one row: the single-copy kernel
         # sums to at most (1 + r) / (1 - r) over distinct integer distances (and has at most
         # d + 1 terms, each <= 1; widths <= 1), the repeat levels add at most 1/2.
-        # Tilted: the near part sums to at most e^(-(c-mu) f) / (1 - e^-(c-mu)), the far part
-        # to e^(-(c+mu)(1-f)) / (1 - e^-(c+mu)); convex in f, so the larger end (f = 0 or 1)
-        # bounds both (mu = 0 gives (1 + r) / (1 - r) at either end). Every term is <= 1.
-        qa, qb = -math.expm1(-(c - tilt)), -math.expm1(-(c + tilt))
-        kern = max(1.0 / qa + math.exp(-(c + tilt)) / qb, math.exp(-(c - tilt)) / qa + 1.0 / qb)
-        self.log_kappa = math.log(min(kern, float(self.n1)) + 0.5)
+        # Tilted rows: the same bound for the tilted kernel (_log_kappa).
+        self.log_kappa = _log_kappa(c, tilt, self.n1)
         # Errors grow per row by at most kappa times the width of the entry they land on;
         # they are charged the median positive width (the rows' own mass is charged the same
         # widths, so a uniform width scale is not a fall). This is the one step that is not a
@@ -633,7 +629,13 @@ def _choose_tilt(probe: _Forward) -> float:
 
 
 def _log_kappa(c: float, mu: float, n1: int) -> float:
-    """log of the bound on one row's error growth (see _Forward.__init__)."""
+    """log kappa: one row's error growth bound for the kernel tilted by ``mu`` (0: untilted).
+
+    The near part sums to at most ``e^(-(c-mu) f) / (1 - e^-(c-mu))``, the far part to
+    ``e^(-(c+mu)(1-f)) / (1 - e^-(c+mu))``; both are convex in f, so the larger end
+    (f = 0 or 1) bounds their sum (untilted: ``(1 + r) / (1 - r)`` at either end). At most
+    ``n1`` terms, each <= 1; the repeat levels add at most 1/2.
+    """
     qa, qb = -math.expm1(-(c - mu)), -math.expm1(-(c + mu))
     kern = max(1.0 / qa + math.exp(-(c + mu)) / qb, math.exp(-(c - mu)) / qa + 1.0 / qb)
     return math.log(min(kern, float(n1)) + 0.5)
