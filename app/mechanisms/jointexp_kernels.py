@@ -166,38 +166,49 @@ def transition_linear(
 @numba.njit(cache=True, nogil=True)
 def linear_levels_step(
     lev: np.ndarray, w_here: np.ndarray, stay: float, lev1: np.ndarray, prune: float
-) -> tuple[np.ndarray, float, int, int]:
-    """The repeat levels of a linear row, its span, maximum and where the maximum is.
+) -> tuple[np.ndarray, np.ndarray, float, int, int]:
+    """The repeat levels of a linear row, its sum over levels, span, maximum and argmax.
 
     ``lev`` (levels x n_t) is the previous row, ``lev1`` the new single-copy entries
     (``count >= n_t``). Level k + 1 of the new row is ``lev[k] * w_here * (stay / (k + 2))``,
     set to 0.0 where below ``prune`` times the single-copy entry at the same interval;
-    trailing empty levels go. Returns ``(levels, top, a, at)``: the levels cut to the columns
-    from the first to the last whose sum over levels is non-zero (starting at column ``a``),
-    the largest such sum ``top`` and its column ``at`` (0.0 and an empty row if all are 0).
+    trailing empty levels go. Returns ``(levels, total, top, a, at)``: the levels cut to the
+    columns from the first to the last whose sum over levels is non-zero (starting at column
+    ``a``), that sum over levels on the same columns, its largest value ``top`` and the
+    column ``at`` of it (0.0 and an empty row if all are 0). One pass over the columns.
     """
     nprev, n_t = lev.shape
     count = lev1.size
-    nrep = 0  # the last level with a surviving entry (found level by level, first hit ends)
-    if stay > 0.0:
-        for k in range(nprev):
-            f = stay / (k + 2.0)
-            for v in range(n_t):
-                x = lev[k, v] * w_here[v] * f
-                if x > 0.0 and not x < prune * lev1[v]:
-                    nrep = k + 1
-                    break
+    if stay <= 0.0:
+        nprev = 0
+    full = np.empty((nprev + 1, count))
+    tot = lev1.copy()
+    full[0, :] = lev1
+    nrep = 0  # the last level with a surviving entry
+    # Level by level (contiguous, branch-free, so the loops vectorise). An entry is kept
+    # where it is positive and not below ``prune`` times the single-copy entry; a kept 0.0
+    # and a dropped one are the same value, so ``y >= prune * lev1`` decides alone.
+    for k in range(nprev):
+        fk = stay / (k + 2.0)
+        row = full[k + 1]
+        src = lev[k]
+        hi = 0.0
+        for v in range(n_t):
+            y = src[v] * w_here[v] * fk
+            y = y if y >= prune * lev1[v] else 0.0
+            row[v] = y
+            tot[v] += y
+            hi = max(hi, y)
+        for v in range(n_t, count):
+            row[v] = 0.0
+        if hi > 0.0:
+            nrep = k + 1
     top = 0.0
     at = 0
     a = count
     b = 0
     for v in range(count):
-        t = lev1[v]
-        if v < n_t:
-            for k in range(nrep):
-                x = lev[k, v] * w_here[v] * (stay / (k + 2.0))
-                if x > 0.0 and not x < prune * lev1[v]:
-                    t += x
+        t = tot[v]
         if t > 0.0:
             if v < a:
                 a = v
@@ -206,18 +217,10 @@ def linear_levels_step(
             top = t
             at = v
     if b <= a:
-        return np.zeros((1, 0)), 0.0, 0, 0
-    out = np.empty((1 + nrep, b - a))  # every entry is written below
-    for v in range(a, b):
-        out[0, v - a] = lev1[v]
-        for k in range(nrep):
-            x = 0.0
-            if v < n_t:
-                y = lev[k, v] * w_here[v] * (stay / (k + 2.0))
-                if y > 0.0 and not y < prune * lev1[v]:
-                    x = y
-            out[k + 1, v - a] = x
-    return out, top, a, at
+        return np.zeros((1, 0)), np.zeros(0), 0.0, 0, 0
+    if a == 0 and b == count and nrep == nprev:
+        return full, tot, top, a, at  # nothing to cut: no copy
+    return full[: nrep + 1, a:b].copy(), tot[a:b].copy(), top, a, at
 
 
 @numba.njit(cache=True, nogil=True)
@@ -736,8 +739,10 @@ def step_weights_linear(
     pwf: np.ndarray,
     out: np.ndarray,
 ) -> float:
-    """out[k * count + v] = levels[k, v] * kscale * k(pos_ref - P[lo + v]) for v < count; max.
+    """out[v] = (sum_{k < nlev} levels[k, v]) * kscale * k(pos_ref - P[lo + v]); their max.
 
+    One weight per interval (the sum over its repeat counts): a draw picks the interval
+    from these and then the count from the interval's levels (:func:`pick_level`).
     ``k`` is :func:`transition_linear`'s kernel (tilt ``mu``, tables ``pw`` and ``pwf``);
     ``kscale`` <= 1 / max k over the candidates keeps every factor <= 1.
     """
@@ -749,11 +754,13 @@ def step_weights_linear(
     for v in range(count):
         d = pos_ref - P[lo + v]
         kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pwf, d - L - 1)
-        for k in range(nlev):
-            x = levels[k, v] * kern
-            out[k * count + v] = x
-            if x > top:
-                top = x
+        t = levels[0, v]
+        for k in range(1, nlev):
+            t += levels[k, v]
+        x = t * kern
+        out[v] = x
+        if x > top:
+            top = x
     return top
 
 
@@ -770,8 +777,9 @@ def step_weights_log(
     mu: float,
     out: np.ndarray,
 ) -> float:
-    """Max-normalised exp(llevels[k, v] + log k(pos_ref - P[lo + v]) - max) for v < count.
+    """Max-normalised exp(log sum_k exp(llevels[k, v]) + log k(pos_ref - P[lo + v]) - max).
 
+    One weight per interval for v < count, as :func:`step_weights_linear`;
     ``log k(D) = -c |D - nj| - mu (D - nj)`` (:func:`transition_linear`'s kernel). Returns
     the max (in the units of ``llevels``).
     """
@@ -779,16 +787,56 @@ def step_weights_log(
     for v in range(count):
         e = pos_ref - P[lo + v] - nj
         lk = -c * abs(e) - mu * e
-        for k in range(nlev):
-            x = llevels[k, v] + lk
-            out[k * count + v] = x
-            if x > top:
-                top = x
+        mx = llevels[0, v]
+        for k in range(1, nlev):
+            if llevels[k, v] > mx:
+                mx = llevels[k, v]
+        if mx == NEG_INF:
+            x = NEG_INF
+        else:
+            acc = 0.0
+            for k in range(nlev):
+                acc += math.exp(llevels[k, v] - mx)
+            x = mx + math.log(acc) + lk
+        out[v] = x
+        if x > top:
+            top = x
     lo_x = top - 746.0  # exp of anything below this is 0.0 in a double: skip the call
-    for j in range(nlev * count):
-        x = out[j]
-        out[j] = math.exp(x - top) if x > lo_x else 0.0
+    for v in range(count):
+        x = out[v]
+        out[v] = math.exp(x - top) if x > lo_x else 0.0
     return top
+
+
+@numba.njit(cache=True, nogil=True)
+def pick_level(levels: np.ndarray, nlev: int, v: int, log_space: bool, u: float) -> int:
+    """The repeat count (0-based level) at column v, drawn ∝ its entries with uniform u.
+
+    Linear levels are used as they are; log levels are exponentiated relative to the
+    column's largest. Returns the last positive level when rounding leaves ``u * total``
+    at the total, and -1 only when every entry is zero.
+    """
+    mx = NEG_INF
+    if log_space:
+        for k in range(nlev):
+            if levels[k, v] > mx:
+                mx = levels[k, v]
+        if mx == NEG_INF:
+            return -1
+    total = 0.0
+    for k in range(nlev):
+        total += math.exp(levels[k, v] - mx) if log_space else levels[k, v]
+    target = u * total
+    acc = 0.0
+    last = -1
+    for k in range(nlev):
+        x = math.exp(levels[k, v] - mx) if log_space else levels[k, v]
+        if x > 0.0:
+            acc += x
+            last = k
+            if acc > target:
+                return k
+    return last
 
 
 @numba.njit(cache=True, nogil=True)
