@@ -597,7 +597,8 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
 def test_tilted_rows_draw_the_sequences_the_log_pass_draws(kind: str, frac) -> None:
     """Same uniforms, same sequences: tilted rows (forced or chosen) against log rows.
 
-    Both draw each block by inverse CDF from one uniform, so exact weights give the same
+    Both draw each block with the same two uniforms (the interval by inverse CDF over its
+    weight summed over repeat counts, then the count), so exact weights give the same
     sequence except where a uniform falls within rounding of a CDF step.
     """
     q = np.arange(1, 20) / 20.0
@@ -657,3 +658,95 @@ def test_tilted_rows_match_the_dense_log_rows_on_clamped_data() -> None:
         dense.run()
         for j in range(1, q.size + 1):
             np.testing.assert_allclose(tilted.dense_total(j), dense.dense_total(j), atol=1e-13)
+
+
+@pytest.mark.parametrize("kind", ["upper", "lower", "both"])
+def test_a_tripped_linear_pass_goes_on_as_the_probe(kind: str) -> None:
+    """The plain linear pass that breaks the range rule measures every row for the tilt.
+
+    It drops the rows it stored, records each row's maximum and mode to the last row (rows
+    whose successor underflows are formed through logs), raises at the end, and the tilt
+    chosen from it holds: the tilted pass runs without tripping. Against the narrow log
+    probe it ran before: the same modes, maxima never above the log probe's (less range
+    only loses mass; a few falling rows are ~50 e-folds lower), the same tilt here.
+    """
+    from app.mechanisms.jointexp import _choose_tilt, _probe, median_log_width
+
+    q = np.arange(1, 100) / 100.0
+    logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
+    lw = median_log_width(logw)
+    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(_LinearGuardTripped):
+        lin.run(probe_on_trip=True)
+    assert lin.probing and not lin.rows
+    log = _probe(logw, pos, gaps, 0.25, "scaled", lw)
+    assert np.all(np.isfinite(lin.gmaxes))
+    assert np.all(lin.gmaxes <= log.gmaxes + 1e-9)
+    np.testing.assert_array_equal(lin.modes, log.modes)
+    mu = _choose_tilt(lin)
+    assert 0.0 < mu < 0.25 and mu == _choose_tilt(log)
+    tilted = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu, lw_ref=lw)
+    tilted.run()
+    assert len(tilted.rows) == q.size
+
+
+def test_a_linear_pass_that_holds_is_not_turned_into_a_probe() -> None:
+    """Continuous data: the linear rows hold, every row is stored, nothing probes."""
+    q = np.arange(1, 100) / 100.0
+    logw, pos, gaps = _prepared(np.random.default_rng(2).normal(0.0, 5.0, 50_000), q)
+    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
+    lin.run(probe_on_trip=True)
+    assert not lin.probing and len(lin.rows) == q.size
+
+
+def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
+    """Row 1 is computed only where it can be within range of its maximum: the same row.
+
+    Random positions, widths (30 % zero), quantile gaps, c, tilts and kept ranges; the
+    windowed row equals the one formed over every interval, bit for bit.
+    """
+    from app.mechanisms.jointexp import _span
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n1 = int(rng.integers(2, 3000))
+        pos = np.concatenate(([0], np.cumsum(rng.integers(1, 5, size=n1 - 1)))).astype(np.int64)
+        logw = rng.normal(-3.0, 3.0, size=n1)
+        logw[rng.random(n1) < 0.3] = -np.inf
+        logw[int(rng.integers(n1))] = 0.0
+        logw -= logw[np.isfinite(logw)].max()
+        gaps = np.full(4, pos[-1] / 4.0) * rng.uniform(0.2, 1.8)
+        c = float(rng.choice([0.01, 0.1, 1.0, 3.0]))
+        log_space = bool(rng.random() < 0.5)
+        tilt = c * float(rng.uniform(0.1, 0.99)) if not log_space and rng.random() < 0.5 else 0.0
+        keep = float(rng.choice([50.0, 750.0, math.inf]))
+        row = _Forward(
+            logw, pos, gaps, c, log_space=log_space, budget=1 << 30, keep=keep, tilt=tilt
+        ).first()
+        dense = np.empty(n1)
+        K.first_row_log(logw, pos, float(gaps[0]), c, dense)
+        if tilt:
+            dense -= tilt * (pos - float(gaps[0]))
+        if log_space:
+            dense -= dense.max()
+            a, b = _span(dense >= -keep)
+            ref = dense[a:b]
+        else:
+            lin = np.empty(n1)
+            K.exp_normalise(dense, lin)
+            a, b = _span(lin)
+            ref = lin[a:b]
+        assert row.lo == a
+        np.testing.assert_array_equal(row.levels[0], ref)
+
+
+def test_median_log_width_is_numpys_median() -> None:
+    from app.mechanisms.jointexp import median_log_width
+
+    rng = np.random.default_rng(1)
+    for n in range(0, 80):
+        x = rng.normal(size=n)
+        x[rng.random(n) < 0.3] = -np.inf
+        positive = x[x > -np.inf]
+        ref = float(np.median(positive)) if positive.size else 0.0
+        assert median_log_width(x) == ref
