@@ -138,10 +138,22 @@ class _Row:
     peak: float = -math.inf  # max over rows l <= j of (log truncation floor_l - l log kappa)
     #: rows with repeat levels: their sum over k (log rows: its log), as the next row uses it
     total: FloatArray | None = None
+    #: compact linear rows (stored for the draws only): ``levels`` holds level 1 alone, of
+    #: ``nlev`` levels (0: ``levels`` is complete); the others are replayed at the one
+    #: interval a draw picks (:func:`_levels_at`) from earlier rows and ``stay``, the
+    #: row's repeat factor
+    nlev: int = 0
+    stay: float = 0.0
 
     @property
     def nbytes(self) -> int:
         return int(self.levels.nbytes) + (0 if self.total is None else int(self.total.nbytes))
+
+    def compact(self) -> _Row:
+        """This linear row with level 1 and the sum over levels only (see ``nlev``)."""
+        return dataclasses.replace(
+            self, levels=self.levels[:1].copy(), nlev=int(self.levels.shape[0])
+        )
 
 
 def median_log_width(logw: FloatArray) -> float:
@@ -428,7 +440,8 @@ class _Forward:
         self.gmaxes[j - 1] = gmax
         self.modes[j - 1] = float(self.pos[prev.lo + at])
         self._profile(j, prev.lo + a, tot, gmax - math.log(top), False)
-        return _Row(prev.lo + a, out, top, gmax, peak, tot if out.shape[0] > 1 else None)
+        multi = out.shape[0] > 1
+        return _Row(prev.lo + a, out, top, gmax, peak, tot if multi else None, 0, stay)
 
     def _probe_row_via_logs(self, prev: _Row, j: int) -> _Row:
         """Probing only: row j formed in log space from a linear row whose successor underflows.
@@ -598,10 +611,20 @@ class _Forward:
                 continue
             if self.checkpointing and not self._keep(j - 1) and (j - 1) in self.rows:
                 self.stored_bytes -= self.rows.pop(j - 1).nbytes
-            elif not self.log_space and row.total is not None and (j - 1) in self.rows:
-                # a linear row's sum over levels served row j; the draws form their own
-                self.stored_bytes -= int(row.total.nbytes)
-                self.rows[j - 1] = dataclasses.replace(row, total=None)
+            elif (
+                not self.log_space
+                and not self.checkpointing
+                and row.levels.shape[0] > 1
+                and not self._keep(j - 1)
+                and (j - 1) in self.rows
+            ):
+                # Row j - 1 has served row j: the draws need its sum over levels and, at
+                # the one interval each picks, its levels, which level 1 of this and the
+                # earlier rows determine (_levels_at). Checkpoint rows stay whole (a block
+                # is recomputed from them).
+                self.stored_bytes -= row.nbytes
+                self.rows[j - 1] = row.compact()
+                self.stored_bytes += self.rows[j - 1].nbytes
             self._store(j, nxt)
             row = nxt
         if self.probing:
@@ -614,7 +637,8 @@ class _Forward:
         row = self.get(j)
         vals = np.exp(row.levels) if self.log_space else row.levels
         out = np.zeros(self.n1)
-        out[row.lo : row.lo + vals.shape[1]] = vals.sum(axis=0)
+        summed = row.total if row.nlev and row.total is not None else vals.sum(axis=0)
+        out[row.lo : row.lo + vals.shape[1]] = summed
         if self.mu:  # tilted: back to alpha (in logs: the tilt spans thousands of e-folds)
             with np.errstate(divide="ignore"):
                 lout = np.log(out) + self.mu * (self.pos - float(self.gaps[:j].sum()))
@@ -634,6 +658,32 @@ class _Forward:
             row = self.step(row, jj)
             self.cache[jj] = row
         return row
+
+
+def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> list[float]:
+    """alpha(j, g, k) for k = 1..nlev of a linear row, as its pass formed them, exactly.
+
+    A compact row keeps level 1 only; level k + 1 at interval g is level k of row j - 1 at g
+    times ``w_g * (stay_j / (k + 1))``, kept where not below PRUNE times level 1 (as
+    :func:`~app.mechanisms.jointexp_kernels.linear_levels_step` forms it): the same
+    floating-point operations on the same values, so the same doubles.
+    """
+    row = fwd.get(j)
+    v = g - row.lo
+    inside = 0 <= v < row.levels.shape[1]
+    if not row.nlev:  # complete
+        have = row.levels.shape[0]
+        return [float(row.levels[k, v]) if inside and k < have else 0.0 for k in range(nlev)]
+    first = float(row.levels[0, v]) if inside else 0.0
+    out = [first]
+    if nlev > 1:
+        below = _levels_at(fwd, j - 1, g, nlev - 1)
+        lim = PRUNE * first
+        wg = float(fwd.w[g])
+        for k in range(1, nlev):
+            y = below[k - 1] * wg * (row.stay / (k + 1.0))
+            out.append(y if y >= lim else 0.0)
+    return out
 
 
 def _draw_block(
@@ -658,7 +708,10 @@ def _draw_block(
     count = min(row.levels.shape[1], i_end - row.lo)
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
-    nlev = min(row.levels.shape[0], j)
+    nlev = min(row.nlev or row.levels.shape[0], j)
+    # a compact row's weights come from its sum over levels (one "level" to the kernels)
+    wlev = row.levels if not row.nlev or row.total is None else row.total.reshape(1, -1)
+    wn = nlev if wlev is row.levels else 1
     buf = np.empty(count)
     pos = fwd.pos
     # Each weight's error is the row entry's error times its kernel factor, so the check
@@ -678,9 +731,7 @@ def _draw_block(
         for e in (pos_ref - float(live[k]) - nj for k in (at - 1, at) if 0 <= k < live.size)
     )
     if fwd.log_space:
-        ltop = K.step_weights_log(
-            row.levels, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf
-        )
+        ltop = K.step_weights_log(wlev, row.lo, wn, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
         g_draw = row.gmax + ltop
     else:
         # Linear weights with the kernel scaled by up to e^300 towards its largest factor,
@@ -689,9 +740,9 @@ def _draw_block(
         # the largest one.
         lscale = min(-lk, 300.0)
         top = K.step_weights_linear(
-            row.levels,
+            wlev,
             row.lo,
-            nlev,
+            wn,
             count,
             pos_ref,
             pos,
@@ -708,11 +759,9 @@ def _draw_block(
         else:
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row.
-            lrow = np.empty_like(row.levels)
-            K.log_of(row.levels.reshape(-1), lrow.reshape(-1))
-            ltop = K.step_weights_log(
-                lrow, row.lo, nlev, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf
-            )
+            lrow = np.empty_like(wlev)
+            K.log_of(wlev.reshape(-1), lrow.reshape(-1))
+            ltop = K.step_weights_log(lrow, row.lo, wn, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk  # g_draw - log(max kernel factor)
     if not fwd._range_ok(row.peak, g_rel, j):
@@ -728,7 +777,10 @@ def _draw_block(
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
     k = 0
-    if nlev > 1:
+    if nlev > 1 and row.nlev:
+        at_pick = np.array(_levels_at(fwd, j, row.lo + pick, nlev)).reshape(-1, 1)
+        k = int(K.pick_level(at_pick, nlev, 0, False, u_level))
+    elif nlev > 1:
         k = int(K.pick_level(row.levels, nlev, pick, fwd.log_space, u_level))
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
