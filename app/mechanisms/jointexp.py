@@ -315,6 +315,8 @@ class _Forward:
         self.stored_bytes = 0
         #: linear pass that broke the range rule and goes on as a probe (:meth:`run`)
         self.probing = False
+        #: probing: a log pass over the intervals from some index on (_probe_row_via_logs)
+        self._tail: tuple[int, _Forward] | None = None
 
     # -- one row ----------------------------------------------------------------------------
 
@@ -449,32 +451,41 @@ class _Forward:
         The previous row's logs keep what it holds (its own linear range); the transition
         runs in scaled arithmetic as in the log pass (``PROBE_KEEP`` e-folds), and the result
         goes back to a max-normalised linear row, so the probe measures a fall of any size.
-        Not exact (the rows lack range), which a probe does not need.
+        Not exact (the rows lack range), which a probe does not need. The log pass runs on
+        the intervals from the previous row's first on (positions enter the kernels only as
+        differences), so its tables cover that tail, not all d + 1 intervals.
         """
-        if not hasattr(self, "qm"):
-            size = min(int(self.pos[-1]), math.floor(float(self.gaps.max())), EXT_TABLE_MAX) + 2
-            self.qm, self.qe = K.scaled_decay_table(self.c, size)
-            self.wm, self.we = self.inputs.scaled_w
-            self.suf_logw = self.inputs.suf_logw
         if self.mu:
             raise ValueError("probing runs untilted")
+        tail = self._tail
+        if tail is None or tail[0] > prev.lo:
+            sub = _Forward(
+                self.logw[prev.lo :],
+                self.pos[prev.lo :],
+                self.gaps,
+                self.c,
+                log_space=True,
+                budget=0,
+                keep=PROBE_KEEP,
+                lw_ref=self.lw_ref,
+            )
+            tail = self._tail = (prev.lo, sub)
+        off, sub = tail
         with np.errstate(divide="ignore"):
             llev = np.log(prev.levels / prev.top)
             ltot = None
             if prev.levels.shape[0] > 1:
                 tot = prev.total if prev.total is not None else prev.levels.sum(axis=0)
                 ltot = np.log(tot / prev.top)
-        lprev = _Row(prev.lo, llev, 1.0, prev.gmax, prev.peak, ltot)
-        saved = (self.log_space, self.keep, self.log_kernel)
-        self.log_space, self.keep, self.log_kernel = True, PROBE_KEEP, "scaled"
-        try:
-            lrow = self._step_log(lprev, j)
-        finally:
-            self.log_space, self.keep, self.log_kernel = saved
+        lrow = sub._step_log(_Row(prev.lo - off, llev, 1.0, prev.gmax, prev.peak, ltot), j)
+        self.gmaxes[j - 1] = sub.gmaxes[j - 1]
+        self.modes[j - 1] = sub.modes[j - 1]
+        self.prof_pos[j - 1] = sub.prof_pos[j - 1]
+        self.prof_val[j - 1] = sub.prof_val[j - 1]
         # back to linear: the log row's maximum over its sum over levels is 0
         levels = np.exp(lrow.levels)
         total = None if lrow.total is None else np.exp(lrow.total)
-        return _Row(lrow.lo, levels, 1.0, lrow.gmax, lrow.peak, total)
+        return _Row(lrow.lo + off, levels, 1.0, lrow.gmax, lrow.peak, total)
 
     def _step_log(self, prev: _Row, j: int) -> _Row:
         """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
