@@ -841,8 +841,14 @@ def _keep_after(probe: _Forward) -> float:
 #: (slower, larger) it is, so the least tilt that holds is worth finding finely: on 5 %
 #: clamped data mu = 0.92 c holds where the next power of two, 0.9375 c, is 25 % slower.
 TILT_STEPS = tuple(k / 4.0 for k in range(4, 49))
-#: e-folds kept in hand when a tilt is judged from the probe's rows.
-TILT_MARGIN = 60.0
+#: e-folds kept in hand when a tilt is judged from the probe's rows. The probe's maxima are
+#: lower bounds; on rows that fall they are far too low (they lack the deep tail the tilt
+#: lifts: on 5 %-clamped data tilts whose estimate fell short by ~120 e-folds held), on the
+#: others within ~2 e-folds. A chosen tilt that trips is followed by larger ones
+#: (TILT_RETRIES) before the log pass.
+TILT_MARGIN = 10.0
+#: steps of k (mu = c (1 - 2^-k)) tried after a chosen tilt trips, before the log pass
+TILT_RETRIES = (0.5, 1.0)
 
 
 def _choose_tilt(probe: _Forward) -> float:
@@ -875,6 +881,11 @@ def _choose_tilt(probe: _Forward) -> float:
         if np.all(floors - idx * g <= later_min - probe.headroom - TILT_MARGIN):
             return mu
     return 0.0
+
+
+def _larger_tilt(c: float, mu: float, step: float) -> float:
+    """The tilt ``step`` further along mu = c (1 - 2^-k): c - mu shrinks by 2^-step."""
+    return c * (1.0 - (1.0 - mu / c) * math.pow(2.0, -step))
 
 
 def _log_kappa(c: float, mu: float, n1: int) -> float:
@@ -938,6 +949,35 @@ def _wider(keep: float, needed: float) -> float:
     return new if new < 1e6 else math.inf  # inf: dense, nothing dropped
 
 
+def _tilted_pass(
+    logw: FloatArray,
+    pos: IntArray,
+    gaps: FloatArray,
+    c: float,
+    budget: int,
+    mu: float,
+    lw_ref: float,
+    inputs: _Inputs | None,
+) -> _Forward | None:
+    """Tilted linear rows (``mu``), or None where they break the range rule."""
+    fwd = _Forward(
+        logw,
+        pos,
+        gaps,
+        c,
+        log_space=False,
+        budget=budget,
+        tilt=mu,
+        lw_ref=lw_ref,
+        inputs=inputs,
+    )
+    try:
+        fwd.run()
+    except _LinearGuardTripped:
+        return None
+    return fwd
+
+
 def _forward_pass(
     logw: FloatArray,
     pos: IntArray,
@@ -967,23 +1007,12 @@ def _forward_pass(
         mu = _choose_tilt(fwd) if tilt else 0.0
     else:
         mu = float(tilt)
-    if mu > 0.0:
-        tilted = _Forward(
-            logw,
-            pos,
-            gaps,
-            c,
-            log_space=False,
-            budget=budget,
-            tilt=mu,
-            lw_ref=lw_ref,
-            inputs=inputs,
-        )
-        try:
-            tilted.run()
+    # a chosen tilt that trips is followed by larger ones; a forced one (tests) is not
+    tries = [mu] + ([_larger_tilt(c, mu, s) for s in TILT_RETRIES] if tilt is True else [])
+    for mu_try in tries if mu > 0.0 else []:
+        tilted = _tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
+        if tilted is not None:
             return tilted
-        except _LinearGuardTripped:
-            pass
     return _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
 
 
@@ -1029,11 +1058,20 @@ def sample_interval_sequence(
         fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
     seq = np.empty(m, dtype=np.int64)
     j, i_end, pos_ref = m, d1, int(pos[-1])
+    retried = False
     while j > 0:
         try:
             i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
         except _LinearGuardTripped:
-            fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
+            # a chosen tilt whose draw lacks range: one step larger, then the log pass
+            nxt = None
+            if fwd.mu and tilt is True and not retried:
+                retried = True
+                mu2 = _larger_tilt(c, fwd.mu, 1.0)
+                nxt = _tilted_pass(logw, pos, gaps, c, budget, mu2, lw_ref, inputs)
+            if nxt is None:
+                nxt = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
+            fwd = nxt
             continue  # same step, exact weights; nothing was drawn
         except _LogGuardTripped as trip:
             keep = _wider(fwd.keep, trip.needed_keep)
