@@ -844,8 +844,8 @@ TILT_STEPS = tuple(k / 4.0 for k in range(4, 49))
 #: e-folds kept in hand when a tilt is judged from the probe's rows. The probe's maxima are
 #: lower bounds; on rows that fall they are far too low (they lack the deep tail the tilt
 #: lifts: on 5 %-clamped data tilts whose estimate fell short by ~120 e-folds held), on the
-#: others within ~2 e-folds. A chosen tilt that trips is followed by larger ones
-#: (TILT_RETRIES) before the log pass.
+#: others within ~2 e-folds. A chosen tilt whose forward rows trip is followed by larger
+#: ones (TILT_RETRIES, while c - mu >= c / 64) before the log pass.
 TILT_MARGIN = 10.0
 #: steps of k (mu = c (1 - 2^-k)) tried after a chosen tilt trips, before the log pass
 TILT_RETRIES = (0.5, 1.0)
@@ -1007,8 +1007,11 @@ def _forward_pass(
         mu = _choose_tilt(fwd) if tilt else 0.0
     else:
         mu = float(tilt)
-    # a chosen tilt that trips is followed by larger ones; a forced one (tests) is not
-    tries = [mu] + ([_larger_tilt(c, mu, s) for s in TILT_RETRIES] if tilt is True else [])
+    # a chosen tilt that trips is followed by larger ones, while their rows stay narrow
+    # enough to be worth it (c - mu >= c / 64); a forced one (tests) is not
+    tries = [mu]
+    if tilt is True:
+        tries += [t for t in (_larger_tilt(c, mu, s) for s in TILT_RETRIES) if c - t >= c / 64]
     for mu_try in tries if mu > 0.0 else []:
         tilted = _tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
         if tilted is not None:
@@ -1058,20 +1061,11 @@ def sample_interval_sequence(
         fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
     seq = np.empty(m, dtype=np.int64)
     j, i_end, pos_ref = m, d1, int(pos[-1])
-    retried = False
     while j > 0:
         try:
             i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
         except _LinearGuardTripped:
-            # a chosen tilt whose draw lacks range: one step larger, then the log pass
-            nxt = None
-            if fwd.mu and tilt is True and not retried:
-                retried = True
-                mu2 = _larger_tilt(c, fwd.mu, 1.0)
-                nxt = _tilted_pass(logw, pos, gaps, c, budget, mu2, lw_ref, inputs)
-            if nxt is None:
-                nxt = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
-            fwd = nxt
+            fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
             continue  # same step, exact weights; nothing was drawn
         except _LogGuardTripped as trip:
             keep = _wider(fwd.keep, trip.needed_keep)
