@@ -90,6 +90,8 @@ def transition_linear(
     """
     nT = T.size
     n_out = min(S.size, w.size - lo)
+    Pl = P[lo : lo + n_out]
+    wl_ = w[lo : lo + n_out]
     L = int(math.floor(nj))
     f = nj - L
     r_f = math.exp(-(c - mu) * f)
@@ -98,6 +100,7 @@ def transition_linear(
     t = -1  # far pointer (local index)
     G = 0.0
     B = 0  # first index of the back stack; front = [wl, B)
+    PB = Pl[0]  # its position
     BA = 0.0  # sum_{u=B}^{wh} T[u] r**(P[u] - P[B])
     wh = -1  # last index in the window
     S[0] = 0.0
@@ -109,7 +112,7 @@ def transition_linear(
     v0 = 1
     reach = L - pw.size  # P[lo + v] - P[lo] <= reach: output v is exactly 0.0
     if reach >= 1:
-        v0 = max(1, int(np.searchsorted(P[lo : lo + n_out], P[lo] + reach, side="right")))
+        v0 = max(1, int(np.searchsorted(Pl, Pl[0] + reach, side="right")))
     if v0 > 1:
         for v in range(1, v0):
             S[v] = 0.0
@@ -118,22 +121,29 @@ def transition_linear(
             acc = T[wh]
             SA[wh] = acc
             for k in range(wh - 1, -1, -1):
-                acc = T[k] + _pw(pw, P[lo + k + 1] - P[lo + k]) * acc
+                acc = T[k] + _pw(pw, Pl[k + 1] - Pl[k]) * acc
                 SA[k] = acc
         B = wh + 1
+        PB = Pl[B] if n_out > B else 0  # (unused while the back stack is empty)
         count = v0
+    Ptp = 0  # P at the far pointer t (used once t >= 0)
     for v in range(v0, n_out):
-        pv = P[lo + v]
+        pv = Pl[v]
         u = v - 1
         if u < nT:  # u joins the back of the window
-            BA += T[u] * _pw(pw, P[lo + u] - P[lo + B]) if u >= B else 0.0
-            if u < B:
+            if u >= B:
+                BA += T[u] * _pw(pw, Pl[u] - PB)
+            else:
                 B = u
+                PB = Pl[u]
                 BA = T[u]
             wh = u
-        while t + 1 < nT and P[lo + t + 1] <= pv - L - 1:
+        lim = pv - L - 1
+        while t + 1 < nT and Pl[t + 1] <= lim:
             t += 1
-            G = T[t] + (_pw(pwf, P[lo + t] - P[lo + t - 1]) * G if t > 0 else 0.0)
+            pt = Pl[t]
+            G = T[t] + (_pw(pwf, pt - Ptp) * G if t > 0 else 0.0)
+            Ptp = pt
         a = 0.0
         wl = t + 1
         if wl <= wh:
@@ -141,22 +151,23 @@ def transition_linear(
                 acc = T[wh]
                 SA[wh] = acc
                 for k in range(wh - 1, wl - 1, -1):
-                    acc = T[k] + _pw(pw, P[lo + k + 1] - P[lo + k]) * acc
+                    acc = T[k] + _pw(pw, Pl[k + 1] - Pl[k]) * acc
                     SA[k] = acc
                 B = wh + 1
+                PB = Pl[B] if n_out > B else 0  # (unused while the back stack is empty)
                 BA = 0.0
             agg = SA[wl]
+            pwl = Pl[wl]
             if BA > 0.0:
-                agg += _pw(pw, P[lo + B] - P[lo + wl]) * BA
-            a = r_f * _pw(pw, L - (pv - P[lo + wl])) * agg
+                agg += _pw(pw, PB - pwl) * BA
+            a = r_f * _pw(pw, L - (pv - pwl)) * agg
         far = 0.0
         if t >= 0:
-            far = r_1mf * G * _pw(pwf, pv - P[lo + t] - L - 1)
+            far = r_1mf * G * _pw(pwf, pv - Ptp - L - 1)
             a += far
-        val = w[lo + v] * (scale * a)
+        val = wl_[v] * (scale * a)
         S[v] = val
-        if val > top:
-            top = val
+        top = max(top, val)
         count = v + 1
         if t == nT - 1 and far == 0.0:
             break  # window past the row and the geometric tail is exactly zero
