@@ -156,6 +156,18 @@ class _Row:
         )
 
 
+def _summed(row: _Row, log_space: bool) -> FloatArray:
+    """The row summed over repeat counts (log rows: its log); stored with rows that have
+    repeat levels, the single level itself otherwise."""
+    if row.total is not None:
+        return row.total
+    if row.levels.shape[0] == 1:
+        return np.asarray(row.levels[0], dtype=np.float64)
+    if log_space:
+        return _logsumexp_levels(row.levels)
+    return np.asarray(row.levels.sum(axis=0), dtype=np.float64)
+
+
 def median_log_width(logw: FloatArray) -> float:
     """log of the median positive width (0.0 if none): the width errors are charged at."""
     positive = logw[logw > -math.inf]
@@ -398,12 +410,7 @@ class _Forward:
     def _step_linear(self, prev: _Row, j: int) -> _Row:
         nj = float(self.gaps[j - 1])
         lev = prev.levels
-        if lev.shape[0] == 1:
-            total = lev[0]
-        elif prev.total is not None:
-            total = prev.total
-        else:
-            total = lev.sum(axis=0)
+        total = _summed(prev, False)
         n_t = total.size
         scale = 1.0 / prev.top
         # Past the window, S decays by r per step; from ln(n_t) + 746 e-folds on it is 0.0.
@@ -475,8 +482,7 @@ class _Forward:
             llev = np.log(prev.levels / prev.top)
             ltot = None
             if prev.levels.shape[0] > 1:
-                tot = prev.total if prev.total is not None else prev.levels.sum(axis=0)
-                ltot = np.log(tot / prev.top)
+                ltot = np.log(_summed(prev, False) / prev.top)
         lrow = sub._step_log(_Row(prev.lo - off, llev, 1.0, prev.gmax, prev.peak, ltot), j)
         self.gmaxes[j - 1] = sub.gmaxes[j - 1]
         self.modes[j - 1] = sub.modes[j - 1]
@@ -497,12 +503,7 @@ class _Forward:
         """
         nj = float(self.gaps[j - 1])
         lev = prev.levels
-        if lev.shape[0] == 1:
-            ltotal = lev[0]
-        elif prev.total is not None:
-            ltotal = prev.total
-        else:
-            ltotal = _logsumexp_levels(lev)
+        ltotal = _summed(prev, True)
         n_t = ltotal.size
         ls = np.empty(self.n1 - prev.lo)
         if self.log_kernel == "scaled":
@@ -646,10 +647,9 @@ class _Forward:
     def dense_total(self, j: int) -> FloatArray:
         """Row j summed over repeat counts, dense over all n + 1 intervals, max 1 (for tests)."""
         row = self.get(j)
-        vals = np.exp(row.levels) if self.log_space else row.levels
+        summed = _summed(row, self.log_space)
         out = np.zeros(self.n1)
-        summed = row.total if row.nlev and row.total is not None else vals.sum(axis=0)
-        out[row.lo : row.lo + vals.shape[1]] = summed
+        out[row.lo : row.lo + summed.size] = np.exp(summed) if self.log_space else summed
         if self.mu:  # tilted: back to alpha (in logs: the tilt spans thousands of e-folds)
             with np.errstate(divide="ignore"):
                 lout = np.log(out) + self.mu * (self.pos - float(self.gaps[:j].sum()))
@@ -720,9 +720,7 @@ def _draw_block(
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.nlev or row.levels.shape[0], j)
-    # a compact row's weights come from its sum over levels (one "level" to the kernels)
-    wlev = row.levels if not row.nlev or row.total is None else row.total.reshape(1, -1)
-    wn = nlev if wlev is row.levels else 1
+    summed = _summed(row, fwd.log_space)  # one weight per interval
     buf = np.empty(count)
     pos = fwd.pos
     # Each weight's error is the row entry's error times its kernel factor, so the check
@@ -742,7 +740,7 @@ def _draw_block(
         for e in (pos_ref - float(live[k]) - nj for k in (at - 1, at) if 0 <= k < live.size)
     )
     if fwd.log_space:
-        ltop = K.step_weights_log(wlev, row.lo, wn, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+        ltop = K.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
         g_draw = row.gmax + ltop
     else:
         # Linear weights with the kernel scaled by up to e^300 towards its largest factor,
@@ -751,9 +749,8 @@ def _draw_block(
         # the largest one.
         lscale = min(-lk, 300.0)
         top = K.step_weights_linear(
-            wlev,
+            summed,
             row.lo,
-            wn,
             count,
             pos_ref,
             pos,
@@ -770,9 +767,9 @@ def _draw_block(
         else:
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row.
-            lrow = np.empty_like(wlev)
-            K.log_of(wlev.reshape(-1), lrow.reshape(-1))
-            ltop = K.step_weights_log(lrow, row.lo, wn, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+            lsummed = np.empty_like(summed)
+            K.log_of(summed, lsummed)
+            ltop = K.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk  # g_draw - log(max kernel factor)
     if not fwd._range_ok(row.peak, g_rel, j):
@@ -788,11 +785,12 @@ def _draw_block(
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
     k = 0
-    if nlev > 1 and row.nlev:
-        at_pick = np.array(_levels_at(fwd, j, row.lo + pick, nlev)).reshape(-1, 1)
-        k = int(K.pick_level(at_pick, nlev, 0, False, u_level))
-    elif nlev > 1:
-        k = int(K.pick_level(row.levels, nlev, pick, fwd.log_space, u_level))
+    if nlev > 1:
+        if row.nlev:  # compact: the levels at the picked interval, replayed
+            at_pick = np.array(_levels_at(fwd, j, row.lo + pick, nlev)).reshape(-1, 1)
+            k = int(K.pick_level(at_pick, nlev, 0, False, u_level))
+        else:
+            k = int(K.pick_level(row.levels, nlev, pick, fwd.log_space, u_level))
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick, k + 1
@@ -855,9 +853,10 @@ def _choose_tilt(probe: _Forward) -> float:
     """The tilt under which linear rows should hold the probe's falls (0.0: none found).
 
     A tilted row j is stored as ``alpha e^(-mu (P - T_j))`` (``T_j = n_1 + .. + n_j``), so
-    its maximum is at least the untilted one at the probe's mode, shifted:
-    ``gmax_j - mu (mode_j - T_j)``. Rows whose mass is pushed below their targets (data
-    clamped at a bound, a quantile inside a tie) rise by the tilt as much as they fell.
+    its maximum is at least the tilted value at the probe's mode,
+    ``gmax_j - mu (mode_j - T_j)``, and at each of the row's profiled columns. Rows whose
+    mass is pushed below their targets (data clamped at a bound, a quantile inside a tie)
+    rise by the tilt as much as they fell.
     Each candidate is judged by the linear pass's own range rule on those estimated
     maxima, with the tilted kernel's growth; the least tilt that passes is chosen (the
     narrowest rows). The pass that runs checks its own range, so this only decides speed.

@@ -186,7 +186,8 @@ def linear_levels_step(
     trailing empty levels go. Returns ``(levels, total, top, a, at)``: the levels cut to the
     columns from the first to the last whose sum over levels is non-zero (starting at column
     ``a``), that sum over levels on the same columns, its largest value ``top`` and the
-    column ``at`` of it (0.0 and an empty row if all are 0). One pass over the columns.
+    column ``at`` of it (0.0 and an empty row if all are 0). The levels are formed one at a
+    time over contiguous rows (the loops vectorise).
     """
     nprev, n_t = lev.shape
     count = lev1.size
@@ -229,8 +230,6 @@ def linear_levels_step(
             at = v
     if b <= a:
         return np.zeros((1, 0)), np.zeros(0), 0.0, 0, 0
-    if a == 0 and b == count and nrep == nprev:
-        return full, tot, top, a, at  # nothing to cut: no copy
     return full[: nrep + 1, a:b].copy(), tot[a:b].copy(), top, a, at
 
 
@@ -736,9 +735,8 @@ def transition_scaled(
 
 @numba.njit(cache=True, nogil=True)
 def step_weights_linear(
-    levels: np.ndarray,
+    total: np.ndarray,
     lo: int,
-    nlev: int,
     count: int,
     pos_ref: int,
     P: np.ndarray,
@@ -750,11 +748,11 @@ def step_weights_linear(
     pwf: np.ndarray,
     out: np.ndarray,
 ) -> float:
-    """out[v] = (sum_{k < nlev} levels[k, v]) * kscale * k(pos_ref - P[lo + v]); their max.
+    """out[v] = total[v] * kscale * k(pos_ref - P[lo + v]) for v < count; their max.
 
-    One weight per interval (the sum over its repeat counts): a draw picks the interval
-    from these and then the count from the interval's levels (:func:`pick_level`).
-    ``k`` is :func:`transition_linear`'s kernel (tilt ``mu``, tables ``pw`` and ``pwf``);
+    ``total`` is the row summed over repeat counts: one weight per interval, from which a
+    draw picks the interval (then the count from its levels, :func:`pick_level`). ``k`` is
+    :func:`transition_linear`'s kernel (tilt ``mu``, tables ``pw`` and ``pwf``);
     ``kscale`` <= 1 / max k over the candidates keeps every factor <= 1.
     """
     L = int(math.floor(nj))
@@ -765,10 +763,7 @@ def step_weights_linear(
     for v in range(count):
         d = pos_ref - P[lo + v]
         kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pwf, d - L - 1)
-        t = levels[0, v]
-        for k in range(1, nlev):
-            t += levels[k, v]
-        x = t * kern
+        x = total[v] * kern
         out[v] = x
         if x > top:
             top = x
@@ -777,9 +772,8 @@ def step_weights_linear(
 
 @numba.njit(cache=True, nogil=True)
 def step_weights_log(
-    llevels: np.ndarray,
+    ltotal: np.ndarray,
     lo: int,
-    nlev: int,
     count: int,
     pos_ref: int,
     P: np.ndarray,
@@ -788,27 +782,16 @@ def step_weights_log(
     mu: float,
     out: np.ndarray,
 ) -> float:
-    """Max-normalised exp(log sum_k exp(llevels[k, v]) + log k(pos_ref - P[lo + v]) - max).
+    """Max-normalised exp(ltotal[v] + log k(pos_ref - P[lo + v]) - max) for v < count.
 
-    One weight per interval for v < count, as :func:`step_weights_linear`;
+    ``ltotal`` is the log of the row summed over repeat counts (as :func:`step_weights_linear`);
     ``log k(D) = -c |D - nj| - mu (D - nj)`` (:func:`transition_linear`'s kernel). Returns
-    the max (in the units of ``llevels``).
+    the max (in the units of ``ltotal``).
     """
     top = NEG_INF
     for v in range(count):
         e = pos_ref - P[lo + v] - nj
-        lk = -c * abs(e) - mu * e
-        mx = llevels[0, v]
-        for k in range(1, nlev):
-            if llevels[k, v] > mx:
-                mx = llevels[k, v]
-        if mx == NEG_INF:
-            x = NEG_INF
-        else:
-            acc = 0.0
-            for k in range(nlev):
-                acc += math.exp(llevels[k, v] - mx)
-            x = mx + math.log(acc) + lk
+        x = ltotal[v] - c * abs(e) - mu * e
         out[v] = x
         if x > top:
             top = x
