@@ -92,6 +92,7 @@ HEADROOM = 40.0
 EXT_TABLE_MAX = 2**20
 MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
 PROFILE_POINTS = 33  # columns per row a probe records for choosing a tilt
+_PROFILE_K = np.arange(PROFILE_POINTS, dtype=np.int64)
 
 
 def jointexp_sensitivity(quantiles: FloatArray, neighbors: str) -> float:
@@ -338,7 +339,10 @@ class _Forward:
         added; linear values are logged first). Untilted rows only."""
         if self.mu or values.size == 0:
             return
-        cols = np.linspace(0, values.size - 1, PROFILE_POINTS).astype(np.int64)
+        # np.linspace(0, size - 1, PROFILE_POINTS) truncated, in integers (the same columns:
+        # PROFILE_POINTS - 1 is a power of two, so linspace's steps are exact) at a tenth of
+        # its cost
+        cols = _PROFILE_K * (values.size - 1) // (PROFILE_POINTS - 1)
         picked = values[cols]
         if not logs:
             with np.errstate(divide="ignore"):
@@ -671,29 +675,41 @@ class _Forward:
         return row
 
 
-def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> list[float]:
+_NO_LEVELS = np.zeros(0)
+
+
+def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
     """alpha(j, g, k) for k = 1..nlev of a linear row, as its pass formed them, exactly.
 
     A compact row keeps level 1 only; level k + 1 at interval g is level k of row j - 1 at g
     times ``w_g * (stay_j / (k + 1))``, kept where not below PRUNE times level 1 (as
     :func:`~app.mechanisms.jointexp_kernels.linear_levels_step` forms it): the same
-    floating-point operations on the same values, so the same doubles.
+    floating-point operations on the same values, so the same doubles. The chain of compact
+    rows down to a complete one (or to level 1) is walked here; the levels are formed back
+    up it in one compiled call (:func:`~app.mechanisms.jointexp_kernels.replay_levels`).
     """
-    row = fwd.get(j)
-    v = g - row.lo
-    inside = 0 <= v < row.levels.shape[1]
-    if not row.nlev:  # complete
-        have = row.levels.shape[0]
-        return [float(row.levels[k, v]) if inside and k < have else 0.0 for k in range(nlev)]
-    first = float(row.levels[0, v]) if inside else 0.0
-    out = [first]
-    if nlev > 1:
-        below = _levels_at(fwd, j - 1, g, nlev - 1)
-        lim = PRUNE * first
-        wg = float(fwd.w[g])
-        for k in range(1, nlev):
-            y = below[k - 1] * wg * (row.stay / (k + 1.0))
-            out.append(y if y >= lim else 0.0)
+    firsts: list[float] = []
+    stays: list[float] = []
+    base = _NO_LEVELS
+    need = nlev
+    while True:
+        row = fwd.get(j)
+        v = g - row.lo
+        inside = 0 <= v < row.levels.shape[1]
+        if not row.nlev:  # complete: its levels at g end the chain
+            have = min(row.levels.shape[0], need)
+            base = np.zeros(need)
+            if inside:
+                base[:have] = row.levels[:have, v]
+            break
+        firsts.append(float(row.levels[0, v]) if inside else 0.0)
+        stays.append(row.stay)
+        if need == 1:
+            break
+        j -= 1
+        need -= 1
+    out = np.empty(nlev)
+    K.replay_levels(np.array(firsts), np.array(stays), base, float(fwd.w[g]), PRUNE, out)
     return out
 
 
@@ -787,7 +803,7 @@ def _draw_block(
     k = 0
     if nlev > 1:
         if row.nlev:  # compact: the levels at the picked interval, replayed
-            at_pick = np.array(_levels_at(fwd, j, row.lo + pick, nlev)).reshape(-1, 1)
+            at_pick = _levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
             k = int(K.pick_level(at_pick, nlev, 0, False, u_level))
         else:
             k = int(K.pick_level(row.levels, nlev, pick, fwd.log_space, u_level))

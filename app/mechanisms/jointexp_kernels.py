@@ -230,7 +230,47 @@ def linear_levels_step(
             at = v
     if b <= a:
         return np.zeros((1, 0)), np.zeros(0), 0.0, 0, 0
+    if a == 0 and b == count and nrep == nprev:
+        return full, tot, top, a, at  # nothing to cut: no copy
     return full[: nrep + 1, a:b].copy(), tot[a:b].copy(), top, a, at
+
+
+@numba.njit(cache=True, nogil=True)
+def replay_levels(
+    firsts: np.ndarray,
+    stays: np.ndarray,
+    base: np.ndarray,
+    wg: float,
+    prune: float,
+    out: np.ndarray,
+) -> None:
+    """The levels of a compact linear row at one interval, formed again from its chain.
+
+    ``firsts[i]`` and ``stays[i]`` are level 1 at the interval and the repeat factor of the
+    chain's i-th row (row j - i); ``base`` the levels of the complete row that ends the chain
+    (empty when the chain ends at level 1). Level k + 1 of row i is level k of row i + 1
+    times ``wg * (stay_i / (k + 1))``, 0.0 where below ``prune`` times its level 1: the
+    operations of :func:`linear_levels_step`, in its order, so the same doubles. Writes the
+    ``out.size`` levels of row j (the chain's first).
+    """
+    depth = firsts.size
+    # Row i has out.size - i levels; the chain is formed from its end (the deepest row) back
+    # up, in place in ``out`` (row i's levels fill out[: out.size - i]).
+    nb = base.size
+    for k in range(nb):
+        out[k] = base[k]
+    size = nb
+    for i in range(depth - 1, -1, -1):
+        stay = stays[i]
+        first = firsts[i]
+        lim = prune * first
+        # level k + 1 (index k) of row i from level k (index k - 1) of row i + 1: from the
+        # top down, so each entry is read before it is overwritten
+        for k in range(size, 0, -1):
+            y = out[k - 1] * wg * (stay / (k + 1.0))
+            out[k] = y if y >= lim else 0.0
+        out[0] = first
+        size += 1
 
 
 @numba.njit(cache=True, nogil=True)

@@ -781,7 +781,7 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
         row = whole.rows[j]
         for v in rng.integers(row.levels.shape[1], size=40):
             want = [float(x) for x in row.levels[:, v]]
-            assert _levels_at(compact, j, row.lo + int(v), len(want)) == want
+            assert _levels_at(compact, j, row.lo + int(v), len(want)).tolist() == want
     for s in range(5):
         got = sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(s), tilt=0.225)
         np.testing.assert_array_equal(got, ref[s])
