@@ -12,7 +12,7 @@ commit); run the two alternately, several times, on a shared machine.
 
 Usage::
 
-    python benchmarks/bench_small.py [--runs 25] [--digest] [--code DIR]
+    python -m benchmarks.bench_small [--runs 25] [--digest] [--code DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_service import grid_histogram  # imports app only when called
+
 DECILES = [round(0.1 * k, 1) for k in range(1, 10)]
 PERCENTILES = [round(0.01 * k, 2) for k in range(1, 100)]
 
@@ -32,18 +34,7 @@ PERCENTILES = [round(0.01 * k, 2) for k in range(1, 100)]
 def _histogram(n: int) -> Any:
     import numpy as np
 
-    from app.datasets.grid import cell_of, grid_size
-    from app.datasets.service import default_granularity
-    from app.mechanisms import GridHistogram
-
-    values = np.random.default_rng(1).normal(50.0, 20.0, n)
-    g = default_granularity(-100.0, 200.0)
-    cells, counts = np.unique(cell_of(values, -100.0, 200.0, g), return_counts=True)
-    return GridHistogram(
-        cells=cells.astype(np.int64),
-        counts=counts.astype(np.int64),
-        grid_points=grid_size(-100.0, 200.0, g),
-    )
+    return grid_histogram(np.random.default_rng(1).normal(50.0, 20.0, n))
 
 
 def _digest() -> str:
