@@ -65,6 +65,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from app.mechanisms import jointexp_kernels as K
+from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import Support, support_from_values
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
@@ -74,9 +75,10 @@ from app.mechanisms.validation import FloatArray, IntArray
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
 GUARD = 2.0**-100  # backward weights below this fraction of the row: form them in log space
 #: ... unless they are still normal doubles well above what the kernel table drops: weights
-#: at least TINY_DRAW lose at most 2^25 * 2^-1074 (subnormal products) < 2^-89 of the
-#: largest, and kernel factors past the table's 750 e-folds cost at most e^-745 of the row's
-#: maximum, below e^-95 of a largest weight that is at least DEEP_DRAW of it.
+#: at least TINY_DRAW lose at most 2^25 * 2^-1022 (products below the smallest normal double
+#: are flushed to 0.0, see fpmode) < 2^-97 of the largest, and kernel factors past the
+#: table's 750 e-folds cost at most e^-745 of the row's maximum, below e^-95 of a largest
+#: weight that is at least DEEP_DRAW of it.
 DEEP_DRAW = math.exp(-650.0)
 TINY_DRAW = 2.0**-900
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
@@ -1064,6 +1066,26 @@ def sample_interval_sequence(
         tilt: whether a failed linear pass may be retried with tilted linear rows before
             the log pass (True), never (False), or that tilt ``mu`` forced (tests).
     """
+    # Rows and weights are exact only down to the smallest normal double below their
+    # maxima (LINEAR_RANGE); subnormals are flushed to 0.0 rather than computed, which on
+    # Intel cores costs a microcode assist per operation (fpmode).
+    with flush_subnormals():
+        return _sample_interval_sequence(
+            logw, pos, gaps, c, rng, force_log_space, budget, log_kernel, tilt
+        )
+
+
+def _sample_interval_sequence(
+    logw: FloatArray,
+    pos: IntArray,
+    gaps: FloatArray,
+    c: float,
+    rng: np.random.Generator,
+    force_log_space: bool,
+    budget: int,
+    log_kernel: str,
+    tilt: bool | float,
+) -> IntArray:
     logw = logw - float(np.max(logw))
     pos = np.ascontiguousarray(pos, dtype=np.int64)
     d1 = logw.size
