@@ -127,11 +127,13 @@ class _LogGuardTripped(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class _Row:
-    """One forward row: ``levels[k - 1, v]`` is alpha(j, lo + v, k) (linear) or its log.
+    """One forward row: ``levels[s, v]`` is alpha(j, lo + v, ids[s]) (linear) or its log.
 
     Linear rows keep only the span between their first and last non-zero entry (everything
     outside is exactly 0.0, as the dense computation would also give) and are stored
-    unnormalised with ``top`` = max of their sum over k. Log rows are dense with ``lo = 0``.
+    unnormalised with ``top`` = max of their sum over k; they store only the levels that
+    hold a non-zero entry (``ids``: their repeat counts; level 1 is always stored first).
+    Log rows are dense with ``lo = 0`` and store every level (``ids`` None: 1, 2, ...).
     """
 
     lo: int
@@ -147,15 +149,37 @@ class _Row:
     #: row's repeat factor
     nlev: int = 0
     stay: float = 0.0
+    #: the repeat count of each stored level (None: levels 1, 2, ... all stored)
+    ids: IntArray | None = None
 
     @property
     def nbytes(self) -> int:
         return int(self.levels.nbytes) + (0 if self.total is None else int(self.total.nbytes))
 
+    @property
+    def level_ids(self) -> IntArray:
+        """The repeat count of each stored level."""
+        if self.ids is not None:
+            return self.ids
+        return np.arange(1, self.levels.shape[0] + 1, dtype=np.int64)
+
+    @property
+    def top_level(self) -> int:
+        """The highest repeat count stored (every level above it is 0.0 everywhere)."""
+        return int(self.ids[-1]) if self.ids is not None else int(self.levels.shape[0])
+
+    def levels_at(self, v: int, nlev: int) -> FloatArray:
+        """Levels 1..nlev at column v, dense (levels that are not stored are 0.0)."""
+        out = np.zeros(nlev)
+        ids = self.level_ids
+        sel = ids <= nlev
+        out[ids[sel] - 1] = self.levels[sel, v]
+        return out
+
     def compact(self) -> _Row:
         """This linear row with level 1 and the sum over levels only (see ``nlev``)."""
         return dataclasses.replace(
-            self, levels=self.levels[:1].copy(), nlev=int(self.levels.shape[0])
+            self, levels=self.levels[:1].copy(), nlev=self.top_level, ids=None
         )
 
 
@@ -442,7 +466,9 @@ class _Forward:
         # tilt's shift from row j - 1 to row j at the same position)
         stay = math.exp(-(self.c - self.mu) * nj) * scale
         w_here = self.w[prev.lo : prev.lo + n_t]
-        out, tot, top, a, at = K.linear_levels_step(lev, w_here, stay, lev1, PRUNE)
+        out, tot, ids, top, a, at = K.linear_levels_step(
+            lev, prev.level_ids, w_here, stay, lev1, PRUNE
+        )
         if not (top > 0.0 and math.isfinite(top)):
             if self.probing:
                 return self._probe_row_via_logs(prev, j)
@@ -456,7 +482,8 @@ class _Forward:
         self.modes[j - 1] = float(self.pos[prev.lo + at])
         self._profile(j, prev.lo + a, tot, gmax - math.log(top), False)
         multi = out.shape[0] > 1
-        return _Row(prev.lo + a, out, top, gmax, peak, tot if multi else None, 0, stay)
+        total_out = tot if multi else None
+        return _Row(prev.lo + a, out, top, gmax, peak, total_out, 0, stay, ids if multi else None)
 
     def _probe_row_via_logs(self, prev: _Row, j: int) -> _Row:
         """Probing only: row j formed in log space from a linear row whose successor underflows.
@@ -484,8 +511,12 @@ class _Forward:
             )
             tail = self._tail = (prev.lo, sub)
         off, sub = tail
+        dense = prev.levels
+        if prev.ids is not None and prev.top_level != prev.levels.shape[0]:
+            dense = np.zeros((prev.top_level, prev.levels.shape[1]))
+            dense[prev.ids - 1] = prev.levels
         with np.errstate(divide="ignore"):
-            llev = np.log(prev.levels / prev.top)
+            llev = np.log(dense / prev.top)
             ltot = None
             if prev.levels.shape[0] > 1:
                 ltot = np.log(_summed(prev, False) / prev.top)
@@ -699,10 +730,7 @@ def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
         v = g - row.lo
         inside = 0 <= v < row.levels.shape[1]
         if not row.nlev:  # complete: its levels at g end the chain
-            have = min(row.levels.shape[0], need)
-            base = np.zeros(need)
-            if inside:
-                base[:have] = row.levels[:have, v]
+            base = row.levels_at(v, need) if inside else np.zeros(need)
             break
         firsts.append(float(row.levels[0, v]) if inside else 0.0)
         stays.append(row.stay)
@@ -737,7 +765,7 @@ def _draw_block(
     count = min(row.levels.shape[1], i_end - row.lo)
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
-    nlev = min(row.nlev or row.levels.shape[0], j)
+    nlev = min(row.nlev or row.top_level, j)
     summed = _summed(row, fwd.log_space)  # one weight per interval
     buf = np.empty(count)
     pos = fwd.pos
@@ -806,6 +834,9 @@ def _draw_block(
     if nlev > 1:
         if row.nlev:  # compact: the levels at the picked interval, replayed
             at_pick = _levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
+            k = int(K.pick_level(at_pick, nlev, 0, False, u_level))
+        elif row.ids is not None:  # stored levels only: dense at the picked interval
+            at_pick = row.levels_at(pick, nlev).reshape(-1, 1)
             k = int(K.pick_level(at_pick, nlev, 0, False, u_level))
         else:
             k = int(K.pick_level(row.levels, nlev, pick, fwd.log_space, u_level))

@@ -176,18 +176,28 @@ def transition_linear(
 
 @numba.njit(cache=True, nogil=True)
 def linear_levels_step(
-    lev: np.ndarray, w_here: np.ndarray, stay: float, lev1: np.ndarray, prune: float
-) -> tuple[np.ndarray, np.ndarray, float, int, int]:
+    lev: np.ndarray,
+    ids: np.ndarray,
+    w_here: np.ndarray,
+    stay: float,
+    lev1: np.ndarray,
+    prune: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, int, int]:
     """The repeat levels of a linear row, its sum over levels, span, maximum and argmax.
 
-    ``lev`` (levels x n_t) is the previous row, ``lev1`` the new single-copy entries
-    (``count >= n_t``). Level k + 1 of the new row is ``lev[k] * w_here * (stay / (k + 2))``,
-    set to 0.0 where below ``prune`` times the single-copy entry at the same interval;
-    trailing empty levels go. Returns ``(levels, total, top, a, at)``: the levels cut to the
-    columns from the first to the last whose sum over levels is non-zero (starting at column
-    ``a``), that sum over levels on the same columns, its largest value ``top`` and the
-    column ``at`` of it (0.0 and an empty row if all are 0). The levels are formed one at a
-    time over contiguous rows (the loops vectorise).
+    ``lev`` (stored levels x n_t) is the previous row, ``ids`` the repeat count of each
+    stored level (ascending; ``ids[0] = 1``), ``lev1`` the new single-copy entries
+    (``count >= n_t``). Level k + 1 of the new row is ``level k * w_here * (stay / (k + 1))``,
+    set to 0.0 where below ``prune`` times the single-copy entry at the same interval.
+    A level that is 0.0 everywhere is not stored (level 1 always is): its successors would
+    be 0.0 too, so only the levels that hold something are carried (at small n the rows
+    hold the path with every quantile in the first interval, level j at one column, and a
+    few low levels: j levels dense, ~5 stored). Returns ``(levels, total, ids, top, a,
+    at)``: the stored levels cut to the columns from the first to the last whose sum over
+    levels is non-zero (starting at column ``a``), that sum over levels on the same columns,
+    the stored levels' repeat counts, its largest value ``top`` and the column ``at`` of it
+    (0.0 and an empty row if all are 0). The levels are formed one at a time over
+    contiguous rows (the loops vectorise).
     """
     nprev, n_t = lev.shape
     count = lev1.size
@@ -196,12 +206,16 @@ def linear_levels_step(
     full = np.empty((nprev + 1, count))
     tot = lev1.copy()
     full[0, :] = lev1
-    nrep = 0  # the last level with a surviving entry
+    new_ids = np.empty(nprev + 1, dtype=np.int64)
+    new_ids[0] = 1
+    keep = np.empty(nprev + 1, dtype=np.bool_)
+    keep[0] = True
+    nkeep = 1
     # Level by level (contiguous, branch-free, so the loops vectorise). An entry is kept
     # where it is positive and not below ``prune`` times the single-copy entry; a kept 0.0
     # and a dropped one are the same value, so ``y >= prune * lev1`` decides alone.
     for k in range(nprev):
-        fk = stay / (k + 2.0)
+        fk = stay / (ids[k] + 1.0)
         row = full[k + 1]
         src = lev[k]
         hi = 0.0
@@ -213,8 +227,10 @@ def linear_levels_step(
             hi = max(hi, y)
         for v in range(n_t, count):
             row[v] = 0.0
+        new_ids[k + 1] = ids[k] + 1
+        keep[k + 1] = hi > 0.0
         if hi > 0.0:
-            nrep = k + 1
+            nkeep += 1
     top = 0.0
     at = 0
     a = count
@@ -229,10 +245,18 @@ def linear_levels_step(
             top = t
             at = v
     if b <= a:
-        return np.zeros((1, 0)), np.zeros(0), 0.0, 0, 0
-    if a == 0 and b == count and nrep == nprev:
-        return full, tot, top, a, at  # nothing to cut: no copy
-    return full[: nrep + 1, a:b].copy(), tot[a:b].copy(), top, a, at
+        return np.zeros((1, 0)), np.zeros(0), new_ids[:1].copy(), 0.0, 0, 0
+    if a == 0 and b == count and nkeep == nprev + 1:
+        return full, tot, new_ids, top, a, at  # nothing to cut: no copy
+    out = np.empty((nkeep, b - a))
+    out_ids = np.empty(nkeep, dtype=np.int64)
+    i = 0
+    for k in range(nprev + 1):
+        if keep[k]:
+            out[i, :] = full[k, a:b]
+            out_ids[i] = new_ids[k]
+            i += 1
+    return out, tot[a:b].copy(), out_ids, top, a, at
 
 
 @numba.njit(cache=True, nogil=True)

@@ -780,7 +780,7 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
     for j in range(2, q.size + 1):
         row = whole.rows[j]
         for v in rng.integers(row.levels.shape[1], size=40):
-            want = [float(x) for x in row.levels[:, v]]
+            want = [float(x) for x in row.levels_at(int(v), row.top_level)]
             assert _levels_at(compact, j, row.lo + int(v), len(want)).tolist() == want
     for s in range(5):
         got = sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(s), tilt=0.225)
@@ -810,3 +810,64 @@ def test_a_chosen_tilt_that_trips_is_followed_by_larger_ones(monkeypatch) -> Non
     assert not fwd.log_space and fwd.mu > small
     forced = J._forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", small, lw)
     assert forced.log_space
+
+
+def _dense_levels_reference(lev, w, stay, lev1, prune):
+    """The repeat-level recurrence written out densely (every level stored), in numpy."""
+    nprev, n_t = lev.shape
+    rows = [lev1.copy()]
+    for k in range(nprev if stay > 0.0 else 0):
+        y = np.zeros(lev1.size)
+        y[:n_t] = lev[k] * w * (stay / (k + 2.0))
+        y[y < prune * lev1] = 0.0
+        rows.append(y)
+    return np.array(rows)
+
+
+def test_levels_that_are_zero_everywhere_are_not_stored() -> None:
+    """The levels step keeps only levels with a non-zero entry, bit for bit the dense ones.
+
+    Random rows with empty levels between full ones (at small n the rows hold level j at
+    one column and ~5 low levels): the stored levels and their repeat counts, expanded,
+    equal the dense recurrence's levels (cut to the non-zero columns), and the sum over
+    levels is the same double. Chained over several steps, as the forward pass runs it.
+    """
+    rng = np.random.default_rng(12)
+    prune = 2.0**-60
+    gaps_seen = 0
+    for _trial in range(300):
+        n_t = int(rng.integers(1, 40))
+        dense = rng.random((int(rng.integers(1, 6)), n_t)) ** rng.integers(1, 300)
+        dense[1:][rng.random(dense.shape[0] - 1) < 0.5] = 0.0  # whole empty levels
+        dense[:, rng.random(n_t) < 0.3] = 0.0
+        keep = [0] + [k for k in range(1, dense.shape[0]) if np.any(dense[k])]
+        lev = np.ascontiguousarray(dense[keep])
+        ids = np.arange(1, dense.shape[0] + 1, dtype=np.int64)[keep]
+        for _step in range(4):
+            count = lev.shape[1] + int(rng.integers(0, 5))
+            w = rng.random(lev.shape[1]) ** rng.integers(1, 30)
+            lev1 = rng.random(count) ** rng.integers(1, 300)
+            lev1[rng.random(count) < 0.4] = 0.0
+            stay = float(rng.random() ** rng.integers(1, 60))
+            expanded = np.zeros((int(ids[-1]), lev.shape[1]))
+            expanded[ids - 1] = lev
+            ref = _dense_levels_reference(expanded, w, stay, lev1, prune)
+            acc = ref[0].copy()  # summed over levels in order, as the kernel sums
+            for k in range(1, ref.shape[0]):
+                acc += ref[k]
+            out, tot, new_ids, top, a, at = K.linear_levels_step(lev, ids, w, stay, lev1, prune)
+            nz = np.flatnonzero(acc > 0.0)
+            if nz.size == 0:
+                assert top == 0.0 and out.shape[1] == 0
+                break
+            a_ref, b_ref = int(nz[0]), int(nz[-1]) + 1
+            assert (a, top, at) == (a_ref, float(acc.max()), int(np.argmax(acc)))
+            np.testing.assert_array_equal(tot, acc[a_ref:b_ref])
+            full = np.zeros((ref.shape[0], b_ref - a_ref))
+            full[new_ids - 1] = out
+            np.testing.assert_array_equal(full, ref[:, a_ref:b_ref])
+            assert new_ids[0] == 1 and np.all(np.diff(new_ids) > 0)
+            assert np.all(np.any(out[1:] > 0.0, axis=1))  # no stored level is empty
+            gaps_seen += int(new_ids[-1] > new_ids.size)
+            lev, ids = np.ascontiguousarray(out), new_ids
+    assert gaps_seen > 50  # many rows really skipped empty levels
