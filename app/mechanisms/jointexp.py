@@ -808,7 +808,13 @@ def _draw_block(
             fwd.pwf,
             buf,
         )
-        if top >= GUARD * row.top or (top >= row.top * DEEP_DRAW and top >= TINY_DRAW):
+        # Linear weights need both: a largest weight that is a normal double far above what
+        # a flushed or rounded product loses (TINY_DRAW, absolute), and one not too far
+        # below the row (GUARD, or DEEP_DRAW beside the table's range). The absolute floor
+        # holds for the first test too: after a row that fell by hundreds of e-folds,
+        # GUARD * row.top is itself below the smallest normal double (0.0 once flushed),
+        # and a largest weight of 0.0 passed it (log of 0).
+        if top >= TINY_DRAW and (top >= GUARD * row.top or top >= row.top * DEEP_DRAW):
             g_draw = row.gmax + math.log(top / row.top) - lscale
         else:
             # The kernel pushed every candidate towards underflow: form the same weights in

@@ -871,3 +871,28 @@ def test_levels_that_are_zero_everywhere_are_not_stored() -> None:
             gaps_seen += int(new_ids[-1] > new_ids.size)
             lev, ids = np.ascontiguousarray(out), new_ids
     assert gaps_seen > 50  # many rows really skipped empty levels
+
+
+def test_a_draw_whose_weights_all_vanish_after_a_deep_fall_goes_to_log_space() -> None:
+    """A fall of hundreds of e-folds into the last block: the linear weights may all be 0.0.
+
+    20 % of the data above the upper bound, the last quantile at 0.92, epsilon = 10: the
+    last row sits far below the one before it, so ``GUARD * row.top`` is below the smallest
+    normal double (0.0 once subnormals are flushed) and the largest linear weight can be 0.0
+    as well. Such a draw must go to the log pass (it took the log of 0.0 in 153 of 600
+    draws before the absolute floor on the largest weight), and every draw is the log
+    pass's.
+    """
+    q = np.array([0.4, 0.8, 0.92])
+    for s in (11, 12, 13):
+        rng = np.random.default_rng(s)
+        x = rng.normal(0.0, 5.0, 2000)
+        x[rng.random(2000) < 0.2] = 150.0
+        logw, pos, gaps = _prepared(x, q)
+        c = 10.0 / (2.0 * jointexp_sensitivity(q, "add_remove"))
+        for seed in range(3):
+            ref = sample_interval_sequence(
+                logw, pos, gaps, c, np.random.default_rng(seed), force_log_space=True
+            )
+            got = sample_interval_sequence(logw, pos, gaps, c, np.random.default_rng(seed))
+            np.testing.assert_array_equal(got, ref)
