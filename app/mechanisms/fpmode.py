@@ -13,7 +13,7 @@ little (~7 %).
 denormals-are-zero (DAZ: a subnormal operand is read as 0.0) bits for the calling thread and
 restores the previous value on exit. Under it an operation loses less than the smallest
 normal double (2^-1022) instead of 2^-1075, which is the error model the range rule already
-uses; see docs/mechanisms.md, "Floating point". The bits are per thread: the forward rows
+uses; see docs/mechanisms.md, "Subnormals are flushed". The bits are per thread: the rows
 are formed in the calling thread (no numba ``parallel``), so nothing else sees them. On
 other architectures it does nothing (the rows are the same as before, only slower where the
 hardware is slow on subnormals).
