@@ -196,67 +196,101 @@ def linear_levels_step(
     at)``: the stored levels cut to the columns from the first to the last whose sum over
     levels is non-zero (starting at column ``a``), that sum over levels on the same columns,
     the stored levels' repeat counts, its largest value ``top`` and the column ``at`` of it
-    (0.0 and an empty row if all are 0). The levels are formed one at a time over
-    contiguous rows (the loops vectorise).
+    (0.0 and an empty row if all are 0). Each level is formed only over the span where its
+    source level is non-zero, and the output is written once: the same doubles as the
+    dense recurrence (``test_levels_that_are_zero_everywhere_are_not_stored``).
     """
     nprev, n_t = lev.shape
     count = lev1.size
     if stay <= 0.0:
         nprev = 0
-    full = np.empty((nprev + 1, count))
     tot = lev1.copy()
-    full[0, :] = lev1
     new_ids = np.empty(nprev + 1, dtype=np.int64)
     new_ids[0] = 1
-    keep = np.empty(nprev + 1, dtype=np.bool_)
-    keep[0] = True
+    # Level k + 1 is formed only over the columns [s0, s1) where stored level k is non-zero
+    # (elsewhere it is 0.0 * w * f = 0.0, which the dense loop also wrote): on clamped data
+    # the levels above 2 hold a few thousand of ~60,000 columns. Its values go to ``buf``,
+    # and it is trimmed to its own non-zero columns [f0, f1) before it is stored.
+    spans = np.empty((nprev, 2), dtype=np.int64)
+    cap = 0
+    for k in range(nprev):
+        src = lev[k]
+        s0 = 0
+        while s0 < n_t and src[s0] == 0.0:
+            s0 += 1
+        s1 = n_t
+        while s1 > s0 and src[s1 - 1] == 0.0:
+            s1 -= 1
+        spans[k, 0] = s0
+        spans[k, 1] = s1
+        cap += s1 - s0
+    buf = np.empty(cap)
+    f0s = np.empty(nprev + 1, dtype=np.int64)
+    f1s = np.empty(nprev + 1, dtype=np.int64)
+    offs = np.empty(nprev + 1, dtype=np.int64)
     nkeep = 1
-    # Level by level (contiguous, branch-free, so the loops vectorise). An entry is kept
-    # where it is positive and not below ``prune`` times the single-copy entry; a kept 0.0
-    # and a dropped one are the same value, so ``y >= prune * lev1`` decides alone.
+    pos = 0
     for k in range(nprev):
         fk = stay / (ids[k] + 1.0)
-        row = full[k + 1]
         src = lev[k]
-        hi = 0.0
-        for v in range(n_t):
+        s0 = spans[k, 0]
+        s1 = spans[k, 1]
+        seg = buf[pos : pos + (s1 - s0)]
+        # branch-free (the loop vectorises); a kept 0.0 and a dropped entry are the same
+        # value, so ``y >= prune * lev1`` decides alone
+        for v in range(s0, s1):
             y = src[v] * w_here[v] * fk
-            y = y if y >= prune * lev1[v] else 0.0
-            row[v] = y
-            tot[v] += y
-            hi = max(hi, y)
-        for v in range(n_t, count):
-            row[v] = 0.0
-        new_ids[k + 1] = ids[k] + 1
-        keep[k + 1] = hi > 0.0
-        if hi > 0.0:
+            seg[v - s0] = y if y >= prune * lev1[v] else 0.0
+        f0 = s0
+        while f0 < s1 and seg[f0 - s0] == 0.0:
+            f0 += 1
+        f1 = s1
+        while f1 > f0 and seg[f1 - 1 - s0] == 0.0:
+            f1 -= 1
+        if f1 > f0:  # level k + 1 holds something: stored
+            for v in range(f0, f1):
+                tot[v] += seg[v - s0]
+            f0s[nkeep] = f0
+            f1s[nkeep] = f1
+            offs[nkeep] = pos + (f0 - s0)
+            new_ids[nkeep] = ids[k] + 1
             nkeep += 1
-    top = 0.0
-    at = 0
-    a = count
-    b = 0
-    for v in range(count):
-        t = tot[v]
-        if t > 0.0:
-            if v < a:
-                a = v
-            b = v + 1
-        if t > top:
-            top = t
-            at = v
+        pos += s1 - s0
+    # The first and last column with a positive sum, its largest value and the first column
+    # holding it. Non-negative doubles order as their bit patterns, so the maximum is an
+    # integer reduction (it vectorises; a float maximum does not without fastmath).
+    a = 0
+    while a < count and not (tot[a] > 0.0):
+        a += 1
+    b = count
+    while b > a and not (tot[b - 1] > 0.0):
+        b -= 1
     if b <= a:
         return np.zeros((1, 0)), np.zeros(0), new_ids[:1].copy(), 0.0, 0, 0
-    if a == 0 and b == count and nkeep == nprev + 1:
-        return full, tot, new_ids, top, a, at  # nothing to cut: no copy
+    bits = tot.view(np.int64)
+    hi = bits[a]
+    for v in range(a + 1, b):
+        hi = max(hi, bits[v])
+    at = a
+    while at < b - 1 and bits[at] != hi:
+        at += 1
+    top = tot[at]
     out = np.empty((nkeep, b - a))
-    out_ids = np.empty(nkeep, dtype=np.int64)
-    i = 0
-    for k in range(nprev + 1):
-        if keep[k]:
-            out[i, :] = full[k, a:b]
-            out_ids[i] = new_ids[k]
-            i += 1
-    return out, tot[a:b].copy(), out_ids, top, a, at
+    out[0, :] = lev1[a:b]
+    for i in range(1, nkeep):
+        row = out[i]
+        f0 = f0s[i]
+        f1 = f1s[i]
+        o = offs[i]
+        for v in range(a, f0):
+            row[v - a] = 0.0
+        for v in range(f0, f1):
+            row[v - a] = buf[o + v - f0]
+        for v in range(f1, b):
+            row[v - a] = 0.0
+    if a == 0 and b == count:
+        return out, tot, new_ids[:nkeep].copy(), top, a, at
+    return out, tot[a:b].copy(), new_ids[:nkeep].copy(), top, a, at
 
 
 @numba.njit(cache=True, nogil=True)
