@@ -30,16 +30,10 @@ def get_principal(
     # no transaction, which saves the BEGIN and ROLLBACK round trips on every request.
     factory: sessionmaker[Session] = request.app.state.autocommit_factory
     with factory() as session, session.begin():
-        key = authenticate(session, raw=credentials.credentials)
-        if key is None:
-            raise unauthorized()
-        return Principal(
-            key_id=key.id,
-            role=key.role,
-            scope=key.dataset_id,
-            prefix=key.prefix,
-            capped=key.max_epsilon is not None or key.max_delta is not None,
-        )
+        principal = authenticate(session, raw=credentials.credentials)
+    if principal is None:
+        raise unauthorized()
+    return principal
 
 
 def _requires(*roles: str) -> object:
