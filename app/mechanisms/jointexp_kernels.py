@@ -174,6 +174,17 @@ def transition_linear(
     return count, top
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _nonzero_span(x: np.ndarray, lo: int, hi: int) -> tuple[int, int]:
+    """The first and one past the last index in [lo, hi) where ``x`` is not 0.0 (an empty
+    span at ``lo`` if there is none), by scans from both ends."""
+    while lo < hi and x[lo] == 0.0:
+        lo += 1
+    while hi > lo and x[hi - 1] == 0.0:
+        hi -= 1
+    return lo, hi
+
+
 @numba.njit(cache=True, nogil=True)
 def linear_levels_step(
     lev: np.ndarray,
@@ -214,13 +225,7 @@ def linear_levels_step(
     spans = np.empty((nprev, 2), dtype=np.int64)
     cap = 0
     for k in range(nprev):
-        src = lev[k]
-        s0 = 0
-        while s0 < n_t and src[s0] == 0.0:
-            s0 += 1
-        s1 = n_t
-        while s1 > s0 and src[s1 - 1] == 0.0:
-            s1 -= 1
+        s0, s1 = _nonzero_span(lev[k], 0, n_t)
         spans[k, 0] = s0
         spans[k, 1] = s1
         cap += s1 - s0
@@ -241,12 +246,9 @@ def linear_levels_step(
         for v in range(s0, s1):
             y = src[v] * w_here[v] * fk
             seg[v - s0] = y if y >= prune * lev1[v] else 0.0
-        f0 = s0
-        while f0 < s1 and seg[f0 - s0] == 0.0:
-            f0 += 1
-        f1 = s1
-        while f1 > f0 and seg[f1 - 1 - s0] == 0.0:
-            f1 -= 1
+        f0, f1 = _nonzero_span(seg, 0, s1 - s0)
+        f0 += s0
+        f1 += s0
         if f1 > f0:  # level k + 1 holds something: stored
             for v in range(f0, f1):
                 tot[v] += seg[v - s0]
