@@ -3,9 +3,8 @@
 Transactions: one session per request (:data:`SessionDep`). The dependency commits when the
 endpoint returns and rolls back when it raises; it is declared with ``scope="function"`` so
 the commit happens *before* the response is sent, and a failed commit becomes an error
-response instead of a success that was never stored. Code that must commit at a precise
-point (the release reservation) uses :func:`transaction`, which also retries serialization
-failures and deadlocks.
+response instead of a success that was never stored. The release path (authentication,
+reservation, the workers' queue) does not use sessions: see :mod:`app.pg`.
 
 Isolation: every connection the service opens runs its transactions at READ COMMITTED,
 whatever ``default_transaction_isolation`` the database or role sets (issue 8). The ledger's
@@ -17,12 +16,11 @@ the transaction's older snapshot. The balance row's CHECK constraint holds at an
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy import Engine, MetaData, create_engine, event, text
@@ -31,7 +29,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.config import Settings
-from app.guard import hide_result_rows, install_timeouts
+from app.guard import hide_result_rows
 
 logger = logging.getLogger(__name__)
 
@@ -128,33 +126,57 @@ def make_engine(
     )
     if pre_ping:
         ping_idle_connections(engine)
-    utc_sessions(engine)
-    # issue 5: no statement or lock wait may hang a request (503 instead)
-    install_timeouts(engine, statement_timeout_ms=settings.statement_timeout_ms)
+    pin_sessions(engine, statement_timeout_ms=settings.statement_timeout_ms)
     from app.metrics import instrument_pool  # imported late: see app.cli.ensure_metrics_dir
 
     instrument_pool(engine, process=process, capacity=settings.pool_size + settings.max_overflow)
     return engine
 
 
-def utc_sessions(engine: Engine) -> None:
-    """Every connection reads timestamps in UTC, whatever the server's ``TimeZone``: a
-    response built in memory (``datetime.now(UTC)``, or an announced finish time) and a
-    later read of the same row serialise to the same bytes."""
+def session_statements(statement_timeout_ms: int) -> list[str]:
+    """The settings every connection of the service runs with, SQLAlchemy's and psycopg's
+    own (:mod:`app.pg`), set once per connection when it is opened:
+
+    * READ COMMITTED as the session default, whatever ``default_transaction_isolation`` the
+      database or role sets (see the module docstring; SQLAlchemy's engines also pin it per
+      transaction);
+    * timestamps in UTC, whatever the server's ``TimeZone``: a response built in memory
+      (an announced finish time) and a later read of the same row serialise to the same
+      bytes;
+    * bounded statements and lock waits (issue 5: no statement or lock wait may hang a
+      request; past the bound the statement fails and the service answers 503).
+    """
+    statements = [
+        "SET default_transaction_isolation = 'read committed'",
+        "SET TimeZone = 'UTC'",
+    ]
+    if statement_timeout_ms > 0:
+        statements += [
+            f"SET statement_timeout = {int(statement_timeout_ms)}",
+            f"SET lock_timeout = {int(statement_timeout_ms)}",
+        ]
+    return statements
+
+
+def pin_sessions(engine: Engine, *, statement_timeout_ms: int) -> None:
+    """Run :func:`session_statements` on each new connection of ``engine`` (``SET`` keeps
+    any ``options``/``search_path`` of the URL intact)."""
+    statements = session_statements(statement_timeout_ms)
 
     @event.listens_for(engine, "connect")
-    def _utc(dbapi_connection: Any, record: Any) -> None:
+    def _pin(dbapi_connection: Any, record: Any) -> None:
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
         with dbapi_connection.cursor() as cursor:
-            cursor.execute("SET TimeZone = 'UTC'")
+            for statement in statements:
+                cursor.execute(statement)
         dbapi_connection.autocommit = autocommit
 
 
 #: A pooled connection idle for longer than this is pinged before use. A connection reused
 #: sooner was working that recently; should the server have restarted in between, the
-#: first statement fails with the connection invalidated, SQLAlchemy discards the pool,
-#: and :func:`transaction` runs the work again once on a fresh connection.
+#: first statement fails with the connection invalidated (that request answers 503) and
+#: SQLAlchemy discards the pool.
 IDLE_PING_S = 1.0
 
 _CHECKED_IN = "dpquant_checked_in"
@@ -194,10 +216,6 @@ def redact_url(url: str) -> str:
 # --------------------------------------------------------------------------- sessions
 
 
-#: SQLSTATEs after which the whole transaction can simply be run again.
-RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
-
-
 def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE of a database error, if there is one."""
     orig = getattr(exc, "orig", None)
@@ -229,61 +247,6 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
-
-T = TypeVar("T")
-
-#: Backoff jitter between retried transactions (the OS source; nothing here is private).
-_JITTER = secrets.SystemRandom()
-
-
-def transaction(
-    factory: sessionmaker[Session],
-    work: Callable[[Session], T],
-    *,
-    attempts: int = 8,
-) -> T:
-    """Run ``work`` in its own transaction and commit; retry serialization failures.
-
-    ``work`` is run again from the start (in a new transaction) after a serialization
-    failure or a deadlock, at most ``attempts`` times in all, with jittered backoff; any other
-    exception rolls back and propagates. A connection lost *during* the commit raises
-    :class:`CommitOutcomeUnknown`, since the transaction may have committed. A connection
-    found dead *before* the commit (a pooled connection that outlived a server restart)
-    committed nothing, so ``work`` is run again, once, on a fresh connection.
-    """
-    reconnected = False
-    for attempt in range(1, attempts + 1):
-        session = factory()
-        try:
-            session.begin()
-            result = work(session)
-            try:
-                session.commit()
-            except DBAPIError as exc:
-                if sqlstate(exc) in RETRYABLE_SQLSTATES:
-                    raise
-                if exc.connection_invalidated or sqlstate(exc) is None:
-                    raise CommitOutcomeUnknown() from None
-                raise
-            return result
-        except DBAPIError as exc:
-            session.rollback()
-            if exc.connection_invalidated and not reconnected:
-                reconnected = True
-                logger.info("transaction retried on a fresh connection (the old one was dead)")
-                continue
-            if sqlstate(exc) in RETRYABLE_SQLSTATES and attempt < attempts:
-                logger.info("transaction retried after SQLSTATE %s", sqlstate(exc))
-                time.sleep(_JITTER.uniform(0, 0.002 * 2**attempt))
-                continue
-            raise
-        except BaseException:
-            session.rollback()
-            raise
-        finally:
-            session.close()
-    raise AssertionError("unreachable")  # pragma: no cover
-
 
 # --------------------------------------------------------------------------- migrations
 

@@ -13,11 +13,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db import CommitOutcomeUnknown
+from app.guard import database_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -199,9 +198,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Every unexpected failure happens before or instead of a commit, so nothing was
         # charged: answer 503 (retry-safe with the same Idempotency-Key), never a bare 500.
-        if isinstance(exc, OperationalError | PoolTimeoutError) or (
-            isinstance(exc, DBAPIError) and exc.connection_invalidated
-        ):
+        if database_unavailable(exc):
             logger.error("database unavailable: %s", type(exc).__name__)
             return JSONResponse(
                 _body("database_unavailable", "the database is unavailable; nothing was charged"),

@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from typing import Any
 
-from sqlalchemy import Engine, event
+import psycopg
+from psycopg_pool import PoolTimeout
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,11 +28,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 logger = logging.getLogger(__name__)
 
 
+#: Exceptions that mean "the database is unavailable" (SQLAlchemy's and psycopg's own).
+UNAVAILABLE = (OperationalError, PoolTimeoutError, psycopg.OperationalError, PoolTimeout)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` says the database (or a connection to it) is unavailable."""
+    return isinstance(exc, UNAVAILABLE) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    )
+
+
 def error_body(exc: BaseException) -> dict[str, str]:
     """The body for an unexpected exception (same texts as :mod:`app.errors`)."""
-    if isinstance(exc, OperationalError | PoolTimeoutError) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
-    ):
+    if database_unavailable(exc):
         return {
             "type": "database_unavailable",
             "detail": "the database is unavailable; nothing was charged",
@@ -116,24 +125,3 @@ def hide_result_rows() -> None:
     engine_logger = logging.getLogger("sqlalchemy.engine.Engine")
     if _ROW_FILTER not in engine_logger.filters:
         engine_logger.addFilter(_ROW_FILTER)
-
-
-def install_timeouts(engine: Engine, *, statement_timeout_ms: int) -> None:
-    """Bound every statement and lock wait of ``engine``'s connections (0 = no bound).
-
-    Set per connection at connect time (``SET`` keeps any ``options``/``search_path`` of the
-    URL intact). A statement or lock wait that exceeds it fails with an
-    ``OperationalError``, which the service answers with 503 ``database_unavailable``:
-    a stuck lock holder or a hung query can never make a request hang.
-    """
-    if statement_timeout_ms <= 0:
-        return
-
-    @event.listens_for(engine, "connect")
-    def _set_timeouts(dbapi_connection: Any, connection_record: Any) -> None:
-        autocommit = dbapi_connection.autocommit
-        dbapi_connection.autocommit = True
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute(f"SET statement_timeout = {int(statement_timeout_ms)}")
-            cursor.execute(f"SET lock_timeout = {int(statement_timeout_ms)}")
-        dbapi_connection.autocommit = autocommit

@@ -40,8 +40,10 @@ from app.ledger.router import router as ledger_router
 from app.metrics import RequestMetricsMiddleware
 from app.openapi import install_openapi
 from app.ops.router import router as ops_router
+from app.pg import HotPool
 from app.ratelimit import RateLimitMiddleware
 from app.releases.router import router as releases_router
+from app.releases.service import FiguresCache
 from app.releases.waiter import CompletionHub
 from app.timing import ReleaseTimingMiddleware
 from app.ui.docs import install_docs
@@ -83,10 +85,6 @@ def _start(app: FastAPI) -> None:
     app.state.database_url = url
     app.state.engine = engine
     app.state.session_factory = sessionmaker(engine, expire_on_commit=False)
-    # Single-statement reads (authentication, re-reading a release) need no BEGIN/ROLLBACK.
-    app.state.autocommit_factory = sessionmaker(
-        engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
-    )
     app.state.migration_heads = head_revisions()
     logger.info("database: %s", "embedded PostgreSQL" if embedded else redact_url(url))
     if current_revisions(engine) != app.state.migration_heads:
@@ -114,6 +112,10 @@ def _start(app: FastAPI) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Connect at startup (and listen for finished releases); dispose of the pool at shutdown."""
     await run_in_threadpool(_start, app)
+    # The hot paths' connections (authentication, reservations, release reads; app/pg.py).
+    pool = HotPool(app.state.database_url, app.state.settings)
+    await pool.open()
+    app.state.pg_pool = pool
     hub = CompletionHub(app.state.database_url)
     app.state.completion_hub = hub
     hub.start()
@@ -126,6 +128,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await hub.stop()
+        await pool.close()
         app.state.engine.dispose()
 
 
@@ -151,6 +154,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings or Settings()
+    app.state.plan_figures = FiguresCache()
     install_error_handlers(app)
     app.include_router(ops_router)
     app.include_router(datasets_router)

@@ -94,25 +94,6 @@ POOL_CAPACITY = Gauge(
     multiprocess_mode="livesum",
 )
 
-_PENDING = "dpquant_metrics_on_commit"
-
-
-def count_on_commit(session: Session, counter: Counter, *labels: str) -> None:
-    """Increment ``counter`` once ``session``'s transaction commits (never on rollback, so a
-    retried transaction counts once)."""
-    session.info.setdefault(_PENDING, []).append((counter, labels))
-
-
-@event.listens_for(Session, "after_commit")
-def _flush_on_commit(session: Session) -> None:
-    for counter, labels in session.info.pop(_PENDING, []):
-        counter.labels(*labels).inc()
-
-
-@event.listens_for(Session, "after_rollback")
-def _drop_on_rollback(session: Session) -> None:
-    session.info.pop(_PENDING, None)
-
 
 def instrument_pool(engine: Engine, *, process: str, capacity: int) -> None:
     """Track the engine's checked-out connections in :data:`POOL_IN_USE`."""

@@ -33,16 +33,16 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
-from app.db import CommitOutcomeUnknown, make_engine, transaction
+from app.db import CommitOutcomeUnknown
 from app.mechanisms import MECHANISMS, GridHistogram
 from app.metrics import MECHANISM_SECONDS, forget_process
+from app.pg import Link, conninfo
 from app.releases.runner import (
     FAILURE_TIMEOUT,
     Claim,
+    Connection,
     Job,
     RunFailed,
     claim_next,
@@ -53,7 +53,6 @@ from app.releases.runner import (
     run_job,
 )
 from app.releases.service import PENDING_CHANNEL
-from app.releases.waiter import libpq_conninfo
 
 logger = logging.getLogger("dpquant.worker")
 
@@ -108,7 +107,7 @@ class _Stop:
         self.requested = True
 
 
-def settle(factory: sessionmaker[Session], work: Callable[[Session], Any], *, until: float) -> None:
+def settle(link: Link, work: Callable[[Connection], Any], *, until: float) -> None:
     """Store a run's outcome, retrying while the database is unreachable (until ``until``).
 
     The run is paid and done; abandoning its output would leave the release pending until
@@ -117,30 +116,23 @@ def settle(factory: sessionmaker[Session], work: Callable[[Session], Any], *, un
     """
     while True:
         try:
-            transaction(factory, work)
+            link.run(work)
             return
-        except (DBAPIError, CommitOutcomeUnknown) as exc:
+        except (psycopg.Error, CommitOutcomeUnknown) as exc:
             if time.monotonic() > until:
                 raise
             logger.warning("storing a run's outcome failed (%s); retrying", type(exc).__name__)
+            link.close()
             time.sleep(0.5)
 
 
-def process_one(
-    factory: sessionmaker[Session],
-    settings: Settings,
-    slot: Slot | None = None,
-    *,
-    claim_factory: sessionmaker[Session] | None = None,
-) -> bool:
+def process_one(link: Link, settings: Settings, slot: Slot | None = None) -> bool:
     """Claim and run one release; False when there was nothing to run.
 
-    ``claim_factory`` (default ``factory``) opens the sessions of the claim and of the
-    completion; the worker passes an autocommit one, since each is a single statement (no
-    BEGIN/COMMIT round trips; the completion's statement sets ``synchronous_commit`` for its
-    own implicit transaction, so it is durable whatever the database's default).
+    The claim and the completion are one autocommit statement each on ``link``'s connection
+    (no BEGIN/COMMIT round trips; the completion's statement sets ``synchronous_commit`` for
+    its own implicit transaction, so it is durable whatever the database's default).
     """
-    single = claim_factory or factory
     lease_s = settings.run_timeout_s + settings.lease_margin_s
 
     # The lease's token is published before the claim: a worker killed between the claim's
@@ -149,17 +141,17 @@ def process_one(
     if slot is not None:
         slot.set_lease(token, time.monotonic() + settings.run_timeout_s)
 
-    def claim_and_load(session: Session) -> tuple[Claim, Job | RunFailed | None] | None:
-        claim = claim_next(session, lease_s=lease_s, max_runs=settings.max_runs, token=token)
+    def claim_and_load(conn: Connection) -> tuple[Claim, Job | RunFailed] | None:
+        claim = claim_next(conn, lease_s=lease_s, max_runs=settings.max_runs, token=token)
         if claim is None:
             return None
         try:
-            return claim, load_job(session, claim)
+            return claim, load_job(conn, claim)
         except RunFailed as exc:
-            return claim, exc  # settled below, in its own transaction
+            return claim, exc  # settled below, in its own statement
 
     try:
-        claimed = transaction(single, claim_and_load)
+        claimed = link.run(claim_and_load)
     except BaseException:
         if slot is not None:
             slot.clear()
@@ -167,7 +159,7 @@ def process_one(
         # than when it expires (best effort; an unreachable database expires it later).
         unknown = Claim(release_id=uuid.UUID(int=0), token=token, attempts=0)
         with suppress(Exception):
-            transaction(single, lambda s: expire_lease(s, claim=unknown))
+            link.run(lambda conn: expire_lease(conn, claim=unknown))
         raise
     if claimed is None:
         if slot is not None:
@@ -181,8 +173,6 @@ def process_one(
         try:
             if isinstance(job, RunFailed):
                 raise job
-            if job is None:
-                return True  # the lease was taken over: someone else runs it
             if settings.chaos_run_delay_ms:
                 time.sleep(settings.chaos_run_delay_ms / 1000.0)
             started = time.perf_counter()
@@ -193,9 +183,9 @@ def process_one(
         except RunFailed as exc:
             logger.error("release %s failed: %s (charged)", claim.release_id, exc)
             reason = exc.reason
-            settle(single, lambda s: fail(s, claim=claim, reason=reason), until=lease_end)
+            settle(link, lambda conn: fail(conn, claim=claim, reason=reason), until=lease_end)
             return True
-        settle(single, lambda s: complete(s, claim=claim, estimates=estimates), until=lease_end)
+        settle(link, lambda conn: complete(conn, claim=claim, estimates=estimates), until=lease_end)
         return True
     finally:
         if slot is not None:
@@ -275,16 +265,7 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
     settings = Settings(database_url=url)
-    engine = make_engine(
-        url,
-        settings.model_copy(update={"pool_size": 2, "max_overflow": 2}),
-        process="release_worker",
-        pre_ping=False,
-    )
-    factory = sessionmaker(engine, expire_on_commit=False)
-    claim_factory = sessionmaker(
-        engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
-    )
+    link = Link(url, settings)
     keep_freed_memory()
     warm_up()
     # Everything imported and compiled so far lives as long as the process: keep it out of
@@ -301,21 +282,22 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
         while not stop.requested:
             try:
                 if listener is None:
-                    listener = psycopg.connect(libpq_conninfo(url), autocommit=True)
+                    listener = psycopg.connect(conninfo(url), autocommit=True)
                     listener.execute(f"LISTEN {PENDING_CHANNEL}")
                     hints = 1  # whatever was announced while not listening
                 if hints > 0:
-                    if process_one(factory, settings, slot, claim_factory=claim_factory):
+                    if process_one(link, settings, slot):
                         hints = hints - 1 + _heard(listener, timeout=0.0)
                         continue
                     hints = 0  # the queue is empty (or every runnable release is leased)
                 heard = _heard(listener, timeout=settings.worker_poll_s, stop_after=1)
                 hints = max(1, heard + _heard(listener, timeout=0.0))
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, OSError, CommitOutcomeUnknown) as exc:
                 logger.warning("worker database error (%s); retrying", type(exc).__name__)
                 if listener is not None:
                     listener.close()
                     listener = None
+                link.close()
                 time.sleep(1.0)
             except Exception as exc:
                 logger.error("worker error %s; retrying", type(exc).__name__)
@@ -323,7 +305,7 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
     finally:
         if listener is not None:
             listener.close()
-        engine.dispose()
+        link.close()
 
 
 # --------------------------------------------------------------------------- supervisor
@@ -338,13 +320,7 @@ class Supervisor:
         self.ctx = multiprocessing.get_context("spawn")
         self.slots = [Slot(self.ctx) for _ in range(concurrency)]
         self.procs: list[SpawnProcess | None] = [None] * concurrency
-        engine = make_engine(
-            url,
-            settings.model_copy(update={"pool_size": 1, "max_overflow": 1}),
-            process="release_supervisor",
-        )
-        self.engine = engine
-        self.factory = sessionmaker(engine, expire_on_commit=False)
+        self.link = Link(url, settings, process="release_supervisor")
         self.stop = _Stop()
 
     def _spawn(self, i: int) -> None:
@@ -361,9 +337,9 @@ class Supervisor:
     def _settle(self, claim: Claim, *, timed_out: bool) -> None:
         try:
             if timed_out:
-                transaction(self.factory, lambda s: fail(s, claim=claim, reason=FAILURE_TIMEOUT))
+                self.link.run(lambda conn: fail(conn, claim=claim, reason=FAILURE_TIMEOUT))
             else:
-                transaction(self.factory, lambda s: expire_lease(s, claim=claim))
+                self.link.run(lambda conn: expire_lease(conn, claim=claim))
         except Exception as exc:
             logger.error("could not settle release %s (%s)", claim.release_id, type(exc).__name__)
 
@@ -424,5 +400,5 @@ class Supervisor:
                 proc.join()
                 if running is not None:
                     self._settle(running[0], timed_out=False)
-        self.engine.dispose()
+        self.link.close()
         logger.info("workers stopped (supervisor pid %s)", os.getpid())

@@ -78,6 +78,49 @@ def wait_for(predicate: Any, *, timeout: float = 30.0, interval: float = 0.05) -
         time.sleep(interval)
 
 
+def count_statements(monkeypatch: Any) -> dict[str, list[str]]:
+    """Record the statements psycopg sends in this process from now on (whitespace folded):
+    ``"async"`` (the web process's hot paths, app/pg.py) and ``"sync"`` (release workers'
+    connections, and SQLAlchemy's)."""
+    import psycopg
+
+    log: dict[str, list[str]] = {"async": [], "sync": []}
+    sync_execute, async_execute = psycopg.Cursor.execute, psycopg.AsyncCursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        log["sync"].append(" ".join(str(query).split()))
+        return sync_execute(self, query, *args, **kwargs)
+
+    async def counted_async(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        log["async"].append(" ".join(str(query).split()))
+        return await async_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted_async)
+    return log
+
+
+@contextmanager
+def serving(app: Any, **kwargs: Any) -> Iterator[TestClient]:
+    """``with serving(app) as client``: the app's lifespan started; its requests, and those
+    of :func:`client_of`, run on the app's own event loop, as under uvicorn (one loop per
+    process). A plain ``TestClient(app)`` outside a ``with`` runs each request on a new loop,
+    where the hot paths' pool is not shared (app/pg.py) and every request connects anew."""
+    with TestClient(app, **kwargs) as client:
+        app.state.test_portal = client.portal
+        try:
+            yield client
+        finally:
+            del app.state.test_portal
+
+
+def client_of(app: Any) -> TestClient:
+    """A client (server errors become responses) on the loop of a :func:`serving` app."""
+    client = TestClient(app, raise_server_exceptions=False)
+    client.portal = app.state.test_portal
+    return client
+
+
 def auth(key: str) -> dict[str, str]:
     """The Authorization header for ``key``."""
     return {"Authorization": f"Bearer {key}"}

@@ -2,35 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.principal import Principal
 from app.auth.service import authenticate
 from app.errors import forbidden, unauthorized
+from app.pg import run_async
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 
 
-def get_principal(
+async def get_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     """Authenticate the bearer key; 401 when missing, unknown, revoked or expired.
 
-    Uses its own short session, closed before the endpoint runs, so that an endpoint
-    that waits (a release waiting for its worker) holds no connection while it waits.
+    On the event loop, with a pooled connection of the hot path given back before the
+    endpoint runs (an endpoint that waits, like a release waiting for its worker, holds no
+    connection while it waits). A lookup that lost its connection is simply run again.
     """
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise unauthorized()
-    # Autocommit: a lookup (and at most one single-statement write per key and minute) needs
-    # no transaction, which saves the BEGIN and ROLLBACK round trips on every request.
-    factory: sessionmaker[Session] = request.app.state.autocommit_factory
-    with factory() as session, session.begin():
-        principal = authenticate(session, raw=credentials.credentials)
+    principal = await run_async(
+        request.app.state.pg_pool,
+        functools.partial(authenticate, raw=credentials.credentials),
+        idempotent=True,
+    )
     if principal is None:
         raise unauthorized()
     return principal

@@ -8,9 +8,10 @@ import uuid
 from collections import OrderedDict
 from datetime import UTC, datetime
 from decimal import Decimal, localcontext
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import psycopg
 from numpy.typing import NDArray
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -275,12 +276,21 @@ def new_builder(dataset: Dataset, *, max_cells: int) -> HistogramBuilder:
     )
 
 
-def _fetch_histogram(session: Session, *, dataset_id: uuid.UUID) -> tuple[int, Histogram] | None:
-    """(data version, histogram) read in PostgreSQL's binary format, or None."""
-    driver = session.connection().connection.driver_connection
+def _driver(source: Session | psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``source`` (a session's, inside its transaction)."""
+    if not isinstance(source, Session):
+        return source
+    driver = source.connection().connection.driver_connection
     if driver is None:  # pragma: no cover - a pooled connection always has one
         raise RuntimeError("no database connection")
-    with driver.cursor(binary=True) as cursor:
+    return cast("psycopg.Connection[Any]", driver)
+
+
+def _fetch_histogram(
+    conn: psycopg.Connection[Any], *, dataset_id: uuid.UUID
+) -> tuple[int, Histogram] | None:
+    """(data version, histogram) read in PostgreSQL's binary format, or None."""
+    with conn.cursor(binary=True) as cursor:
         cursor.execute(
             "SELECT d.data_version, v.data FROM dataset d "
             "JOIN dataset_data v ON v.dataset_id = d.id WHERE d.id = %s AND d.n IS NOT NULL",
@@ -319,7 +329,7 @@ def store_histogram(
     ensure_writable(dataset)
     cells, counts = histogram
     if append and dataset.n is not None:
-        current = _fetch_histogram(session, dataset_id=dataset_id)
+        current = _fetch_histogram(_driver(session), dataset_id=dataset_id)
         if current is not None:
             cells, counts = merge_histograms(current[1], (cells, counts))
         n_outside = (
@@ -405,31 +415,36 @@ CacheKey = tuple[uuid.UUID, int, str]
 VALUES_CACHE = ValuesCache(max_bytes=256 * 1024 * 1024)
 
 
-def _current_version(session: Session, *, dataset_id: uuid.UUID) -> int | None:
-    return session.execute(
-        select(Dataset.data_version).where(Dataset.id == dataset_id, Dataset.n.is_not(None))
-    ).scalar()
+def _current_version(conn: psycopg.Connection[Any], *, dataset_id: uuid.UUID) -> int | None:
+    row = conn.execute(
+        "SELECT data_version FROM dataset WHERE id = %s AND n IS NOT NULL", (dataset_id,)
+    ).fetchone()
+    return None if row is None else int(row[0])
 
 
 def load_histogram(
-    session: Session, *, dataset_id: uuid.UUID, version: int | None = None
+    source: Session | psycopg.Connection[Any],
+    *,
+    dataset_id: uuid.UUID,
+    version: int | None = None,
 ) -> tuple[int, IntArray, IntArray] | None:
     """The dataset's data version, cells (strictly increasing) and counts (>= 1), or None
     when nothing was uploaded. The arrays are read-only (shared by the process cache).
 
-    One small version query (skipped when the caller read ``version``, the data version of
-    a dataset with values, in a statement of its own); the histogram comes from
+    ``source``: a session (read inside its transaction) or a psycopg connection (a release
+    worker's). One small version query (skipped when the caller read ``version``, the data
+    version of a dataset with values, in a statement of its own); the histogram comes from
     :data:`VALUES_CACHE` or is fetched in PostgreSQL's binary format and decoded (about
     25 ms for 10^6 distinct cells).
     """
     if version is None:
-        version = _current_version(session, dataset_id=dataset_id)
+        version = _current_version(_driver(source), dataset_id=dataset_id)
     if version is None:
         return None
     cached = VALUES_CACHE.get((dataset_id, version, "histogram"))
     if cached is not None:
         return version, cached[0], cached[1]
-    fetched = _fetch_histogram(session, dataset_id=dataset_id)
+    fetched = _fetch_histogram(_driver(source), dataset_id=dataset_id)
     if fetched is None:
         return None
     version, (cells, counts) = fetched

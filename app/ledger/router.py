@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from app.errors import error_responses, not_found
 from app.ledger import service
 from app.ledger.schemas import BudgetPublic, GrantCreate, LedgerEntryPublic, LedgerPage
 from app.ops.http import DecimalJSONRoute, conditional_json, decode_cursor, encode_cursor
+from app.pg import run_async
 
 router = APIRouter(prefix="/v1/datasets", tags=["budget"], route_class=DecimalJSONRoute)
 
@@ -24,11 +26,13 @@ router = APIRouter(prefix="/v1/datasets", tags=["budget"], route_class=DecimalJS
     responses=error_responses(304, 401, 403, 404, 422, 503),
     summary="Read a dataset's budget (free; supports If-None-Match)",
 )
-def get_budget(
-    dataset_id: uuid.UUID, request: Request, session: SessionDep, principal: ReaderDep
-) -> Response:
+async def get_budget(dataset_id: uuid.UUID, request: Request, principal: ReaderDep) -> Response:
     """Granted, spent and remaining (epsilon, delta); ``spent`` is the sum of the debits."""
-    figures = service.find_budget(session, dataset_id=dataset_id)
+    figures = await run_async(
+        request.app.state.pg_pool,
+        functools.partial(service.read_budget, dataset_id=dataset_id),
+        idempotent=True,
+    )
     if figures is None or not principal.can_see(dataset_id):
         raise not_found("dataset")
     return conditional_json(request, BudgetPublic.of(dataset_id, figures))

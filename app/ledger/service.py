@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal, localcontext
+from typing import Any
 
-from sqlalchemy import bindparam, func, select, text
+import psycopg
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
@@ -59,23 +62,35 @@ class Budget:
         return self.granted.minus(self.spent)
 
 
-def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
-    """The dataset's budget (O(1): its balance row); None when the dataset does not exist.
+#: One dataset's balance; psycopg's parameter style, run by both readers below.
+_ONE_BUDGET = (
+    "SELECT b.granted_epsilon, b.granted_delta, b.spent_epsilon, b.spent_delta"
+    " FROM dataset d LEFT JOIN budget_balance b ON b.dataset_id = d.id WHERE d.id = %s"
+)
 
-    Call with the dataset row locked to get an answer that cannot change before commit.
-    (A plain statement: this runs once per release, under the dataset lock.)
-    """
-    row = session.execute(_ONE_BUDGET, {"id": dataset_id}).first()
+
+def _budget_of(row: Sequence[Any] | None) -> Budget | None:
     if row is None:
         return None
     ge, gd, se, sd = (Decimal(0) if v is None else Decimal(v) for v in row)
     return Budget(granted=Amount(ge, gd), spent=Amount(se, sd))
 
 
-_ONE_BUDGET = text(
-    "SELECT b.granted_epsilon, b.granted_delta, b.spent_epsilon, b.spent_delta"
-    " FROM dataset d LEFT JOIN budget_balance b ON b.dataset_id = d.id WHERE d.id = :id"
-)
+def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
+    """The dataset's budget (O(1): its balance row); None when the dataset does not exist.
+
+    Call with the dataset row locked to get an answer that cannot change before commit.
+    """
+    row = session.connection().exec_driver_sql(_ONE_BUDGET, (dataset_id,)).first()
+    return _budget_of(row)
+
+
+async def read_budget(
+    conn: psycopg.AsyncConnection[Any], *, dataset_id: uuid.UUID
+) -> Budget | None:
+    """:func:`find_budget` on a connection of the hot path (budgets are polled)."""
+    cursor = await conn.execute(_ONE_BUDGET, (dataset_id,))
+    return _budget_of(await cursor.fetchone())
 
 
 def budgets(session: Session, *, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, Budget]:

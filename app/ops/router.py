@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 
 from app import metrics
 from app.auth.deps import bearer, get_principal
@@ -77,7 +78,7 @@ METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
     },
     summary="Prometheus metrics (admin key or DPQUANT_METRICS_TOKEN)",
 )
-def read_metrics(
+async def read_metrics(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Response:
@@ -90,8 +91,8 @@ def read_metrics(
     if token is None or not metrics.token_matches(
         token.get_secret_value(), credentials.credentials
     ):
-        principal = get_principal(request, credentials)
+        principal = await get_principal(request, credentials)
         if principal.role != "admin":
             raise forbidden("requires role admin or the metrics token")
-    body = metrics.render(request.app.state.session_factory)
+    body = await run_in_threadpool(metrics.render, request.app.state.session_factory)
     return Response(body, media_type=METRICS_MEDIA_TYPE)

@@ -6,15 +6,14 @@ import logging
 import uuid
 from typing import Annotated
 
-import anyio
+import psycopg
 from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
+from psycopg_pool import PoolTimeout
 
 from app.auth.deps import AnalystDep, ReaderDep
 from app.auth.principal import Principal
 from app.concurrency import ADMISSION_RELEASE
-from app.db import CommitOutcomeUnknown, SessionDep, transaction
+from app.db import CommitOutcomeUnknown, SessionDep
 from app.errors import ErrorBody, error_responses, outcome_unknown
 from app.ledger.schemas import AmountPublic
 from app.mechanisms import MECHANISMS
@@ -27,7 +26,6 @@ from app.ops.http import (
     json_bytes,
 )
 from app.releases import service
-from app.releases.models import Release
 from app.releases.schemas import (
     BudgetExhausted,
     ExpectedError,
@@ -46,7 +44,7 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute)
 
 
-def present(release: Release) -> ReleasePublic:
+def present(release: service.ReleaseRecord) -> ReleasePublic:
     """The public form of a stored release (deterministic: same row, same bytes)."""
     return ReleasePublic(
         id=release.id,
@@ -162,30 +160,23 @@ async def create_release(
     mechanism and read no data value.
     """
     settings = request.app.state.settings
-    factory = request.app.state.session_factory
     hub = request.app.state.completion_hub
     new_id = uuid.uuid4()  # a new release's id, watched before its reservation commits
-
-    def reserve() -> service.Outcome:
+    with hub.watch(new_id) as watching:
         try:
-            return transaction(
-                factory,
-                lambda session: service.reserve_release(
-                    session,
-                    principal=principal,
-                    dataset_id=dataset_id,
-                    query=body,
-                    idempotency_key=idempotency_key,
-                    max_quantiles=settings.max_quantiles,
-                    max_runs=settings.max_runs,
-                    release_id=new_id,
-                ),
+            outcome = await service.reserve_release(
+                request.app.state.pg_pool,
+                principal=principal,
+                dataset_id=dataset_id,
+                query=body,
+                idempotency_key=idempotency_key,
+                max_quantiles=settings.max_quantiles,
+                max_runs=settings.max_runs,
+                release_id=new_id,
+                figures=request.app.state.plan_figures,
             )
         except CommitOutcomeUnknown:
             raise outcome_unknown(idempotency_key is not None) from None
-
-    with hub.watch(new_id) as watching:
-        outcome = await anyio.to_thread.run_sync(reserve)
         return await _answer(request, outcome, prefer, principal, watching, new_id)
 
 
@@ -206,12 +197,10 @@ async def _answer(
         # or admission slot).
         _release_admission(request)
         timeout = settings.sync_wait_s if wait_s is None else min(wait_s, settings.sync_wait_s)
+        pool = request.app.state.pg_pool
 
-        reader = request.app.state.autocommit_factory
-
-        def read() -> Release:
-            with reader() as session:  # one SELECT: no transaction needed
-                return service.get_release(session, principal=principal, release_id=release.id)
+        async def read() -> service.ReleaseRecord:
+            return await service.get_release(pool, principal=principal, release_id=reserved.id)
 
         reserved = release
         new = release.id == new_id  # watched since before it existed (a replay was not)
@@ -226,7 +215,7 @@ async def _answer(
                 # the announced outcome completes the reserved release without a re-read
                 complete=(lambda outcome: service.with_outcome(reserved, outcome)) if new else None,
             )
-        except (DBAPIError, SQLAlchemyTimeoutError):
+        except (psycopg.Error, PoolTimeout):
             # The release is reserved and paid whatever happens now: say so (202 + Location)
             # rather than a 503 that would invite a retry without the key.
             logger.warning("lost the database while waiting for release %s", release.id)
@@ -248,11 +237,11 @@ async def _answer(
     responses=error_responses(304, 401, 403, 404, 422, 503),
     summary="Read a release (free; supports If-None-Match)",
 )
-def get_release(
-    release_id: uuid.UUID, request: Request, session: SessionDep, principal: ReaderDep
-) -> Response:
+async def get_release(release_id: uuid.UUID, request: Request, principal: ReaderDep) -> Response:
     """A stored release, byte-identical to the response that created it."""
-    release = service.get_release(session, principal=principal, release_id=release_id)
+    release = await service.get_release(
+        request.app.state.pg_pool, principal=principal, release_id=release_id
+    )
     return conditional_json(request, present(release))
 
 

@@ -22,18 +22,18 @@ from decimal import Decimal
 from typing import Any
 
 import numpy as np
+import psycopg
 from numpy.typing import NDArray
-from sqlalchemy import text, update
-from sqlalchemy.orm import Session
+from psycopg.rows import dict_row
 
 from app.datasets.grid import grid_size, grid_values
-from app.datasets.models import Dataset
 from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
-from app.metrics import RELEASES, count_on_commit
-from app.releases.models import FAILED, PENDING, Release
+from app.metrics import RELEASES
 from app.releases.service import PENDING_CHANNEL
+
+Connection = psycopg.Connection[Any]
 
 logger = logging.getLogger(__name__)
 
@@ -83,41 +83,41 @@ class RunFailed(Exception):
 
 
 def claim_next(
-    session: Session, *, lease_s: float, max_runs: int, token: uuid.UUID | None = None
+    conn: Connection, *, lease_s: float, max_runs: int, token: uuid.UUID | None = None
 ) -> Claim | None:
     """Lease the oldest runnable release (pending, lease free or expired); None when idle.
 
-    ``token`` is the new lease's token (a fresh one when None): a worker publishes it to its
-    supervisor *before* claiming, so a worker killed right after the claim commits still
-    has its lease given back (:func:`expire_lease` and :func:`fail` find a lease by token).
-    A release that already started ``max_runs`` runs is marked failed instead (its workers
-    kept dying) and the next one is tried.
+    One autocommit statement on ``conn``. ``token`` is the new lease's token (a fresh one
+    when None): a worker publishes it to its supervisor *before* claiming, so a worker killed
+    right after the claim commits still has its lease given back (:func:`expire_lease` and
+    :func:`fail` find a lease by token). A release that already started ``max_runs`` runs is
+    marked failed instead (its workers kept dying) and the next one is tried.
     """
     # A lease lost in a crash is harmless (the release is claimed again when it expires), so
     # the claim does not wait for a WAL flush (set_config(..., true) is SET LOCAL, folded
-    # into the statement to save a round trip). It also reads the dataset's public
-    # description and data version, so loading the job needs no further statement.
+    # into the statement). It also reads the dataset's public description and data version,
+    # so loading the job needs no further statement.
     while True:
-        row = session.execute(
-            _CLAIM,
-            {"token": token or uuid.uuid4(), "lease": float(lease_s)},
-        ).first()
+        cursor = conn.cursor(row_factory=dict_row)
+        cursor.execute(_CLAIM, {"token": token or uuid.uuid4(), "lease": float(lease_s)})
+        row = cursor.fetchone()
         if row is None:
             return None
-        claim = Claim(release_id=row[0], token=row[1], attempts=int(row[2]), row=dict(row._mapping))
+        claim = Claim(
+            release_id=row["id"], token=row["lease_token"], attempts=int(row["attempts"]), row=row
+        )
         if claim.attempts <= max_runs:
             return claim
         logger.warning(
             "release %s failed: %d runs started, none finished", claim.release_id, max_runs
         )
-        fail(session, claim=claim, reason=FAILURE_LOST)
+        fail(conn, claim=claim, reason=FAILURE_LOST)
 
 
-_CLAIM = text(
-    """
+_CLAIM = """
     UPDATE release AS r
-    SET lease_token = :token,
-        lease_until = clock_timestamp() + make_interval(secs => :lease),
+    SET lease_token = %(token)s,
+        lease_until = clock_timestamp() + make_interval(secs => %(lease)s),
         attempts = r.attempts + 1
     FROM (SELECT id FROM release
           WHERE status = 'pending'
@@ -133,41 +133,23 @@ _CLAIM = text(
               d.granularity, d.neighbors, d.archived_at,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
-)
 
 
-def load_job(session: Session, claim: Claim) -> Job | None:
-    """The release's parameters and its dataset's frozen grid histogram; None if the lease was
-    lost. O(distinct cells), whatever n is (the histogram usually comes from the cache)."""
+def load_job(conn: Connection, claim: Claim) -> Job:
+    """The claimed release's parameters (read by the claim) and its dataset's frozen grid
+    histogram. O(distinct cells), whatever n is (the histogram usually comes from the
+    process's cache; otherwise one read on ``conn``)."""
     params = claim.row
     if params is None:
-        release = session.get(Release, claim.release_id, populate_existing=True)
-        if release is None or release.status != PENDING or release.lease_token != claim.token:
-            return None
-        dataset = session.get(Dataset, release.dataset_id)
-        if dataset is None:
-            raise RunFailed("dataset missing")
-        params = {
-            "archived_at": dataset.archived_at,
-            "dataset_id": release.dataset_id,
-            "method": release.method,
-            "quantiles": release.quantiles,
-            "epsilon": release.epsilon,
-            "delta": release.delta,
-            "lower": dataset.lower,
-            "upper": dataset.upper,
-            "granularity": dataset.granularity,
-            "neighbors": dataset.neighbors,
-        }
+        raise RunFailed("claim without parameters")
     if params["archived_at"] is not None:
         raise RunFailed("dataset archived", reason=FAILURE_ARCHIVED)
-    if claim.row is None:
-        loaded = load_histogram(session, dataset_id=params["dataset_id"])
-    elif params["data_version"] is None:
-        loaded = None  # the claim found no values uploaded
-    else:
-        version = int(params["data_version"])
-        loaded = load_histogram(session, dataset_id=params["dataset_id"], version=version)
+    version = params["data_version"]
+    loaded = (
+        None  # the claim found no values uploaded
+        if version is None
+        else load_histogram(conn, dataset_id=params["dataset_id"], version=int(version))
+    )
     if loaded is None:
         raise RunFailed("values missing")
     _, cells, counts = loaded
@@ -220,70 +202,58 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
     return [float(e) for e in estimates]
 
 
-def complete(session: Session, *, claim: Claim, estimates: list[float]) -> bool:
-    """Store the estimates with ``done`` (durably) if the lease is still ours; notify waiters."""
-    # This commit must reach the disk before any answer leaves, whatever the database's
-    # default: it also makes the (asynchronously committed) reservation before it durable.
-    # (set_config(..., true) is SET LOCAL, folded into the statement to save a round trip;
-    # a plain statement, as this runs once per release.)
-    method = session.execute(
-        _COMPLETE,
-        {"id": claim.release_id, "token": claim.token, "estimates": estimates},
-    ).scalar_one_or_none()
-    if method is None:
+def complete(conn: Connection, *, claim: Claim, estimates: list[float]) -> bool:
+    """Store the estimates with ``done`` (durably) if the lease is still ours; notify waiters.
+
+    One autocommit statement. Its commit must reach the disk before any answer leaves,
+    whatever the database's default: it also makes the (asynchronously committed)
+    reservation before it durable. (``set_config(..., true)`` is SET LOCAL for the
+    statement's own transaction.) The state change notifies the waiters (trigger
+    ``release_notify``, at commit).
+    """
+    row = conn.execute(
+        _COMPLETE, {"id": claim.release_id, "token": claim.token, "estimates": estimates}
+    ).fetchone()
+    if row is None:
         return False
-    # The state change notifies the waiters (trigger release_notify, at commit).
-    count_on_commit(session, RELEASES, method, "done")
+    RELEASES.labels(row[0], "done").inc()
     return True
 
 
-_COMPLETE = text(
-    """
+_COMPLETE = """
     UPDATE release
-    SET status = 'done', estimates = CAST(:estimates AS double precision[]),
+    SET status = 'done', estimates = %(estimates)s::double precision[],
         finished_at = clock_timestamp(), lease_until = NULL
     FROM (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
-    WHERE id = :id AND lease_token = :token AND status = 'pending' AND cfg.v IS NOT NULL
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' AND cfg.v IS NOT NULL
     RETURNING method
     """
-)
 
 
-def fail(session: Session, *, claim: Claim, reason: str) -> bool:
+def fail(conn: Connection, *, claim: Claim, reason: str) -> bool:
     """Mark the release ``failed`` (it keeps its debit) if the lease is still ``claim``'s.
 
     The lease is found by its token alone (unique per claim), so a supervisor that knows
     only the token of a worker it killed can settle the release."""
-    stmt = update(Release).where(Release.lease_token == claim.token, Release.status == PENDING)
-    result = session.execute(
-        stmt.values(
-            status=FAILED,
-            failure=reason,
-            finished_at=text("clock_timestamp()"),
-            lease_until=None,
-        )
-        .returning(Release.method)
-        .execution_options(synchronize_session=False)
-    )
-    method = result.scalar_one_or_none()
-    if method is None:
+    row = conn.execute(
+        "UPDATE release SET status = 'failed', failure = %(reason)s,"
+        " finished_at = clock_timestamp(), lease_until = NULL"
+        " WHERE lease_token = %(token)s AND status = 'pending' RETURNING method",
+        {"reason": reason, "token": claim.token},
+    ).fetchone()
+    if row is None:
         return False
-    count_on_commit(session, RELEASES, method, "failed")
+    RELEASES.labels(row[0], "failed").inc()
     return True
 
 
-def expire_lease(session: Session, *, claim: Claim) -> None:
+def expire_lease(conn: Connection, *, claim: Claim) -> None:
     """Give a claimed release back to the queue at once (its run was interrupted); the lease
-    is found by its token alone (see :func:`fail`)."""
-    released = session.execute(
-        update(Release)
-        .where(Release.lease_token == claim.token, Release.status == PENDING)
-        .values(lease_until=text("clock_timestamp()"))
-        .returning(Release.id)
-        .execution_options(synchronize_session=False)
-    ).scalar_one_or_none()
-    if released is not None:
-        session.execute(
-            text("SELECT pg_notify(:channel, :payload)"),
-            {"channel": PENDING_CHANNEL, "payload": str(released)},
-        )  # still pending, so no trigger fires: wake the workers here
+    is found by its token alone (see :func:`fail`). Still pending, so no trigger fires: the
+    same statement wakes the workers."""
+    conn.execute(
+        "WITH r AS (UPDATE release SET lease_until = clock_timestamp()"
+        " WHERE lease_token = %(token)s AND status = 'pending' RETURNING id)"
+        " SELECT pg_notify(%(channel)s, r.id::text) FROM r",
+        {"channel": PENDING_CHANNEL, "token": claim.token},
+    )

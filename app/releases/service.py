@@ -2,11 +2,13 @@
 
 A release is a small state machine stored in PostgreSQL: ``pending -> done | failed``.
 
-1. **Reservation** (:func:`reserve_release`, one short transaction): lock the dataset row,
-   look the ``Idempotency-Key`` up, check the budget from the balance row, insert the release
-   as ``pending`` together with the debit of its full cost, freeze the dataset, commit. Nothing
-   here reads a data value, so every refusal (404, 409, 422) depends on public figures only
-   and takes the same time whatever the size of the dataset.
+1. **Reservation** (:func:`reserve_release`): one call of the ``release_reserve()``
+   function (migration 0008), which locks the dataset row, looks the ``Idempotency-Key`` up,
+   checks the key's cap and the budget from the balance row, inserts the release as
+   ``pending`` together with the debit of its full cost and freezes the dataset, as one
+   statement and one transaction. Nothing here reads a data value, so every refusal (404,
+   409, 422) depends on public figures only and takes the same time whatever the size of
+   the dataset.
 2. **Run** (:mod:`app.releases.runner`, in a worker process): the mechanism runs outside any
    transaction on the frozen values; its snapped estimates are stored with ``done`` in a
    second transaction, or the release is marked ``failed``.
@@ -19,25 +21,29 @@ ever released), up to ``max_runs`` runs in all.
 
 The ledger cannot be overspent even by code that forgets the lock: the balance row's CHECK
 constraint refuses an overdraft inside PostgreSQL (migration 0003). Per-key caps are checked
-in the same reservation transaction, under the dataset lock and the key's row lock, and
-defended the same way: the ledger trigger adds each debit to its key's spent columns and
-``ck_api_key_key_cap`` refuses a debit over the cap (migration 0005).
+under the dataset lock and the key's row lock, and defended the same way: the ledger trigger
+adds each debit to its key's spent columns and ``ck_api_key_key_cap`` refuses a debit over
+the cap (migration 0005).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, localcontext
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, bindparam, select, text, update
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.exc import IntegrityError
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import planner
@@ -47,15 +53,11 @@ from app.datasets.models import Dataset
 from app.datasets.service import ensure_live, get_visible
 from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
-from app.ledger.service import (
-    Amount,
-    dataset_with_budget,
-    mechanism_float,
-    price,
-)
+from app.ledger.service import Amount, dataset_with_budget, mechanism_float, price
 from app.mechanisms import MECHANISMS, Mechanism, MechanismInputError, get_mechanism
-from app.metrics import RELEASES, RESERVATIONS, count_on_commit
-from app.releases.models import DONE, FAILED, PENDING, Release
+from app.metrics import RELEASES, RESERVATIONS
+from app.pg import HotPool, run_async
+from app.releases.models import DONE, FAILED, Release
 from app.releases.schemas import AUTO, KeyCap, QuantileQuery
 
 #: Channel on which PostgreSQL announces a runnable release (trigger ``release_notify``,
@@ -65,21 +67,57 @@ PENDING_CHANNEL = "dpquant_release_pending"
 FINISHED_CHANNEL = "dpquant_release_finished"
 
 
+@dataclass(frozen=True, slots=True)
+class ReleaseRecord:
+    """A stored release as readers see it (the row's public columns), detached from any
+    session; equal rows give equal records and the same response bytes."""
+
+    id: uuid.UUID
+    seq: int
+    dataset_id: uuid.UUID
+    method: str
+    quantiles: list[float]
+    estimates: list[float] | None
+    epsilon: Decimal
+    delta: Decimal | None
+    cost_epsilon: Decimal
+    cost_delta: Decimal
+    remaining_epsilon: Decimal
+    remaining_delta: Decimal
+    created_at: datetime
+    status: str
+    failure: str | None
+    finished_at: datetime | None
+    expected_error: list[dict[str, float]] | None
+    warnings: list[str]
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
+        """The record of a row mapping (or of an ORM ``Release``)."""
+        if isinstance(row, Release):
+            return cls(**{name: getattr(row, name) for name in RECORD_COLUMNS})
+        return cls(**{name: row[name] for name in RECORD_COLUMNS})
+
+
+#: The columns a :class:`ReleaseRecord` holds, in order.
+RECORD_COLUMNS = tuple(field.name for field in dataclasses.fields(ReleaseRecord))
+_SELECT_RECORD = f"SELECT {', '.join(RECORD_COLUMNS)} FROM release"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """A release and whether it was replayed from an earlier request with the same key."""
 
-    release: Release
+    release: ReleaseRecord
     replayed: bool
 
 
 @dataclass(frozen=True)
 class Priced:
-    """A validated query: its mechanism, exact cost and fingerprint."""
+    """A validated query: its mechanism and exact cost."""
 
     mechanism: Mechanism
     cost: Amount
-    fingerprint: str
 
 
 def _parameter_error(exc: MechanismInputError) -> DpquantError:
@@ -116,7 +154,7 @@ def request_fingerprint(query: QuantileQuery) -> str:
 
 
 def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
-    """Everything about a query that needs no database: limits, method, cost, fingerprint.
+    """Everything about a query that needs no database: limits, method, cost.
 
     ``auto`` must be resolved first (:func:`plan_query`), since it depends on the dataset.
     """
@@ -126,11 +164,27 @@ def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
         mech = get_mechanism(query.method)
     except MechanismInputError as exc:
         raise invalid("body.method", exc.problem) from None
-    return Priced(mech, quote(mech, query), request_fingerprint(query))
+    return Priced(mech, quote(mech, query))
 
 
 #: A release warns when its expected error is at least this share of the ranks.
 WARN_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PublicFigures:
+    """What the planner may know of a dataset: its neighbour relation and its public size
+    (n under swap, where n is public; otherwise only the admin-declared size hint)."""
+
+    neighbors: str
+    size: int | None
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> PublicFigures:
+        """The figures of a dataset row (``release_reserve()`` computes the same in SQL)."""
+        if dataset.neighbors == "swap" and dataset.n is not None:
+            return cls(dataset.neighbors, dataset.n)
+        return cls(dataset.neighbors, dataset.size_hint)
 
 
 @dataclass(frozen=True)
@@ -138,27 +192,20 @@ class Plan:
     """A query resolved against a dataset's public figures: method, price, expected error.
 
     ``query`` is the query as it will run (``auto`` resolved; δ dropped when the method chosen
-    is pure ε-DP); ``priced.fingerprint`` is that of the query as sent, so an idempotent
-    replay matches whatever the planner would choose today.
+    is pure ε-DP); ``fingerprint`` is that of the query as sent, so an idempotent replay
+    matches whatever the planner would choose today.
     """
 
     query: QuantileQuery
     priced: Priced
+    fingerprint: str
     expected: list[dict[str, float]] | None
     warnings: list[str]
 
 
-def public_size(dataset: Dataset) -> int | None:
-    """The size the planner may use: n under swap (public there), else the declared hint.
-
-    Under add_remove n is private and never used: only ``size_hint`` (or nothing).
-    """
-    if dataset.neighbors == "swap" and dataset.n is not None:
-        return dataset.n
-    return dataset.size_hint
-
-
-def resolve(query: QuantileQuery, *, dataset: Dataset, method: str | None = None) -> QuantileQuery:
+def resolve(
+    query: QuantileQuery, *, figures: PublicFigures, method: str | None = None
+) -> QuantileQuery:
     """The query with ``method`` (default: the query's, ``auto`` through the planner).
 
     A pure ε-DP method is always allowed: given one, a δ in the query is dropped (it buys
@@ -167,11 +214,11 @@ def resolve(query: QuantileQuery, *, dataset: Dataset, method: str | None = None
     name = method or query.method
     if name == AUTO:
         name = planner.recommend(
-            public_size(dataset),
+            figures.size,
             query.quantiles,
             float(query.epsilon),
             None if query.delta is None else float(query.delta),
-            dataset.neighbors,
+            figures.neighbors,
         )
     elif method is None:
         return query
@@ -185,12 +232,12 @@ def _figures(value: float) -> float:
 
 
 def expectation(
-    query: QuantileQuery, *, dataset: Dataset
+    query: QuantileQuery, *, figures: PublicFigures
 ) -> tuple[list[dict[str, float]] | None, list[str]]:
     """A-priori expected error per quantile (missed points) and warnings; public figures only."""
-    size = public_size(dataset)
+    size = figures.size
     if size is None:
-        if dataset.neighbors == "add_remove":
+        if figures.neighbors == "add_remove":
             why = "the dataset declares no size_hint (n is private under add_remove neighbours)"
         else:
             why = "the dataset has no values yet"
@@ -201,7 +248,7 @@ def expectation(
         query.quantiles,
         float(query.epsilon),
         None if query.delta is None else float(query.delta),
-        dataset.neighbors,
+        figures.neighbors,
     )
     if err is None:
         return None, [f"expected error unknown: no error model for method {query.method!r}"]
@@ -218,54 +265,26 @@ def expectation(
     return expected, warnings
 
 
-def plan_query(query: QuantileQuery, *, dataset: Dataset, max_quantiles: int) -> Plan:
-    """Resolve, validate and price ``query`` for ``dataset``; the one path of quotes and
-    reservations (so a quote's cost is the debit of the release that follows). Reads no
-    data value: only the dataset's public description (and n under swap)."""
-    resolved = resolve(query, dataset=dataset)
+def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: int) -> Plan:
+    """Resolve, validate and price ``query`` for a dataset's public figures; the one path of
+    quotes and reservations (so a quote's cost is the debit of the release that follows).
+    Reads no data value: only the dataset's public description (and n under swap)."""
+    resolved = resolve(query, figures=figures)
     priced = price_query(resolved, max_quantiles=max_quantiles)
-    check_runs_on(priced.mechanism, dataset=dataset)
-    expected, warnings = expectation(resolved, dataset=dataset)
-    return Plan(
-        resolved,
-        Priced(priced.mechanism, priced.cost, request_fingerprint(query)),
-        expected,
-        warnings,
-    )
+    check_runs_on(priced.mechanism, neighbors=figures.neighbors)
+    expected, warnings = expectation(resolved, figures=figures)
+    return Plan(resolved, priced, request_fingerprint(query), expected, warnings)
 
 
-def check_runs_on(mech: Mechanism, *, dataset: Dataset) -> None:
+def check_runs_on(mech: Mechanism, *, neighbors: str) -> None:
     """Refuse (422, before anything is paid) a method whose analysis does not cover the
     dataset's neighbour relation (e.g. smooth sensitivity is for fixed-size datasets)."""
-    if dataset.neighbors not in mech.neighbors:
+    if neighbors not in mech.neighbors:
         raise invalid(
             "body.method",
             f"method {mech.name!r} supports only {' and '.join(mech.neighbors)} neighbours; "
-            f"this dataset uses {dataset.neighbors!r}",
+            f"this dataset uses {neighbors!r}",
         )
-
-
-def _find_idempotent(
-    session: Session, *, principal: Principal, dataset_id: uuid.UUID, key: str, fingerprint: str
-) -> Release | None:
-    existing = session.scalars(
-        select(Release)
-        .where(
-            Release.api_key_id == principal.key_id,
-            Release.dataset_id == dataset_id,
-            Release.idempotency_key == key,
-        )
-        .execution_options(populate_existing=True)
-    ).first()
-    if existing is None:
-        return None
-    if existing.request_hash != fingerprint:
-        raise DpquantError(
-            409,
-            "idempotency_conflict",
-            "this Idempotency-Key was already used with a different request body",
-        )
-    return existing
 
 
 def budget_refusal(remaining: Amount, cost: Amount) -> DpquantError:
@@ -281,86 +300,95 @@ def budget_refusal(remaining: Amount, cost: Amount) -> DpquantError:
     )
 
 
-def _refuse_if_unaffordable(remaining: Amount, cost: Amount) -> None:
-    if not remaining.covers(cost):
-        raise budget_refusal(remaining, cost)
-
-
-def _calling_key(session: Session, principal: Principal, *, for_update: bool) -> ApiKey | None:
-    stmt = select(ApiKey).where(ApiKey.id == principal.key_id)
-    if for_update:
-        # The ledger trigger writes this row with the debit anyway; locking it first makes
-        # concurrent releases of one key (on any dataset) read each other's spending.
-        stmt = stmt.with_for_update()
-    return session.scalars(stmt.execution_options(populate_existing=True)).first()
-
-
-def _within_cap(key: ApiKey | None, cost: Amount) -> bool:
-    """True when ``cost`` keeps the key within its cap (or it has none)."""
-    if key is None or (key.max_epsilon is None and key.max_delta is None):
-        return True
-    spent = Amount(key.spent_epsilon, key.spent_delta)
-    with localcontext() as ctx:
-        ctx.prec = 200  # exact: budget figures have at most 40 digits
-        after = Amount(spent.epsilon + cost.epsilon, spent.delta + cost.delta)
-    return (key.max_epsilon is None or after.epsilon <= key.max_epsilon) and (
-        key.max_delta is None or after.delta <= key.max_delta
-    )
-
-
-def _refuse_if_over_cap(key: ApiKey | None, cost: Amount) -> None:
-    """409 ``key_budget_exhausted`` when ``cost`` would take the key over its cap."""
-    if key is None or _within_cap(key, cost):
-        return
-    spent = Amount(key.spent_epsilon, key.spent_delta)
-    raise DpquantError(
+def key_cap_refusal(cap: KeyCap, spent: Amount, cost: Amount) -> DpquantError:
+    """409 ``key_budget_exhausted`` with the calling key's figures only."""
+    return DpquantError(
         409,
         "key_budget_exhausted",
         "the query costs more than this API key may still spend",
         extra={
-            "cap": KeyCap(epsilon=key.max_epsilon, delta=key.max_delta).model_dump(mode="json"),
+            "cap": cap.model_dump(mode="json"),
             "spent": AmountPublic.of(spent).model_dump(mode="json"),
             "requested": AmountPublic.of(cost).model_dump(mode="json"),
         },
     )
 
 
-def reserve_release(
-    session: Session,
-    *,
-    principal: Principal,
-    dataset_id: uuid.UUID,
-    query: QuantileQuery,
-    idempotency_key: str | None,
-    max_quantiles: int,
-    max_runs: int,
-    release_id: uuid.UUID | None = None,
-) -> Outcome:
-    """The reservation transaction (see :func:`_reserve`); counts 409 refusals by method.
+def _calling_key(session: Session, principal: Principal) -> ApiKey | None:
+    return session.scalars(
+        select(ApiKey)
+        .where(ApiKey.id == principal.key_id)
+        .execution_options(populate_existing=True)
+    ).first()
 
-    ``release_id`` is the id a *new* release gets (a fresh random one when None): a caller
-    that wants to hear of its completion can listen for it before the reservation commits.
+
+def _within_cap(key: ApiKey | None, cost: Amount) -> bool:
+    """True when ``cost`` keeps the key within its cap (or it has none)."""
+    if key is None or (key.max_epsilon is None and key.max_delta is None):
+        return True
+    with localcontext() as ctx:
+        ctx.prec = 200  # exact: budget figures have at most 40 digits
+        after = Amount(key.spent_epsilon + cost.epsilon, key.spent_delta + cost.delta)
+    return (key.max_epsilon is None or after.epsilon <= key.max_epsilon) and (
+        key.max_delta is None or after.delta <= key.max_delta
+    )
+
+
+class FiguresCache:
+    """The public figures each dataset was last planned with, per web process.
+
+    Only a guess: ``release_reserve()`` compares the figures a query was planned with against
+    the locked dataset row and answers ``replan`` (with the row's figures) when they differ,
+    so a stale entry costs one more round trip and never a wrong price. Bounded (LRU).
     """
-    try:
-        return _reserve(
-            session,
-            principal=principal,
-            dataset_id=dataset_id,
-            query=query,
-            idempotency_key=idempotency_key,
-            max_quantiles=max_quantiles,
-            max_runs=max_runs,
-            release_id=release_id,
-        )
-    except DpquantError as exc:
-        if exc.status_code == 409 and exc.type != "idempotency_conflict":
-            # A refusal of a priced query (the method is a registered one by now).
-            RELEASES.labels(query.method, "refused").inc()
-        raise
+
+    def __init__(self, max_items: int = 10_000) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[uuid.UUID, PublicFigures] = OrderedDict()
+
+    def get(self, dataset_id: uuid.UUID) -> PublicFigures | None:
+        figures = self._items.get(dataset_id)
+        if figures is not None:
+            self._items.move_to_end(dataset_id)
+        return figures
+
+    def put(self, dataset_id: uuid.UUID, figures: PublicFigures) -> None:
+        self._items[dataset_id] = figures
+        self._items.move_to_end(dataset_id)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
 
 
-def _reserve(
-    session: Session,
+_RESERVE = (
+    "SELECT outcome, release_id, seq, created_at, left_epsilon, left_delta, cap_epsilon,"
+    " cap_delta, spent_epsilon, spent_delta, neighbors, public_size"
+    " FROM release_reserve(%s::uuid, %s::uuid, %s::uuid, %s::varchar,"
+    " %s::double precision[], %s::numeric, %s::numeric, %s::numeric, %s::numeric,"
+    " %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::varchar, %s::bigint, %s::integer)"
+)
+
+#: ``release_reserve()`` outcomes that refuse the query, as (status, type, detail).
+_REFUSALS = {
+    "not_found": None,
+    "idempotency_conflict": (
+        "idempotency_conflict",
+        "this Idempotency-Key was already used with a different request body",
+    ),
+    "dataset_archived": (
+        "dataset_archived",
+        "this dataset is archived: its ledger and releases can be read, nothing else",
+    ),
+    "no_values": ("no_values", "this dataset has no values yet"),
+}
+
+#: Planning rounds before giving up (each ``replan`` means the figures changed meanwhile).
+_PLAN_ROUNDS = 4
+
+Pool = HotPool
+
+
+async def reserve_release(
+    pool: Pool,
     *,
     principal: Principal,
     dataset_id: uuid.UUID,
@@ -369,11 +397,19 @@ def _reserve(
     max_quantiles: int,
     max_runs: int,
     release_id: uuid.UUID | None = None,
+    figures: FiguresCache | None = None,
 ) -> Outcome:
-    """The reservation transaction (see the module docstring); the caller commits.
+    """Reserve and pay for a release in one ``release_reserve()`` call (migration 0008).
 
     Returns the new ``pending`` release, or the earlier release with the same key and body
-    (resumed when it failed and may still run). Reads no data value.
+    (resumed when it failed and may still run). ``release_id`` is the id a *new* release gets
+    (a fresh random one when None): a caller that wants to hear of its completion can listen
+    for it before the reservation commits. Reads no data value.
+
+    The query is planned on the dataset's public figures (from ``figures``, the process's
+    guess, or from the database); the function checks them under the dataset lock and asks
+    for another plan when they changed, so the debit is always priced on the figures the
+    lock saw. Refusals (409) are counted by method.
     """
     if not principal.can_see(dataset_id):
         raise not_found("dataset")
@@ -381,187 +417,138 @@ def _reserve(
         price_query(query, max_quantiles=max_quantiles)  # 422 before the dataset lookup
     elif len(query.quantiles) > max_quantiles:
         raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
-    found = dataset_with_budget(session, dataset_id=dataset_id)
-    if found is None:
-        raise not_found("dataset")
-    priced = plan_query(query, dataset=found[0], max_quantiles=max_quantiles).priced
-    if idempotency_key is None:
-        # Pre-check without the lock: budgets only shrink by debits, so a query that does not
-        # fit now is refused now (figures alone, nothing queued behind the dataset lock).
-        ensure_live(found[0])
-        _refuse_if_unaffordable(found[1].remaining, priced.cost)
-        if principal.capped:
-            _refuse_if_over_cap(_calling_key(session, principal, for_update=False), priced.cost)
-    # The lock, then the budget in a statement of its own (see dataset_with_budget): here,
-    # the statement that also inserts the release and its debit (insert_reservation).
-    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
-    # Planned again under the lock: the public figures it reads (size hint) are now fixed.
-    plan = plan_query(query, dataset=dataset, max_quantiles=max_quantiles)
-    priced = plan.priced
-    if idempotency_key is not None:
-        earlier = _find_idempotent(
-            session,
-            principal=principal,
-            dataset_id=dataset_id,
-            key=idempotency_key,
-            fingerprint=priced.fingerprint,
+    new_id = uuid.uuid4() if release_id is None else release_id
+    known = figures.get(dataset_id) if figures is not None else None
+    for _ in range(_PLAN_ROUNDS):
+        plan = (
+            None if known is None else plan_query(query, figures=known, max_quantiles=max_quantiles)
         )
-        if earlier is not None:
-            # Replays are free and never debit again; an archived dataset's values are gone,
-            # so a failed release there is not resumed.
-            resumable = earlier.status == FAILED and earlier.attempts < max_runs
-            if resumable and dataset.archived_at is None:
-                _resume(session, earlier)
-            return Outcome(earlier, replayed=True)
-    ensure_live(dataset)
-    if dataset.values_uploaded_at is None:
-        raise DpquantError(409, "no_values", "this dataset has no values yet")
-    # Invariant 6: the key's cap, in the same transaction, under its row lock (skipped for
-    # keys without a cap; the debit's trigger checks every key in PostgreSQL regardless).
-    if principal.capped:
-        _refuse_if_over_cap(_calling_key(session, principal, for_update=True), priced.cost)
+        params = _reserve_params(
+            plan, known, new_id, dataset_id, principal, idempotency_key, max_runs
+        )
 
-    now = datetime.now(UTC)
-    columns: dict[str, Any] = {
-        "id": uuid.uuid4() if release_id is None else release_id,
-        "dataset_id": dataset_id,
-        "api_key_id": principal.key_id,
-        "method": priced.mechanism.name,
-        "quantiles": [float(q) for q in query.quantiles],
-        "estimates": None,
-        "epsilon": plan.query.epsilon,
-        "delta": plan.query.delta,
-        "cost_epsilon": priced.cost.epsilon,
-        "cost_delta": priced.cost.delta,
-        "idempotency_key": idempotency_key,
-        "request_hash": priced.fingerprint,
-        "created_at": now,
-        "status": PENDING,
-        "failure": None,
-        "attempts": 0,
-        "lease_token": None,
-        "lease_until": None,
-        "finished_at": None,
-        "expected_error": plan.expected,
-        "warnings": plan.warnings,
-    }
-    try:
-        reserved = insert_reservation(session, columns)
-    except IntegrityError as exc:  # the transaction is rolled back by the caller
-        # The balance row's CHECK refused an overdraft: unreachable while every writer takes
-        # the lock above (the statement checks first), and a refusal if some path ever does.
-        if "no_overdraft" not in str(exc.orig):
-            raise
-        raise budget_refusal(found[1].remaining, priced.cost) from None
-    if reserved.seq is None or reserved.after is None:
-        raise budget_refusal(reserved.left, priced.cost)
-    release = Release(
-        **columns,
-        remaining_epsilon=reserved.after.epsilon,
-        remaining_delta=reserved.after.delta,
+        row = await run_async(pool, functools.partial(_call_reserve, params=params))
+        outcome = row["outcome"]
+        if outcome == "replan":
+            known = PublicFigures(row["neighbors"], row["public_size"])
+            if figures is not None:
+                figures.put(dataset_id, known)
+            continue
+        if outcome == "not_found":
+            raise not_found("dataset")
+        if plan is None:  # pragma: no cover - without figures the function asks for a plan
+            raise RuntimeError("reserved without a plan")
+        return _outcome(row, plan, new_id, dataset_id, principal, idempotency_key)
+    raise DpquantError(
+        503,
+        "database_unavailable",
+        "the dataset's public figures kept changing; nothing was charged, retry",
+        headers={"Retry-After": "1"},
     )
-    release.seq = reserved.seq
-    if dataset.frozen_at is None:
-        dataset.frozen_at = now  # values never change once a run has been paid for
-    # The insert wakes the workers (trigger release_notify, at commit); a worker that misses
-    # the notification still finds the row by polling.
-    session.flush()
-    count_on_commit(session, RESERVATIONS, release.method)
-    return Outcome(release, replayed=False)
 
 
-_RESERVE = text(
-    """
-    WITH b AS (
-        SELECT granted_epsilon - spent_epsilon AS le, granted_delta - spent_delta AS ld
-        FROM budget_balance WHERE dataset_id = CAST(:dataset_id AS uuid)
-    ), r AS (
-        INSERT INTO release (id, dataset_id, api_key_id, method, quantiles, estimates,
-                             epsilon, delta, cost_epsilon, cost_delta, remaining_epsilon,
-                             remaining_delta, idempotency_key, request_hash, created_at,
-                             status, failure, attempts, lease_token, lease_until,
-                             finished_at, expected_error, warnings)
-        SELECT CAST(:id AS uuid), CAST(:dataset_id AS uuid), CAST(:api_key_id AS uuid),
-               CAST(:method AS varchar), CAST(:quantiles AS double precision[]), NULL,
-               CAST(:epsilon AS numeric), CAST(:delta AS numeric),
-               CAST(:cost_epsilon AS numeric), CAST(:cost_delta AS numeric),
-               b.le - CAST(:cost_epsilon AS numeric), b.ld - CAST(:cost_delta AS numeric),
-               CAST(:idempotency_key AS varchar), CAST(:request_hash AS varchar),
-               CAST(:created_at AS timestamptz), 'pending', NULL, 0, NULL, NULL, NULL,
-               :expected_error, :warnings
-        FROM b
-        WHERE b.le >= CAST(:cost_epsilon AS numeric) AND b.ld >= CAST(:cost_delta AS numeric)
-        RETURNING seq, remaining_epsilon, remaining_delta
-    ), d AS (
-        INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, reason, release_id,
-                                  api_key_id, created_at)
-        SELECT CAST(:dataset_id AS uuid), 'debit', CAST(:cost_epsilon AS numeric),
-               CAST(:cost_delta AS numeric), NULL, CAST(:id AS uuid),
-               CAST(:api_key_id AS uuid), CAST(:created_at AS timestamptz)
-        FROM r
+async def _call_reserve(
+    conn: psycopg.AsyncConnection[Any], *, params: tuple[Any, ...]
+) -> dict[str, Any]:
+    """One ``release_reserve()`` call (and, for a replay, the earlier release's row)."""
+    cursor = conn.cursor(row_factory=dict_row)
+    await cursor.execute(_RESERVE, params)
+    row = await cursor.fetchone()
+    if row is None:  # pragma: no cover - the function always returns one row
+        raise RuntimeError("release_reserve() returned no row")
+    if row["outcome"] == "replayed":
+        await cursor.execute(_SELECT_RECORD + " WHERE id = %s", (row["release_id"],))
+        row["release"] = await cursor.fetchone()
+    return row
+
+
+def _reserve_params(
+    plan: Plan | None,
+    known: PublicFigures | None,
+    new_id: uuid.UUID,
+    dataset_id: uuid.UUID,
+    principal: Principal,
+    idempotency_key: str | None,
+    max_runs: int,
+) -> tuple[Any, ...]:
+    """``release_reserve()``'s arguments; without a plan, figures the function never matches
+    (an unknown neighbour relation), so it answers ``replan`` with the dataset's own."""
+    if plan is None or known is None:
+        return (new_id, dataset_id, principal.key_id, "", [], 0, None, 0, 0, idempotency_key,
+                "", None, None, "", None, max_runs)  # fmt: skip
+    cost = plan.priced.cost
+    return (
+        new_id,
+        dataset_id,
+        principal.key_id,
+        plan.priced.mechanism.name,
+        [float(q) for q in plan.query.quantiles],
+        plan.query.epsilon,
+        plan.query.delta,
+        cost.epsilon,
+        cost.delta,
+        idempotency_key,
+        plan.fingerprint,
+        None if plan.expected is None else Jsonb(plan.expected),
+        Jsonb(plan.warnings),
+        known.neighbors,
+        known.size,
+        max_runs,
     )
-    SELECT b.le, b.ld, r.seq, r.remaining_epsilon, r.remaining_delta,
-           set_config('synchronous_commit', 'off', true)
-    FROM b LEFT JOIN r ON true
-    """
-).bindparams(bindparam("expected_error", type_=JSONB), bindparam("warnings", type_=JSONB))
 
 
-@dataclass(frozen=True)
-class Reserved:
-    """What :func:`insert_reservation` found under the lock, and wrote if it fitted."""
-
-    #: The budget left before this release (granted minus spent, read under the lock).
-    left: Amount
-    #: The new release's ``seq`` and the budget left after it; None when it did not fit.
-    seq: int | None
-    after: Amount | None
-
-
-def insert_reservation(session: Session, columns: dict[str, Any]) -> Reserved:
-    """Read the balance and, if the cost fits, insert the pending release and its debit, in
-    ONE statement (the round trips made while the dataset lock is held are what bounds the
-    release rate on one dataset).
-
-    The budget is read under the caller's dataset lock by this very statement, and the
-    refusal figures come from that same read. The balance row's CHECK refuses an overdraft
-    inside PostgreSQL as well (``no_overdraft``, an ``IntegrityError``) should a caller ever
-    skip the lock. A dataset without a balance row (nothing ever granted) has nothing left.
-    The commit may skip the WAL flush (``synchronous_commit = off`` for this transaction):
-    a reservation lost in a crash lost no output, and the commit that stores the estimates
-    follows it in the WAL and is made durable before any answer leaves
-    (:func:`app.releases.runner.complete`).
-    """
-    params = {k: columns[k] for k in _RESERVE_PARAMS}
-    row = session.execute(_RESERVE, params).first()
-    if row is None:
-        zero = Decimal(0)
-        return Reserved(left=Amount(zero, zero), seq=None, after=None)
-    left = Amount(Decimal(row[0]), Decimal(row[1]))
-    if row[2] is None:
-        return Reserved(left=left, seq=None, after=None)
-    return Reserved(left=left, seq=int(row[2]), after=Amount(Decimal(row[3]), Decimal(row[4])))
-
-
-_RESERVE_PARAMS = (
-    "id",
-    "dataset_id",
-    "api_key_id",
-    "method",
-    "quantiles",
-    "epsilon",
-    "delta",
-    "cost_epsilon",
-    "cost_delta",
-    "idempotency_key",
-    "request_hash",
-    "created_at",
-    "expected_error",
-    "warnings",
-)
-
-_RELEASE_TABLE = cast(Table, Release.__table__)
-_RELEASE_BY_ID = select(_RELEASE_TABLE).where(_RELEASE_TABLE.c.id == bindparam("id"))
+def _outcome(
+    row: Mapping[str, Any],
+    plan: Plan,
+    new_id: uuid.UUID,
+    dataset_id: uuid.UUID,
+    principal: Principal,
+    idempotency_key: str | None,
+) -> Outcome:
+    """The reservation's result, or the refusal it stands for (raised)."""
+    outcome = row["outcome"]
+    method = plan.priced.mechanism.name
+    cost = plan.priced.cost
+    if outcome == "reserved":
+        RESERVATIONS.labels(method).inc()
+        left = Amount(row["left_epsilon"], row["left_delta"]).minus(cost)
+        return Outcome(
+            ReleaseRecord(
+                id=new_id,
+                seq=int(row["seq"]),
+                dataset_id=dataset_id,
+                method=method,
+                quantiles=[float(q) for q in plan.query.quantiles],
+                estimates=None,
+                epsilon=plan.query.epsilon,
+                delta=plan.query.delta,
+                cost_epsilon=cost.epsilon,
+                cost_delta=cost.delta,
+                remaining_epsilon=left.epsilon,
+                remaining_delta=left.delta,
+                created_at=row["created_at"],
+                status="pending",
+                failure=None,
+                finished_at=None,
+                expected_error=plan.expected,
+                warnings=plan.warnings,
+            ),
+            replayed=False,
+        )
+    if outcome == "replayed":
+        return Outcome(ReleaseRecord.of(row["release"]), replayed=True)
+    if outcome == "idempotency_conflict":
+        raise DpquantError(409, *_REFUSALS[outcome])  # type: ignore[misc]
+    RELEASES.labels(method, "refused").inc()
+    if outcome == "budget_exhausted":
+        raise budget_refusal(Amount(row["left_epsilon"], row["left_delta"]), cost)
+    if outcome == "key_budget_exhausted":
+        cap = KeyCap(epsilon=row["cap_epsilon"], delta=row["cap_delta"])
+        raise key_cap_refusal(cap, Amount(row["spent_epsilon"], row["spent_delta"]), cost)
+    refusal = _REFUSALS.get(outcome)
+    if refusal is None:  # pragma: no cover - the function has no other outcome
+        raise RuntimeError("unknown reservation outcome")
+    raise DpquantError(409, *refusal)
 
 
 @dataclass(frozen=True)
@@ -605,10 +592,11 @@ def quote_query(
     found = dataset_with_budget(session, dataset_id=dataset_id)
     if found is None:
         raise not_found("dataset")
-    dataset, figures = found
+    dataset, budget = found
     ensure_live(dataset)
-    remaining = figures.remaining
-    key = _calling_key(session, principal, for_update=False) if principal.capped else None
+    remaining = budget.remaining
+    figures = PublicFigures.of(dataset)
+    key = _calling_key(session, principal) if principal.capped else None
 
     def line(plan: Plan) -> QuoteLine:
         cost = plan.priced.cost
@@ -617,15 +605,15 @@ def quote_query(
             plan.query.method, cost, remaining.minus(cost) if ok else None, ok, plan.expected
         )
 
-    plan = plan_query(query, dataset=dataset, max_quantiles=max_quantiles)
+    plan = plan_query(query, figures=figures, max_quantiles=max_quantiles)
     alternatives: list[QuoteLine] = []
     for name in planner.eligible_methods(
         delta_given=query.delta is not None, neighbors=dataset.neighbors
     ):
         try:
             alt = plan_query(
-                resolve(query, dataset=dataset, method=name),
-                dataset=dataset,
+                resolve(query, figures=figures, method=name),
+                figures=figures,
                 max_quantiles=max_quantiles,
             )
         except DpquantError:  # e.g. parameters outside what this method accepts
@@ -634,40 +622,33 @@ def quote_query(
     return Quote(line(plan), plan.warnings, alternatives)
 
 
-def _resume(session: Session, release: Release) -> None:
-    """Put a failed release back in the queue (no new debit: it never released an output)."""
-    session.execute(
-        update(Release)
-        .where(Release.id == release.id, Release.status == FAILED)
-        .values(status=PENDING, failure=None, lease_token=None, lease_until=None, finished_at=None)
-    )
-    session.refresh(release)  # the update wakes the workers (trigger release_notify)
+async def get_release(pool: Pool, *, principal: Principal, release_id: uuid.UUID) -> ReleaseRecord:
+    """A release inside the key's scope; 404 otherwise (one SELECT: releases are polled)."""
 
+    async def read(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any] | None:
+        cursor = conn.cursor(row_factory=dict_row)
+        await cursor.execute(_SELECT_RECORD + " WHERE id = %s", (release_id,))
+        return await cursor.fetchone()
 
-def get_release(session: Session, *, principal: Principal, release_id: uuid.UUID) -> Release:
-    """A release inside the key's scope; 404 otherwise.
-
-    One plain SELECT (releases are polled): the result is a detached ``Release`` built from
-    the row, never attached to ``session``.
-    """
-    row = session.execute(_RELEASE_BY_ID, {"id": release_id}).mappings().first()
+    row = await run_async(pool, read, idempotent=True)
     if row is None or not principal.can_see(row["dataset_id"]):
         raise not_found("release")
-    return Release(**row)
+    return ReleaseRecord.of(row)
 
 
 def list_releases(
     session: Session, *, principal: Principal, dataset_id: uuid.UUID, before: int | None, limit: int
-) -> list[Release]:
+) -> list[ReleaseRecord]:
     """Releases of a dataset, newest first, with ``seq < before`` when a cursor is given."""
     get_visible(session, principal=principal, dataset_id=dataset_id)
     stmt = select(Release).where(Release.dataset_id == dataset_id)
     if before is not None:
         stmt = stmt.where(Release.seq < before)
-    return list(session.scalars(stmt.order_by(Release.seq.desc()).limit(limit)))
+    rows = session.scalars(stmt.order_by(Release.seq.desc()).limit(limit))
+    return [ReleaseRecord.of(r) for r in rows]
 
 
-def with_outcome(release: Release, outcome: Mapping[str, Any]) -> Release | None:
+def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseRecord | None:
     """``release`` (as reserved, in memory) finished as announced in ``outcome`` (see
     :mod:`app.releases.waiter`): the same values a re-read of the row gives, so the answer
     is byte-identical to a later GET. None when the announcement is not a finished outcome
@@ -676,24 +657,21 @@ def with_outcome(release: Release, outcome: Mapping[str, Any]) -> Release | None
         if uuid.UUID(str(outcome["id"])) != release.id or outcome["status"] not in (DONE, FAILED):
             return None
         finished_at = datetime.fromisoformat(outcome["finished_at"]).replace(tzinfo=UTC)
-        raw = outcome["estimates"]
+        raw: Sequence[Any] | None = outcome["estimates"]
         estimates = None if raw is None else [float(x) for x in raw]
         failure = outcome["failure"]
     except (KeyError, TypeError, ValueError):
         return None
-    columns = {column.key: getattr(release, column.key) for column in Release.__table__.columns}
-    columns.update(
+    return dataclasses.replace(
+        release,
         status=outcome["status"],
         failure=None if failure is None else str(failure),
         finished_at=finished_at,
         estimates=estimates,
-        lease_token=None,
-        lease_until=None,
     )
-    return Release(**columns)
 
 
-def is_finished(release: Release) -> bool:
+def is_finished(release: ReleaseRecord) -> bool:
     """True once the release is ``done`` or ``failed`` (for now: it may be resumed)."""
     return release.status in (DONE, FAILED)
 
@@ -701,16 +679,18 @@ def is_finished(release: Release) -> bool:
 __all__ = [
     "FINISHED_CHANNEL",
     "PENDING_CHANNEL",
+    "FiguresCache",
     "Outcome",
     "Plan",
     "Priced",
+    "PublicFigures",
     "Quote",
+    "ReleaseRecord",
     "get_release",
     "is_finished",
     "list_releases",
     "plan_query",
     "price_query",
-    "public_size",
     "quote",
     "quote_query",
     "request_fingerprint",

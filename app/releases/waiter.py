@@ -16,14 +16,13 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
-import anyio
 import psycopg
-from sqlalchemy.engine import make_url
 
+from app.pg import conninfo
 from app.releases.service import FINISHED_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -34,11 +33,6 @@ RECHECK_S = 1.0
 T = TypeVar("T")
 
 
-def libpq_conninfo(url: str) -> str:
-    """A libpq URI for ``url`` (SQLAlchemy's driver suffix removed, options kept)."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 class Watch:
     """One waiter's wake-up: ``event`` is set whenever the release may have finished;
     ``outcome`` holds the announced outcome once one arrived (None: read the row)."""
@@ -46,6 +40,16 @@ class Watch:
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.outcome: dict[str, Any] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def wake(self) -> None:
+        """Set ``event`` from the hub's loop; thread-safely when the waiter runs on another
+        (test clients serve each request on an event loop of its own)."""
+        if asyncio.get_running_loop() is self._loop:
+            self.event.set()
+        else:
+            with suppress(RuntimeError):  # that loop may have closed since (request over)
+                self._loop.call_soon_threadsafe(self.event.set)
 
 
 def parse_announcement(payload: str) -> tuple[uuid.UUID, dict[str, Any] | None] | None:
@@ -64,7 +68,7 @@ class CompletionHub:
     """Wakes waiters when their release id is announced on :data:`FINISHED_CHANNEL`."""
 
     def __init__(self, url: str) -> None:
-        self._conninfo = libpq_conninfo(url)
+        self._conninfo = conninfo(url)
         self._watches: dict[uuid.UUID, set[Watch]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -102,14 +106,14 @@ class CompletionHub:
         if parsed is None:
             return
         release_id, outcome = parsed
-        for watch in self._watches.get(release_id, ()):
+        for watch in list(self._watches.get(release_id, ())):
             watch.outcome = outcome
-            watch.event.set()
+            watch.wake()
 
     def _wake_all(self) -> None:
-        for watches in self._watches.values():
-            for watch in watches:
-                watch.event.set()
+        for watches in list(self._watches.values()):
+            for watch in list(watches):
+                watch.wake()
 
     @contextmanager
     def watch(self, release_id: uuid.UUID) -> Iterator[Watch]:
@@ -130,7 +134,7 @@ async def wait_until(
     hub: CompletionHub,
     release_id: uuid.UUID,
     *,
-    read: Callable[[], T],
+    read: Callable[[], Awaitable[T]],
     finished: Callable[[T], bool],
     timeout_s: float,
     watching: Watch | None = None,
@@ -156,7 +160,7 @@ async def wait_until(
 async def _wait_loop(
     watch: Watch,
     deadline: float,
-    read: Callable[[], T],
+    read: Callable[[], Awaitable[T]],
     finished: Callable[[T], bool],
     complete: Callable[[dict[str, Any]], T | None] | None,
     *,
@@ -174,7 +178,7 @@ async def _wait_loop(
         if complete is not None and watch.outcome is not None:
             current = complete(watch.outcome)
         if current is None:
-            current = await anyio.to_thread.run_sync(read)
+            current = await read()
         remaining = deadline - loop.time()
         if finished(current) or remaining <= 0:
             return current

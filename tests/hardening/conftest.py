@@ -26,7 +26,7 @@ from sqlalchemy import Engine, create_engine, text
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
-from tests.support import ApiBase, app_settings, auth, release_workers
+from tests.support import ApiBase, app_settings, auth, client_of, release_workers, serving
 
 ADMIN_KEY = "dpq_hardening-admin-" + secrets.token_urlsafe(32)
 
@@ -97,14 +97,14 @@ def hworkers(hdb_url: str) -> Iterator[None]:
 def happ(hdb_url: str, hworkers: None) -> Iterator[FastAPI]:
     """One application with the default limits for the whole session, lifespan started."""
     application = create_app(settings_for(hdb_url))
-    with TestClient(application):
+    with serving(application):
         yield application
 
 
 @pytest.fixture
 def hclient(happ: FastAPI) -> TestClient:
     """A client that turns server exceptions into responses, like a real server would."""
-    return TestClient(happ, raise_server_exceptions=False)
+    return client_of(happ)
 
 
 @pytest.fixture

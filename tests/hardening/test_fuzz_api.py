@@ -40,6 +40,7 @@ from schemathesis.specs.openapi.checks import (
 from sqlalchemy import Engine, text
 
 from app.mechanisms import MECHANISMS
+from tests.support import client_of
 
 from .conftest import ADMIN, Api, ledger_state, report
 
@@ -60,7 +61,7 @@ _toggle = itertools.count()
 
 @pytest.fixture(scope="module")
 def fuzz_world(happ: FastAPI) -> dict[str, Any]:
-    client = TestClient(happ, raise_server_exceptions=False)
+    client = client_of(happ)
     api = Api(client)
     ds = api.dataset(values=[float(v) for v in range(200)], epsilon="1000000", delta="0.5")
     rel = api.query(ds["id"], epsilon="0.5")
@@ -132,7 +133,7 @@ def test_fuzz_quantile_queries_over_every_method(
     delta: str,
     neighbors: str,
 ) -> None:
-    client = TestClient(happ, raise_server_exceptions=False)
+    client = client_of(happ)
     world = _method_worlds(client)
     ds = world[neighbors]
     mech = MECHANISMS[method]

@@ -182,7 +182,7 @@ def _spawned_workers(srv: DpquantServer) -> set[int]:
 def test_a_killed_release_worker_leaves_its_counters_and_drops_its_gauges(
     server: DpquantServer,
 ) -> None:
-    per_worker = 4.0  # pool_size 2 + max_overflow 2 in each release worker
+    per_worker = 1.0  # one connection per release worker (app.pg.Link)
 
     def both_up() -> str | None:
         text, _ = _scrape(server)
@@ -211,6 +211,6 @@ def test_a_killed_release_worker_leaves_its_counters_and_drops_its_gauges(
         return text if capacity == 2 * per_worker else None
 
     after = wait_for(settled, timeout=60, interval=0.5)
-    # the dead worker's gauge is gone (else 3 x 4); its counters still count
+    # the dead worker's gauge is gone (else 3 x 1); its counters still count
     assert _sum(after, "dpquant_releases_total", outcome="done") == done
     assert _sum(after, "dpquant_mechanism_run_seconds_count") == runs

@@ -395,7 +395,7 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                 )
                 assert secret_msg not in str(failed.value)
             with monkeypatch.context() as m:
-                m.setattr("app.releases.service.dataset_with_budget", db_down)
+                m.setattr("app.releases.service._call_reserve", db_down)
                 r = call(
                     "database failure",
                     "POST",
@@ -405,7 +405,7 @@ def test_no_data_value_in_logs_bodies_headers_or_docs(
                 )
                 assert r.status_code == 503 and r.json()["type"] == "database_unavailable"
             with monkeypatch.context() as m:
-                m.setattr("app.releases.service.dataset_with_budget", key_error)
+                m.setattr("app.releases.service._call_reserve", key_error)
                 r = call(
                     "programming error",
                     "POST",

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, create_engine
 from app.config import Settings
 from app.db import upgrade_database
 from app.main import create_app
-from tests.support import ApiBase, app_settings, auth, release_workers
+from tests.support import ApiBase, app_settings, auth, client_of, release_workers, serving
 
 ADMIN_KEY = "dpq_test-admin-" + secrets.token_urlsafe(32)
 
@@ -65,14 +65,14 @@ def workers(database_url: str) -> Iterator[None]:
 def app(database_url: str, workers: None) -> Iterator[FastAPI]:
     """One application for the whole session, lifespan started."""
     application = create_app(make_settings(database_url))
-    with TestClient(application):
+    with serving(application):
         yield application
 
 
 @pytest.fixture
 def client(app: FastAPI) -> TestClient:
     """A client that turns server exceptions into responses, like a real server would."""
-    return TestClient(app, raise_server_exceptions=False)
+    return client_of(app)
 
 
 ADMIN = auth(ADMIN_KEY)

@@ -17,10 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import sessionmaker
 
-from app.db import make_engine, upgrade_database
+from app.db import upgrade_database
 from app.main import create_app
+from app.pg import Link
 from app.worker import process_one
 from tests.support import ApiBase, app_settings, auth
 
@@ -492,11 +492,10 @@ def quiet(make_schema: Callable[[], str]) -> Iterator[tuple[ApiBase, Callable[[]
     url = make_schema()
     upgrade_database(url)
     settings = app_settings(url, admin_key=ADMIN_KEY, sync_wait_s=0.5)
-    engine = make_engine(url, settings)
-    factory = sessionmaker(engine, expire_on_commit=False)
+    link = Link(url, settings)
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
-        yield ApiBase(client, ADMIN, "quiet"), lambda: process_one(factory, settings)
-    engine.dispose()
+        yield ApiBase(client, ADMIN, "quiet"), lambda: process_one(link, settings)
+    link.close()
 
 
 def test_a_release_not_yet_run_when_its_dataset_is_archived_fails_and_keeps_its_debit(

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from decimal import Decimal
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from app.main import create_app
 from app.mechanisms import MECHANISMS
-from app.releases import service
 
 from .conftest import ADMIN, SAMPLE, Api, make_settings
 
@@ -66,18 +65,32 @@ def test_inv1_every_release_has_a_debit_of_its_full_cost(api: Api, db_engine: En
     assert_each_release_has_its_debit(db_engine, ds["id"])
 
 
-def test_inv1_failed_debit_insert_leaves_no_release(
-    api: Api, db_engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_inv1_failed_debit_insert_leaves_no_release(api: Api, db_engine: Engine) -> None:
+    """The release and its debit are written by one statement (``release_reserve()``): a
+    debit that fails after the release row was inserted leaves neither behind."""
     ds = api.dataset(values=SAMPLE)
-    real = service.insert_reservation
-
-    def broken_debit(session: Any, columns: dict[str, Any]) -> None:
-        real(session, columns)  # the release and its debit are written ...
-        raise RuntimeError("simulated crash before the reservation commits")
-
-    monkeypatch.setattr(service, "insert_reservation", broken_debit)
-    r = api.query(ds["id"])
+    name = "fail_debit_" + uuid.uuid4().hex[:8]
+    with db_engine.begin() as conn:
+        conn.execute(
+            text(
+                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                f" IF NEW.dataset_id = '{ds['id']}' THEN"
+                " RAISE EXCEPTION 'simulated crash before the reservation commits'; END IF;"
+                " RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON ledger_entry"
+                f" FOR EACH ROW WHEN (NEW.kind = 'debit') EXECUTE FUNCTION {name}()"
+            )
+        )
+    try:
+        r = api.query(ds["id"])
+    finally:
+        with db_engine.begin() as conn:
+            conn.execute(text(f"DROP TRIGGER {name} ON ledger_entry"))
+            conn.execute(text(f"DROP FUNCTION {name}()"))
     assert r.status_code == 503
     assert r.json()["type"] == "internal_error"
     assert releases_of(db_engine, ds["id"]) == []
@@ -102,7 +115,7 @@ def test_inv2_fifty_concurrent_queries_never_overspend(
                 *(client.post(url, json=body, headers=analyst) for _ in range(50))
             )
 
-    responses = asyncio.run(run())
+    responses = app.state.test_portal.call(run)  # on the app's own loop, as under uvicorn
     statuses = sorted(r.status_code for r in responses)
     assert statuses.count(201) == 10
     assert statuses.count(409) == 40
@@ -191,7 +204,7 @@ def test_inv4_concurrent_retries_with_one_key_buy_one_release(
                 *(client.post(url, json=body, headers=headers) for _ in range(8))
             )
 
-    responses = asyncio.run(run())
+    responses = app.state.test_portal.call(run)  # on the app's own loop, as under uvicorn
     assert {r.status_code for r in responses} == {201}
     assert len({r.content for r in responses}) == 1
     assert len(releases_of(db_engine, ds["id"])) == 1

@@ -19,15 +19,22 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
-from app.db import make_engine, upgrade_database
+from app.db import upgrade_database
 from app.main import create_app
 from app.mechanisms import MECHANISMS
 from app.ops.http import encode_cursor
+from app.pg import Link
 from app.worker import process_one
-from tests.support import ApiBase, app_settings, auth, release_workers, wait_for
+from tests.support import (
+    ApiBase,
+    app_settings,
+    auth,
+    count_statements,
+    release_workers,
+    wait_for,
+)
 
 from .conftest import ADMIN, ADMIN_KEY, SAMPLE
 
@@ -39,18 +46,18 @@ def broken_indexp(boom: Any) -> Any:
 
 @dataclasses.dataclass
 class Quiet:
-    """A schema without workers: an app, a raw engine and a session factory for the runner."""
+    """A schema without workers: an app, a raw engine and the runner's connection."""
 
     url: str
     client: TestClient
     api: ApiBase
     engine: Engine
-    factory: sessionmaker[Session]
+    link: Link
     settings: Settings
 
     def run_one(self) -> bool:
         """What one worker iteration does, in this process."""
-        return process_one(self.factory, self.settings)
+        return process_one(self.link, self.settings)
 
     def release_row(self, release_id: str) -> dict[str, Any]:
         with self.engine.connect() as conn:
@@ -92,7 +99,7 @@ def quiet(make_schema: Callable[[], str]) -> Iterator[Quiet]:
     url = make_schema()
     upgrade_database(url)
     settings = app_settings(url, admin_key=ADMIN_KEY, sync_wait_s=0.5)
-    engine = make_engine(url, settings)
+    link = Link(url, settings)
     raw = create_engine(url)
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         yield Quiet(
@@ -100,10 +107,10 @@ def quiet(make_schema: Callable[[], str]) -> Iterator[Quiet]:
             client=client,
             api=ApiBase(client, ADMIN, "quiet"),
             engine=raw,
-            factory=sessionmaker(engine, expire_on_commit=False),
+            link=link,
             settings=settings,
         )
-    engine.dispose()
+    link.close()
     raw.dispose()
 
 
@@ -261,35 +268,31 @@ def test_runs_per_release_are_bounded_by_max_runs(
 
 def test_a_lost_lease_is_claimed_again_and_attempts_are_capped(quiet: Quiet) -> None:
     """A worker that died mid-run: its lease expires, another worker runs the release."""
-    from app.db import transaction
-    from app.releases.runner import claim_next
+    from app.releases.runner import claim_next, complete
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
     rid = _query(quiet, ds, prefer="respond-async").json()["id"]
     # A worker claims with a 0.2 s lease and dies without a word.
-    claim = transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.2, max_runs=3))
+    claim = quiet.link.run(lambda c: claim_next(c, lease_s=0.2, max_runs=3))
     assert claim is not None and str(claim.release_id) == rid
-    assert transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.2, max_runs=3)) is None
+    assert quiet.link.run(lambda c: claim_next(c, lease_s=0.2, max_runs=3)) is None
     time.sleep(0.3)
     assert quiet.run_one()  # the lease expired: claimed again and completed
     assert quiet.release_row(rid) == {"status": "done", "attempts": 2, "failure": None}
     # The dead worker's late completion is refused by the lease token.
-    from app.releases.runner import complete
-
-    assert transaction(quiet.factory, lambda s: complete(s, claim=claim, estimates=[1.0])) is False
+    assert quiet.link.run(lambda c: complete(c, claim=claim, estimates=[1.0])) is False
     assert quiet.ledger(ds)["debits"] == 1
 
 
 def test_releases_whose_workers_keep_dying_end_failed_with_one_debit(quiet: Quiet) -> None:
-    from app.db import transaction
     from app.releases.runner import claim_next
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
     rid = _query(quiet, ds, prefer="respond-async").json()["id"]
     for _ in range(3):
-        assert transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.05, max_runs=3))
+        assert quiet.link.run(lambda c: claim_next(c, lease_s=0.05, max_runs=3))
         time.sleep(0.1)
-    assert transaction(quiet.factory, lambda s: claim_next(s, lease_s=0.05, max_runs=3)) is None
+    assert quiet.link.run(lambda c: claim_next(c, lease_s=0.05, max_runs=3)) is None
     assert quiet.release_row(rid) == {"status": "failed", "attempts": 4, "failure": "worker_lost"}
     assert quiet.ledger(ds)["debits"] == 1
 
@@ -586,29 +589,27 @@ def test_a_worker_killed_right_after_its_claim_commits_gets_its_lease_given_back
     slot = Slot(multiprocessing.get_context("spawn"))
     published: list[Any] = []
 
-    def spy(session: Session, **kwargs: Any) -> Any:
+    def spy(conn: Any, **kwargs: Any) -> Any:
         published.append((slot.read(), kwargs["token"]))
         raise KeyboardInterrupt  # stands in for the SIGKILL: no claim, nothing settled
 
     monkeypatch.setattr(worker_module, "claim_next", spy)
     with pytest.raises(KeyboardInterrupt):
-        process_one(quiet.factory, quiet.settings, slot)
+        process_one(quiet.link, quiet.settings, slot)
     ((seen, token),) = published
     assert seen is not None, "the supervisor would not know the lease of a worker dying now"
     assert seen[0].token == token and seen[0].release_id == uuid.UUID(int=0)
     assert slot.read() is None  # cleared again on the way out
 
     # The claim commits, the worker dies before saying which release: settle by token.
-    with quiet.factory() as session, session.begin():
-        claim = claim_next(session, lease_s=600, max_runs=3, token=token)
+    claim = quiet.link.run(lambda c: claim_next(c, lease_s=600, max_runs=3, token=token))
     assert claim is not None and str(claim.release_id) == rid
     supervisor = Supervisor(quiet.url, quiet.settings, 1)
     try:
         supervisor._settle(Claim(uuid.UUID(int=0), token, 0), timed_out=False)
     finally:
-        supervisor.engine.dispose()
-    with quiet.factory() as session, session.begin():
-        again = claim_next(session, lease_s=600, max_runs=3)
+        supervisor.link.close()
+    again = quiet.link.run(lambda c: claim_next(c, lease_s=600, max_runs=3))
     assert again is not None and str(again.release_id) == rid and again.attempts == 2
 
 
@@ -679,135 +680,123 @@ def test_killing_a_worker_mid_run_resumes_the_release_once(
 # --------------------------------------------------------------------------- round trips
 
 
-def _count_statements(engine: Engine) -> tuple[list[str], Callable[[], None]]:
-    """Record every statement ``engine`` sends (first line); returns (log, detach)."""
-    from sqlalchemy import event
-
-    log: list[str] = []
-
-    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        log.append(statement.strip().splitlines()[0][:60])
-
-    event.listen(engine, "before_cursor_execute", before)
-    return log, lambda: event.remove(engine, "before_cursor_execute", before)
-
-
-def test_a_small_release_costs_few_statements(quiet: Quiet) -> None:
-    """Issue 8 (throughput): a reservation is 4 statements (key lookup, unlocked pre-check,
-    dataset lock, and one statement that reads the balance and inserts the release and its
-    debit) and a worker's run 2 (the claim, which also returns the data version, and the
-    completion). A regression that adds round trips per release fails here."""
+def test_a_small_release_costs_few_statements(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 8 (throughput): a reservation is 2 statements from the web process (the key
+    lookup, and one ``release_reserve()`` call that locks, checks, inserts and debits) and a
+    worker's run 2 (the claim, which also returns the data version, and the completion).
+    A regression that adds round trips per release fails here."""
     ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
-    web_engine = quiet.client.app.state.engine  # type: ignore[attr-defined]
-    worker_engine = make_engine(quiet.url, quiet.settings, pre_ping=False)
-    factory = sessionmaker(worker_engine, expire_on_commit=False)
-    claims = sessionmaker(
-        worker_engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
-    )
-    try:
-        # Warm-up: freezes the dataset, refreshes the key's last use, fills the values cache.
-        assert _query(quiet, ds, prefer="respond-async").status_code == 202
-        assert process_one(factory, quiet.settings, claim_factory=claims)
-        web, detach_web = _count_statements(web_engine)
-        try:
-            r = _query(quiet, ds, prefer="respond-async")
-        finally:
-            detach_web()
-        assert r.status_code == 202, r.text
-        assert len(web) == 4, web
-        worker, detach_worker = _count_statements(worker_engine)
-        try:
-            assert process_one(factory, quiet.settings, claim_factory=claims)
-        finally:
-            detach_worker()
-        assert len(worker) == 2, worker
-        assert quiet.release_row(r.json()["id"])["status"] == "done"
-    finally:
-        worker_engine.dispose()
+    # Warm-up: plans the dataset's figures, refreshes the key's last use, fills the cache.
+    assert _query(quiet, ds, prefer="respond-async").status_code == 202
+    assert quiet.run_one()
+    log = count_statements(monkeypatch)
+    r = _query(quiet, ds, prefer="respond-async")
+    assert r.status_code == 202, r.text
+    assert len(log["async"]) == 2 and not log["sync"], log
+    assert quiet.run_one()
+    assert len(log["sync"]) == 2 and len(log["async"]) == 2, log
+    assert quiet.release_row(r.json()["id"])["status"] == "done"
 
 
-def test_the_completion_is_on_disk_when_its_autocommit_statement_returns(quiet: Quiet) -> None:
+def test_the_completion_is_on_disk_when_its_autocommit_statement_returns(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The worker stores ``done`` in one autocommit statement that sets
     ``synchronous_commit = on`` for its own implicit transaction: even on a connection whose
     default is ``off`` (as the reservation's commit is), the WAL is flushed past the
     completion before the statement returns, so no answer can leave ahead of it."""
-    from sqlalchemy import event
+    import app.worker as worker_module
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
-    engine = make_engine(quiet.url, quiet.settings, pre_ping=False)
-
-    @event.listens_for(engine, "connect")
-    def _async_by_default(dbapi_connection: Any, record: Any) -> None:
-        dbapi_connection.execute("SET synchronous_commit = off")
-        dbapi_connection.commit()
-
-    single = sessionmaker(
-        engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False
-    )
+    link = Link(quiet.url, quiet.settings)
+    link.connection().execute("SET synchronous_commit = off")  # async commits by default
     lsn: list[str] = []
+    real = worker_module.complete
 
-    @event.listens_for(engine, "before_cursor_execute")
-    def _mark(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "SET status = 'done'" in statement:  # the WAL position just before the completion
-            with quiet.engine.connect() as other:
-                lsn.append(other.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one())
+    def marked(conn: Any, **kwargs: Any) -> bool:
+        with quiet.engine.connect() as other:  # the WAL position just before the completion
+            lsn.append(other.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one())
+        return real(conn, **kwargs)
 
+    monkeypatch.setattr(worker_module, "complete", marked)
     try:
         r = _query(quiet, ds, prefer="respond-async")
         assert r.status_code == 202, r.text
-        with engine.connect() as conn:
-            assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "off"
-        assert process_one(quiet.factory, quiet.settings, claim_factory=single)
+        assert link.connection().execute("SHOW synchronous_commit").fetchone() == ("off",)
+        assert process_one(link, quiet.settings)
         assert len(lsn) == 1
-        with engine.connect() as conn:
-            flushed = conn.execute(
-                text("SELECT pg_current_wal_flush_lsn() > CAST(:lsn AS pg_lsn)"), {"lsn": lsn[0]}
-            ).scalar_one()
-        assert flushed, "the completion returned before its commit reached the disk"
+        flushed = (
+            link.connection()
+            .execute("SELECT pg_current_wal_flush_lsn() > %s::pg_lsn", (lsn[0],))
+            .fetchone()
+        )
+        assert flushed == (True,), "the completion returned before its commit reached the disk"
         assert quiet.release_row(r.json()["id"])["status"] == "done"
     finally:
-        engine.dispose()
+        link.close()
+
+
+def _reserve_by_hand(quiet: Quiet, ds: str, key_id: uuid.UUID, cost: str) -> dict[str, Any]:
+    """One ``release_reserve()`` call with the dataset's current figures (raw SQL)."""
+    with quiet.engine.begin() as conn:
+        neighbors, size = conn.execute(
+            text(
+                "SELECT neighbors, CASE WHEN neighbors = 'swap' THEN n ELSE size_hint END"
+                " FROM dataset WHERE id = :d"
+            ),
+            {"d": ds},
+        ).one()
+        row = conn.execute(
+            text(
+                "SELECT * FROM release_reserve(:id, :d, :k, 'indexp', '{0.5}', :c, NULL, :c, 0,"
+                " NULL, 'h', NULL, '[]', :nb, :size, 3)"
+            ),
+            {"id": uuid.uuid4(), "d": ds, "k": key_id, "c": Decimal(cost), "nb": neighbors,
+             "size": size},
+        ).mappings().one()  # fmt: skip
+    return dict(row)
 
 
 def test_a_reservation_that_does_not_fit_writes_nothing_and_reports_the_locked_budget(
     quiet: Quiet,
 ) -> None:
-    """insert_reservation checks the cost against the balance it reads itself (under the
-    caller's lock): too expensive, nothing is written and the figures of that read come
-    back for the 409; affordable, the release and its debit are written together."""
-    from datetime import UTC, datetime
-
-    from app.releases.service import insert_reservation
-
+    """``release_reserve()`` checks the cost against the balance it reads itself under the
+    dataset lock: too expensive, nothing is written and the figures of that read come back
+    for the 409; affordable, the release and its debit are written together."""
     ds = quiet.api.dataset(values=SAMPLE, epsilon="0.25")["id"]
     with quiet.engine.connect() as conn:
         key_id = conn.execute(text("SELECT id FROM api_key LIMIT 1")).scalar_one()
-
-    def columns(cost: str) -> dict[str, Any]:
-        return {
-            "id": uuid.uuid4(),
-            "dataset_id": uuid.UUID(ds),
-            "api_key_id": key_id,
-            "method": "indexp",
-            "quantiles": [0.5],
-            "epsilon": Decimal(cost),
-            "delta": None,
-            "cost_epsilon": Decimal(cost),
-            "cost_delta": Decimal(0),
-            "idempotency_key": None,
-            "request_hash": None,
-            "created_at": datetime.now(UTC),
-            "expected_error": None,
-            "warnings": [],
-        }
-
-    with quiet.factory() as session, session.begin():
-        refused = insert_reservation(session, columns("0.3"))
-    assert refused.seq is None and refused.after is None
-    assert refused.left.epsilon == Decimal("0.25")
+    refused = _reserve_by_hand(quiet, ds, key_id, "0.3")
+    assert refused["outcome"] == "budget_exhausted" and refused["seq"] is None
+    assert refused["left_epsilon"] == Decimal("0.25")
     assert quiet.ledger(ds)["debits"] == 0
-    with quiet.factory() as session, session.begin():
-        fitted = insert_reservation(session, columns("0.25"))
-    assert fitted.seq is not None and fitted.after is not None
-    assert fitted.after.epsilon == Decimal("0.00") and fitted.left.epsilon == Decimal("0.25")
+    fitted = _reserve_by_hand(quiet, ds, key_id, "0.25")
+    assert fitted["outcome"] == "reserved" and fitted["seq"] is not None
+    assert fitted["left_epsilon"] == Decimal("0.25")
     assert quiet.ledger(ds)["debits"] == 1 and quiet.ledger(ds)["balance_spent"] == Decimal("0.25")
+    again = _reserve_by_hand(quiet, ds, key_id, "0.000001")
+    assert again["outcome"] == "budget_exhausted" and again["left_epsilon"] == Decimal("0.00")
+    while quiet.run_one():
+        pass
+
+
+def test_a_reservation_planned_on_stale_figures_is_planned_again(quiet: Quiet) -> None:
+    """The web process prices a query on the public figures it last saw; when they changed
+    (here: the size hint of an add_remove dataset, which ``method: auto`` and the expected
+    error depend on), ``release_reserve()`` answers ``replan`` and the release is priced on
+    the figures under the lock."""
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="10", neighbors="add_remove", size_hint=1000)[
+        "id"
+    ]
+    first = _query(quiet, ds, prefer="respond-async", epsilon="1")
+    assert first.status_code == 202, first.text
+    patched = quiet.client.patch(f"/v1/datasets/{ds}", json={"size_hint": 10**6}, headers=ADMIN)
+    assert patched.status_code == 200, patched.text
+    second = _query(quiet, ds, prefer="respond-async", epsilon="1")
+    assert second.status_code == 202, second.text
+    mean = [r.json()["expected_error"][0]["mean"] for r in (first, second)]
+    assert mean[0] != mean[1]  # planned on the new hint, not on the remembered one
+    while quiet.run_one():
+        pass

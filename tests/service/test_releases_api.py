@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.mechanisms import MECHANISMS
+from tests.support import count_statements
 
 from .conftest import ADMIN, SAMPLE, Api
 
@@ -153,33 +154,23 @@ def test_reading_a_release_again_is_free_and_byte_identical(api: Api, client: Te
     ],
 )
 def test_a_synchronous_answer_is_byte_identical_to_a_later_read(
-    api: Api, client: TestClient, app: Any, m: int, epsilon: str, reads: int
+    api: Api, client: TestClient, m: int, epsilon: str, reads: int, monkeypatch: Any
 ) -> None:
     """A synchronous 201 is completed in memory from the worker's announcement (or read back
     when the outcome does not fit in one), and either way equals a later GET byte for byte:
     figures as the ledger writes them, estimates to the last bit, the finish time to the
     microsecond in UTC."""
-    from sqlalchemy import event
-
     values = list(np.random.default_rng(m).normal(50, 15, 3000))
     ds = api.dataset(values=values, epsilon="100", granularity=1e-7)  # long decimals
     quantiles = [round((k + 1) / (m + 1), 6) for k in range(m)]
     method = "jointexp" if m < 100 else "indexp"
     assert api.query(ds["id"], method=method).status_code == 201  # warm-up (key, freeze)
-    statements: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
-
-    engine = app.state.engine
-    event.listen(engine, "before_cursor_execute", record)
-    try:
+    with monkeypatch.context() as patch:
+        statements = count_statements(patch)["async"]
         created = api.query(ds["id"], method=method, quantiles=quantiles, epsilon=epsilon)
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
     assert created.status_code == 201, created.text
     assert created.json()["status"] == "done" and len(created.json()["estimates"]) == m
-    rereads = [s for s in statements if "FROM release" in s and "WHERE release.id" in s]
+    rereads = [s for s in statements if "FROM release WHERE id" in s]
     assert (len(rereads) >= 1) if reads else not rereads, statements  # rereads: one per wake
     again = client.get(f"/v1/releases/{created.json()['id']}", headers=ADMIN)
     assert again.status_code == 200
