@@ -16,6 +16,7 @@ claim them again; ``max_runs`` bounds the runs one release can start.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import logging
 import multiprocessing
@@ -43,10 +44,9 @@ from app.releases.runner import (
     FAILURE_TIMEOUT,
     Claim,
     Connection,
-    Job,
     RunFailed,
-    claim_next,
-    complete,
+    claim_batch,
+    complete_batch,
     expire_lease,
     fail,
     load_job,
@@ -126,67 +126,93 @@ def settle(link: Link, work: Callable[[Connection], Any], *, until: float) -> No
             time.sleep(0.5)
 
 
-def process_one(link: Link, settings: Settings, slot: Slot | None = None) -> bool:
-    """Claim and run one release; False when there was nothing to run.
+#: Most releases one worker claims at once (see :func:`process_one`).
+MAX_BATCH = 8
+#: A batch's finished releases are stored (and answered) at the latest this long after the
+#: first of them finished: small runs share one completion statement and one WAL flush,
+#: while a long run's answer is not held back by the runs after it.
+FLUSH_S = 0.01
 
-    The claim and the completion are one autocommit statement each on ``link``'s connection
-    (no BEGIN/COMMIT round trips; the completion's statement sets ``synchronous_commit`` for
-    its own implicit transaction, so it is durable whatever the database's default).
+
+def batch_size(announced: int, workers: int) -> int:
+    """How many releases to claim at once: this worker's share of the ``announced`` ones
+    (every worker hears every announcement), between 1 and :data:`MAX_BATCH`."""
+    return max(1, min(MAX_BATCH, -(-announced // max(1, workers))))
+
+
+def process_one(link: Link, settings: Settings, slot: Slot | None = None) -> bool:
+    """Claim and run one release; False when there was nothing to run."""
+    return process_batch(link, settings, slot, limit=1) > 0
+
+
+def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, limit: int) -> int:
+    """Claim up to ``limit`` releases and run them one after the other; returns how many
+    releases the claim took (0: nothing to run).
+
+    The claim is one autocommit statement on ``link``'s connection, under one lease token;
+    finished releases are stored together, one statement and one WAL flush per
+    :data:`FLUSH_S` (the completion's statement sets ``synchronous_commit`` for its own
+    implicit transaction, so it is durable whatever the database's default). Before each
+    run the release and its deadline are published to the supervisor, which enforces the
+    time limit of each run.
     """
     lease_s = settings.run_timeout_s + settings.lease_margin_s
 
     # The lease's token is published before the claim: a worker killed between the claim's
-    # commit and its first word to the supervisor still gets its lease given back.
+    # commit and its first word to the supervisor still gets its leases given back.
     token = uuid.uuid4()
     if slot is not None:
         slot.set_lease(token, time.monotonic() + settings.run_timeout_s)
-
-    def claim_and_load(conn: Connection) -> tuple[Claim, Job | RunFailed] | None:
-        claim = claim_next(conn, lease_s=lease_s, max_runs=settings.max_runs, token=token)
-        if claim is None:
-            return None
-        try:
-            return claim, load_job(conn, claim)
-        except RunFailed as exc:
-            return claim, exc  # settled below, in its own statement
-
     try:
-        claimed = link.run(claim_and_load)
+        claims, taken = link.run(
+            lambda conn: claim_batch(
+                conn, lease_s=lease_s, max_runs=settings.max_runs, token=token, limit=limit
+            )
+        )
     except BaseException:
         if slot is not None:
             slot.clear()
-        # The claim may have committed before the failure: give its lease back now rather
-        # than when it expires (best effort; an unreachable database expires it later).
+        # The claim may have committed before the failure: give its leases back now rather
+        # than when they expire (best effort; an unreachable database expires them later).
         unknown = Claim(release_id=uuid.UUID(int=0), token=token, attempts=0)
         with suppress(Exception):
             link.run(lambda conn: expire_lease(conn, claim=unknown))
         raise
-    if claimed is None:
-        if slot is not None:
-            slot.clear()
-        return False
-    claim, job = claimed
     lease_end = time.monotonic() + lease_s - 1.0
-    if slot is not None:
-        slot.set(claim, time.monotonic() + settings.run_timeout_s)
+    finished: list[tuple[Claim, list[float]]] = []
+    first_finished = 0.0
+
+    def store() -> None:
+        batch = list(finished)
+        finished.clear()
+        settle(link, lambda conn: complete_batch(conn, batch), until=lease_end)
+
     try:
-        try:
-            if isinstance(job, RunFailed):
-                raise job
-            if settings.chaos_run_delay_ms:
-                time.sleep(settings.chaos_run_delay_ms / 1000.0)
-            started = time.perf_counter()
+        for claim in claims:
+            if slot is not None:
+                slot.set(claim, time.monotonic() + settings.run_timeout_s)
             try:
-                estimates = run_job(job)
-            finally:
-                MECHANISM_SECONDS.labels(job.method).observe(time.perf_counter() - started)
-        except RunFailed as exc:
-            logger.error("release %s failed: %s (charged)", claim.release_id, exc)
-            reason = exc.reason
-            settle(link, lambda conn: fail(conn, claim=claim, reason=reason), until=lease_end)
-            return True
-        settle(link, lambda conn: complete(conn, claim=claim, estimates=estimates), until=lease_end)
-        return True
+                job = link.run(functools.partial(load_job, claim=claim))
+                if settings.chaos_run_delay_ms:
+                    time.sleep(settings.chaos_run_delay_ms / 1000.0)
+                started = time.perf_counter()
+                try:
+                    estimates = run_job(job)
+                finally:
+                    MECHANISM_SECONDS.labels(job.method).observe(time.perf_counter() - started)
+            except RunFailed as exc:
+                logger.error("release %s failed: %s (charged)", claim.release_id, exc)
+                failed = functools.partial(fail, claim=claim, reason=exc.reason)
+                settle(link, failed, until=lease_end)
+                continue
+            if not finished:
+                first_finished = time.monotonic()
+            finished.append((claim, estimates))
+            if time.monotonic() - first_finished >= FLUSH_S:
+                store()
+        if finished:
+            store()
+        return taken
     finally:
         if slot is not None:
             slot.clear()
@@ -256,8 +282,8 @@ def keep_freed_memory() -> bool:
     )
 
 
-def worker_main(url: str, slot: Slot, log_level: str) -> None:
-    """Entry point of one worker process (spawned by the supervisor)."""
+def worker_main(url: str, slot: Slot, log_level: str, workers: int = 1) -> None:
+    """Entry point of one of ``workers`` worker processes (spawned by the supervisor)."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -273,10 +299,10 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
     # for whichever release was running).
     gc.freeze()
     listener: psycopg.Connection[Any] | None = None
-    # Claims worth trying: one per notification heard (each announces one runnable release)
-    # and one per poll (expired leases announce nothing). A worker that ran a release claims
-    # again only if something was announced meanwhile, rather than sending an empty claim
-    # after every run.
+    # Claims worth trying: one per notification heard (each announces one runnable release
+    # to every worker) and one per poll (expired leases announce nothing). A worker claims
+    # its share of the announced releases at once (batch_size) and claims again only while
+    # announcements are left, rather than sending an empty claim after every run.
     hints = 1
     try:
         while not stop.requested:
@@ -286,8 +312,10 @@ def worker_main(url: str, slot: Slot, log_level: str) -> None:
                     listener.execute(f"LISTEN {PENDING_CHANNEL}")
                     hints = 1  # whatever was announced while not listening
                 if hints > 0:
-                    if process_one(link, settings, slot):
-                        hints = hints - 1 + _heard(listener, timeout=0.0)
+                    limit = batch_size(hints, workers)
+                    taken = process_batch(link, settings, slot, limit=limit)
+                    if taken:
+                        hints = max(0, hints - taken) + _heard(listener, timeout=0.0)
                         continue
                     hints = 0  # the queue is empty (or every runnable release is leased)
                 heard = _heard(listener, timeout=settings.worker_poll_s, stop_after=1)
@@ -326,7 +354,7 @@ class Supervisor:
     def _spawn(self, i: int) -> None:
         proc = self.ctx.Process(
             target=worker_main,
-            args=(self.url, self.slots[i], self.settings.log_level),
+            args=(self.url, self.slots[i], self.settings.log_level, len(self.slots)),
             name=f"dpquant-worker-{i}",
             daemon=False,
         )
@@ -335,11 +363,13 @@ class Supervisor:
         logger.info("worker %d started (pid %s)", i, proc.pid)
 
     def _settle(self, claim: Claim, *, timed_out: bool) -> None:
+        """Settle the leases of a worker that was killed or died: the release it was running
+        past its deadline is failed (charged); every other release still pending under its
+        lease token (the rest of its batch) goes back to the queue."""
         try:
-            if timed_out:
+            if timed_out and claim.release_id.int:
                 self.link.run(lambda conn: fail(conn, claim=claim, reason=FAILURE_TIMEOUT))
-            else:
-                self.link.run(lambda conn: expire_lease(conn, claim=claim))
+            self.link.run(lambda conn: expire_lease(conn, claim=claim))
         except Exception as exc:
             logger.error("could not settle release %s (%s)", claim.release_id, type(exc).__name__)
 

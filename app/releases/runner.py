@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -82,36 +82,51 @@ class RunFailed(Exception):
         self.reason = reason
 
 
-def claim_next(
-    conn: Connection, *, lease_s: float, max_runs: int, token: uuid.UUID | None = None
-) -> Claim | None:
-    """Lease the oldest runnable release (pending, lease free or expired); None when idle.
+def claim_batch(
+    conn: Connection, *, lease_s: float, max_runs: int, token: uuid.UUID, limit: int = 1
+) -> tuple[list[Claim], int]:
+    """Lease up to ``limit`` of the oldest runnable releases (pending, lease free or expired)
+    under one lease ``token``: the claims to run, oldest first, and how many releases the
+    statement took in all (0: idle).
 
-    One autocommit statement on ``conn``. ``token`` is the new lease's token (a fresh one
-    when None): a worker publishes it to its supervisor *before* claiming, so a worker killed
-    right after the claim commits still has its lease given back (:func:`expire_lease` and
-    :func:`fail` find a lease by token). A release that already started ``max_runs`` runs is
-    marked failed instead (its workers kept dying) and the next one is tried.
+    One autocommit statement on ``conn`` (a worker with several releases to run claims them
+    together). The worker publishes ``token`` to its supervisor *before* claiming, so a
+    worker killed right after the claim commits still has its leases given back
+    (:func:`expire_lease` finds them by token). A release that already started ``max_runs``
+    runs is marked failed instead (its workers kept dying) and is not returned.
     """
     # A lease lost in a crash is harmless (the release is claimed again when it expires), so
     # the claim does not wait for a WAL flush (set_config(..., true) is SET LOCAL, folded
-    # into the statement). It also reads the dataset's public description and data version,
-    # so loading the job needs no further statement.
-    while True:
-        cursor = conn.cursor(row_factory=dict_row)
-        cursor.execute(_CLAIM, {"token": token or uuid.uuid4(), "lease": float(lease_s)})
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        claim = Claim(
-            release_id=row["id"], token=row["lease_token"], attempts=int(row["attempts"]), row=row
-        )
+    # into the statement). It also reads the datasets' public descriptions and data
+    # versions, so loading the jobs needs no further statement.
+    cursor = conn.cursor(row_factory=dict_row)
+    cursor.execute(_CLAIM, {"token": token, "lease": float(lease_s), "limit": max(1, limit)})
+    claims = [
+        Claim(release_id=row["id"], token=token, attempts=int(row["attempts"]), row=row)
+        for row in sorted(cursor.fetchall(), key=lambda row: int(row["seq"]))
+    ]
+    runnable = []
+    for claim in claims:
         if claim.attempts <= max_runs:
-            return claim
+            runnable.append(claim)
+            continue
         logger.warning(
             "release %s failed: %d runs started, none finished", claim.release_id, max_runs
         )
         fail(conn, claim=claim, reason=FAILURE_LOST)
+    return runnable, len(claims)
+
+
+def claim_next(
+    conn: Connection, *, lease_s: float, max_runs: int, token: uuid.UUID | None = None
+) -> Claim | None:
+    """:func:`claim_batch` of one release (under a fresh token when ``token`` is None)."""
+    while True:
+        claims, taken = claim_batch(
+            conn, lease_s=lease_s, max_runs=max_runs, token=token or uuid.uuid4(), limit=1
+        )
+        if claims or not taken:
+            return claims[0] if claims else None
 
 
 _CLAIM = """
@@ -123,19 +138,19 @@ _CLAIM = """
           WHERE status = 'pending'
             AND (lease_until IS NULL OR lease_until < clock_timestamp())
           ORDER BY seq
-          LIMIT 1
+          LIMIT %(limit)s
           FOR UPDATE SKIP LOCKED) AS next,
          dataset AS d,
          (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
     WHERE r.id = next.id AND d.id = r.dataset_id AND cfg.v IS NOT NULL
-    RETURNING r.id, r.lease_token, r.attempts, r.dataset_id, r.method,
+    RETURNING r.id, r.seq, r.attempts, r.dataset_id, r.method,
               r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
               d.granularity, d.neighbors, d.archived_at,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
 
 
-def load_job(conn: Connection, claim: Claim) -> Job:
+def load_job(conn: Connection, *, claim: Claim) -> Job:
     """The claimed release's parameters (read by the claim) and its dataset's frozen grid
     histogram. O(distinct cells), whatever n is (the histogram usually comes from the
     process's cache; otherwise one read on ``conn``)."""
@@ -203,43 +218,57 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
 
 
 def complete(conn: Connection, *, claim: Claim, estimates: list[float]) -> bool:
-    """Store the estimates with ``done`` (durably) if the lease is still ours; notify waiters.
+    """:func:`complete_batch` of one release: True if it was stored."""
+    return complete_batch(conn, [(claim, estimates)]) == 1
 
-    One autocommit statement. Its commit must reach the disk before any answer leaves,
-    whatever the database's default: it also makes the (asynchronously committed)
-    reservation before it durable. (``set_config(..., true)`` is SET LOCAL for the
-    statement's own transaction.) The state change notifies the waiters (trigger
-    ``release_notify``, at commit).
+
+def complete_batch(conn: Connection, done: Sequence[tuple[Claim, list[float]]]) -> int:
+    """Store each release's estimates with ``done`` (durably) where the lease is still ours;
+    notify the waiters. Returns how many were stored.
+
+    One autocommit statement and one WAL flush for the whole batch. Its commit must reach
+    the disk before any answer leaves, whatever the database's default: it also makes the
+    (asynchronously committed) reservations before it durable (``set_config(..., true)`` is
+    SET LOCAL for the statement's own transaction). Each state change notifies the waiters
+    (trigger ``release_notify``, at commit).
     """
-    row = conn.execute(
-        _COMPLETE, {"id": claim.release_id, "token": claim.token, "estimates": estimates}
-    ).fetchone()
-    if row is None:
-        return False
-    RELEASES.labels(row[0], "done").inc()
-    return True
+    if not done:
+        return 0
+    rows = conn.execute(
+        _COMPLETE,
+        {
+            "ids": [claim.release_id for claim, _ in done],
+            "tokens": [claim.token for claim, _ in done],
+            # float8[] literals of the doubles' shortest round-trip repr: read back exactly
+            "estimates": ["{" + ",".join(map(repr, estimates)) + "}" for _, estimates in done],
+        },
+    ).fetchall()
+    for (method,) in rows:
+        RELEASES.labels(method, "done").inc()
+    return len(rows)
 
 
 _COMPLETE = """
-    UPDATE release
-    SET status = 'done', estimates = %(estimates)s::double precision[],
+    UPDATE release AS r
+    SET status = 'done', estimates = v.estimates::double precision[],
         finished_at = clock_timestamp(), lease_until = NULL
-    FROM (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
-    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending' AND cfg.v IS NOT NULL
-    RETURNING method
+    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(estimates)s::text[])
+             AS v(id, token, estimates),
+         (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
+    WHERE r.id = v.id AND r.lease_token = v.token AND r.status = 'pending'
+      AND cfg.v IS NOT NULL
+    RETURNING r.method
     """
 
 
 def fail(conn: Connection, *, claim: Claim, reason: str) -> bool:
-    """Mark the release ``failed`` (it keeps its debit) if the lease is still ``claim``'s.
-
-    The lease is found by its token alone (unique per claim), so a supervisor that knows
-    only the token of a worker it killed can settle the release."""
+    """Mark the release ``failed`` (it keeps its debit) if the lease is still ``claim``'s."""
     row = conn.execute(
         "UPDATE release SET status = 'failed', failure = %(reason)s,"
         " finished_at = clock_timestamp(), lease_until = NULL"
-        " WHERE lease_token = %(token)s AND status = 'pending' RETURNING method",
-        {"reason": reason, "token": claim.token},
+        " WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending'"
+        " RETURNING method",
+        {"reason": reason, "id": claim.release_id, "token": claim.token},
     ).fetchone()
     if row is None:
         return False
@@ -248,9 +277,10 @@ def fail(conn: Connection, *, claim: Claim, reason: str) -> bool:
 
 
 def expire_lease(conn: Connection, *, claim: Claim) -> None:
-    """Give a claimed release back to the queue at once (its run was interrupted); the lease
-    is found by its token alone (see :func:`fail`). Still pending, so no trigger fires: the
-    same statement wakes the workers."""
+    """Give the releases claimed under ``claim``'s token that are still pending back to the
+    queue at once (their runs were interrupted, or never started). The leases are found by
+    the token alone, so a supervisor that knows only the token of a worker it killed can
+    settle them. Still pending, so no trigger fires: the same statement wakes the workers."""
     conn.execute(
         "WITH r AS (UPDATE release SET lease_until = clock_timestamp()"
         " WHERE lease_token = %(token)s AND status = 'pending' RETURNING id)"

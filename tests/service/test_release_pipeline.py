@@ -297,6 +297,68 @@ def test_releases_whose_workers_keep_dying_end_failed_with_one_debit(quiet: Quie
     assert quiet.ledger(ds)["debits"] == 1
 
 
+@pytest.mark.parametrize(("flush_s", "stores"), [(60.0, 1), (0.0, 4)])
+def test_a_worker_claims_a_batch_in_one_statement_and_stores_it_together(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch, flush_s: float, stores: int
+) -> None:
+    """Under load a worker claims its share of the queue at once and stores the runs that
+    finished within FLUSH_S of each other together: k small releases cost one claim and
+    one completion (one WAL flush); with no window each is stored as soon as it finished.
+    Each release gets exactly its own estimates, one debit, and a byte-identical later
+    read."""
+    import app.worker as worker_module
+    from app.worker import process_batch
+
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
+    assert _query(quiet, ds, prefer="respond-async").status_code == 202  # warm-up
+    assert quiet.run_one()
+    rids = [_query(quiet, ds, prefer="respond-async").json()["id"] for _ in range(5)]
+    monkeypatch.setattr(worker_module, "FLUSH_S", flush_s)
+    log = count_statements(monkeypatch)
+    assert process_batch(quiet.link, quiet.settings, limit=4) == 4
+    claimed = [q for q in log["sync"] if q.startswith("UPDATE release AS r SET lease_token")]
+    stored = [q for q in log["sync"] if "SET status = 'done'" in q]
+    assert (len(claimed), len(stored)) == (1, stores), log["sync"]
+    statuses = [quiet.release_row(rid)["status"] for rid in rids]
+    assert statuses == ["done"] * 4 + ["pending"]  # the oldest four, in queue order
+    assert quiet.run_one() and quiet.release_row(rids[4])["status"] == "done"
+    for rid in rids:
+        got = quiet.client.get(f"/v1/releases/{rid}", headers=ADMIN)
+        assert got.status_code == 200 and len(got.json()["estimates"]) == 3
+    assert quiet.ledger(ds)["debits"] == 6
+
+
+def test_a_run_past_its_deadline_in_a_batch_fails_alone_and_the_rest_is_given_back(
+    quiet: Quiet,
+) -> None:
+    """The supervisor knows the release a worker was running and the batch's lease token:
+    the late one is failed (charged), the others of the batch go back to the queue at once
+    and run (once) elsewhere."""
+    from app.releases.runner import Claim, claim_batch
+    from app.worker import Supervisor
+
+    ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
+    rids = [_query(quiet, ds, prefer="respond-async").json()["id"] for _ in range(3)]
+    token = uuid.uuid4()
+    claims, taken = quiet.link.run(
+        lambda c: claim_batch(c, lease_s=600, max_runs=3, token=token, limit=3)
+    )
+    assert taken == 3 and [str(c.release_id) for c in claims] == rids
+    supervisor = Supervisor(quiet.url, quiet.settings, 1)
+    try:  # the worker was killed while running the first of its batch, past its deadline
+        supervisor._settle(Claim(claims[0].release_id, token, 1), timed_out=True)
+    finally:
+        supervisor.link.close()
+    assert quiet.release_row(rids[0]) == {"status": "failed", "attempts": 1, "failure": "timeout"}
+    assert [quiet.release_row(r)["status"] for r in rids[1:]] == ["pending", "pending"]
+    while quiet.run_one():
+        pass
+    assert [quiet.release_row(r) for r in rids[1:]] == [
+        {"status": "done", "attempts": 2, "failure": None}
+    ] * 2
+    assert quiet.ledger(ds)["debits"] == 3
+
+
 # --------------------------------------------------------------------------- refusals
 
 
@@ -593,7 +655,7 @@ def test_a_worker_killed_right_after_its_claim_commits_gets_its_lease_given_back
         published.append((slot.read(), kwargs["token"]))
         raise KeyboardInterrupt  # stands in for the SIGKILL: no claim, nothing settled
 
-    monkeypatch.setattr(worker_module, "claim_next", spy)
+    monkeypatch.setattr(worker_module, "claim_batch", spy)
     with pytest.raises(KeyboardInterrupt):
         process_one(quiet.link, quiet.settings, slot)
     ((seen, token),) = published
@@ -713,14 +775,14 @@ def test_the_completion_is_on_disk_when_its_autocommit_statement_returns(
     link = Link(quiet.url, quiet.settings)
     link.connection().execute("SET synchronous_commit = off")  # async commits by default
     lsn: list[str] = []
-    real = worker_module.complete
+    real = worker_module.complete_batch
 
-    def marked(conn: Any, **kwargs: Any) -> bool:
+    def marked(conn: Any, done: Any) -> int:
         with quiet.engine.connect() as other:  # the WAL position just before the completion
             lsn.append(other.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one())
-        return real(conn, **kwargs)
+        return real(conn, done)
 
-    monkeypatch.setattr(worker_module, "complete", marked)
+    monkeypatch.setattr(worker_module, "complete_batch", marked)
     try:
         r = _query(quiet, ds, prefer="respond-async")
         assert r.status_code == 202, r.text
