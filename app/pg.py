@@ -102,7 +102,8 @@ class HotPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_use = _pool_gauges(process, max(1, settings.pool_size))
         self._connect_failed = False  # the pool's last connection attempt failed
-        returned: WeakKeyDictionary[AsyncConnection, float] = WeakKeyDictionary()
+        self._returned: WeakKeyDictionary[AsyncConnection, float] = WeakKeyDictionary()
+        returned = self._returned
         health = self
 
         class Tracked(psycopg.AsyncConnection[Any]):
@@ -123,9 +124,6 @@ class HotPool:
             if since is not None and time.monotonic() - since > IDLE_PING_S:
                 await conn.execute("")
 
-        async def reset(conn: AsyncConnection) -> None:
-            returned[conn] = time.monotonic()
-
         self.pool: AsyncConnectionPool[AsyncConnection] = AsyncConnectionPool(
             self._conninfo,
             connection_class=Tracked,
@@ -135,7 +133,6 @@ class HotPool:
             timeout=settings.pool_timeout_s,
             configure=self._configure,
             check=check,
-            reset=reset,
             open=False,
             name="dpquant-web",
         )
@@ -166,6 +163,8 @@ class HotPool:
                     yield conn
                 finally:
                     self._in_use.dec()
+                    # when it goes back (a reset callback would return it through a task)
+                    self._returned[conn] = time.monotonic()
             return
         conn = await psycopg.AsyncConnection.connect(
             self._conninfo, autocommit=True, connect_timeout=self._connect_timeout

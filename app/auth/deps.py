@@ -39,8 +39,13 @@ async def get_principal(
 
 
 def _requires(*roles: str) -> object:
-    # async: a role check does no I/O, and a sync dependency costs a thread-pool round trip
-    async def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    # One dependency (authentication and the role check) on the bearer scheme: FastAPI
+    # resolves every level of a dependency tree on every request.
+    async def dependency(
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Principal:
+        principal = await get_principal(request, credentials)
         if principal.role not in roles:
             raise forbidden(f"requires role {' or '.join(roles)}")
         return principal

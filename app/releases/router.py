@@ -45,23 +45,26 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute
 
 
 def present(release: service.ReleaseRecord) -> ReleasePublic:
-    """The public form of a stored release (deterministic: same row, same bytes)."""
-    return ReleasePublic(
-        id=release.id,
-        dataset_id=release.dataset_id,
-        status=release.status,
-        method=release.method,
-        quantiles=list(release.quantiles),
-        estimates=None if release.estimates is None else list(release.estimates),
-        failure=release.failure,
-        epsilon=release.epsilon,
-        delta=release.delta,
-        cost=AmountPublic(epsilon=release.cost_epsilon, delta=release.cost_delta),
-        remaining=AmountPublic(epsilon=release.remaining_epsilon, delta=release.remaining_delta),
-        created_at=release.created_at,
-        finished_at=release.finished_at,
-        expected_error=_expected(release.expected_error),
-        warnings=list(release.warnings or []),
+    """The public form of a stored release (deterministic: same row, same bytes); validated
+    from plain values in one pass (releases are answered and polled on the hot path)."""
+    return ReleasePublic.model_validate(
+        {
+            "id": release.id,
+            "dataset_id": release.dataset_id,
+            "status": release.status,
+            "method": release.method,
+            "quantiles": release.quantiles,
+            "estimates": release.estimates,
+            "failure": release.failure,
+            "epsilon": release.epsilon,
+            "delta": release.delta,
+            "cost": {"epsilon": release.cost_epsilon, "delta": release.cost_delta},
+            "remaining": {"epsilon": release.remaining_epsilon, "delta": release.remaining_delta},
+            "created_at": release.created_at,
+            "finished_at": release.finished_at,
+            "expected_error": release.expected_error,
+            "warnings": release.warnings or [],
+        }
     )
 
 

@@ -13,8 +13,8 @@ them. ``release_reserve()`` does the same work inside PostgreSQL in one call, in
    ``idempotency_conflict``; the same body is ``replayed`` (a failed release that may run
    again is put back in the queue, no new debit);
 4. ``dataset_archived``, ``no_values``;
-5. the calling key's cap, under the key row's lock: ``key_budget_exhausted``;
-6. the budget from the balance row: ``budget_exhausted``;
+5. the budget from the balance row: ``budget_exhausted``;
+6. the calling key's cap, under the key row's lock: ``key_budget_exhausted``;
 7. insert the release (``pending``) and its debit (the ledger trigger applies it to the
    balance row and the key's spent columns, whose CHECK constraints refuse an overdraft
    whatever this function checked), freeze the dataset, ``reserved``.
@@ -127,18 +127,6 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT ak.max_epsilon, ak.max_delta, ak.spent_epsilon, ak.spent_delta INTO k
-    FROM api_key ak WHERE ak.id = p_api_key_id FOR UPDATE;
-    IF FOUND AND ((k.max_epsilon IS NOT NULL AND k.spent_epsilon + p_cost_epsilon > k.max_epsilon)
-                  OR (k.max_delta IS NOT NULL AND k.spent_delta + p_cost_delta > k.max_delta)) THEN
-        outcome := 'key_budget_exhausted';
-        cap_epsilon := k.max_epsilon;
-        cap_delta := k.max_delta;
-        spent_epsilon := k.spent_epsilon;
-        spent_delta := k.spent_delta;
-        RETURN;
-    END IF;
-
     SELECT b.granted_epsilon - b.spent_epsilon, b.granted_delta - b.spent_delta
     INTO left_epsilon, left_delta
     FROM budget_balance b WHERE b.dataset_id = p_dataset_id;
@@ -148,6 +136,18 @@ BEGIN
     END IF;
     IF left_epsilon < p_cost_epsilon OR left_delta < p_cost_delta THEN
         outcome := 'budget_exhausted';
+        RETURN;
+    END IF;
+
+    SELECT ak.max_epsilon, ak.max_delta, ak.spent_epsilon, ak.spent_delta INTO k
+    FROM api_key ak WHERE ak.id = p_api_key_id FOR UPDATE;
+    IF FOUND AND ((k.max_epsilon IS NOT NULL AND k.spent_epsilon + p_cost_epsilon > k.max_epsilon)
+                  OR (k.max_delta IS NOT NULL AND k.spent_delta + p_cost_delta > k.max_delta)) THEN
+        outcome := 'key_budget_exhausted';
+        cap_epsilon := k.max_epsilon;
+        cap_delta := k.max_delta;
+        spent_epsilon := k.spent_epsilon;
+        spent_delta := k.spent_delta;
         RETURN;
     END IF;
 

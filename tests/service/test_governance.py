@@ -81,6 +81,18 @@ def test_a_capped_key_is_refused_past_its_cap_with_its_figures_only(
     assert "key" not in listed[key["id"]]
 
 
+def test_the_dataset_budget_is_checked_before_the_keys_cap(api: Api, client: TestClient) -> None:
+    """A query over both the dataset's remaining budget and the key's cap is refused for the
+    dataset's budget (the documented order), with the dataset's figures only."""
+    ds = api.dataset(values=SAMPLE, epsilon="0.2")["id"]
+    key = _key(client, dataset_id=ds, max_epsilon="0.1")
+    refused = api.query(ds, auth(key["key"]), epsilon="0.5")
+    assert refused.status_code == 409 and refused.json()["type"] == "budget_exhausted"
+    assert refused.json()["remaining"] == {"epsilon": "0.2", "delta": "0"}
+    over_cap = api.query(ds, auth(key["key"]), epsilon="0.15")
+    assert over_cap.status_code == 409 and over_cap.json()["type"] == "key_budget_exhausted"
+
+
 def test_a_delta_cap_is_enforced_too(api: Api, client: TestClient) -> None:
     ds = api.dataset(values=SAMPLE, epsilon="10", delta="0.001")["id"]
     key = _key(client, dataset_id=ds, max_delta="0.0000015")
