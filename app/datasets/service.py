@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 
 from app.audit.service import record
 from app.auth.principal import Principal
-from app.datasets.grid import grid_values
 from app.datasets.histogram import (
     HistogramBuilder,
     IntArray,
@@ -452,24 +451,3 @@ def load_histogram(
     counts.flags.writeable = False
     VALUES_CACHE.put((dataset_id, version, "histogram"), (cells, counts))
     return version, cells, counts
-
-
-def load_values(session: Session, *, dataset_id: uuid.UUID) -> tuple[int, FloatArray] | None:
-    """TEMPORARY adapter until the release path calls ``Mechanism.run_grid`` on
-    :func:`load_histogram`: the histogram expanded to sorted grid values (``np.repeat`` of
-    each cell's grid point by its count). O(n) memory; remove with its last caller.
-    """
-    loaded = load_histogram(session, dataset_id=dataset_id)
-    if loaded is None:
-        return None
-    version, cells, counts = loaded
-    cached = VALUES_CACHE.get((dataset_id, version, "values"))
-    if cached is not None:
-        return version, cached[0]
-    dataset = session.get(Dataset, dataset_id)
-    if dataset is None:  # pragma: no cover - the version query found it
-        return None
-    values = np.repeat(grid_values(cells, dataset.lower, dataset.granularity), counts)
-    values.flags.writeable = False
-    VALUES_CACHE.put((dataset_id, version, "values"), (values,))
-    return version, values

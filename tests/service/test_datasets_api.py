@@ -229,24 +229,21 @@ def test_unknown_dataset_is_404(client: TestClient) -> None:
 def test_values_cache_never_serves_replaced_values(api: Api, db_engine: Any) -> None:
     from sqlalchemy.orm import Session
 
-    from app.datasets.service import VALUES_CACHE, load_histogram, load_values
+    from app.datasets.service import VALUES_CACHE, load_histogram
 
     ds = api.dataset(values=[1.0, 2.0, 3.0])
     dataset_id = uuid.UUID(ds["id"])
     with Session(db_engine) as session:
-        first = load_values(session, dataset_id=dataset_id)
-    assert first is not None and list(first[1]) == [1.0, 2.0, 3.0]
+        first = load_histogram(session, dataset_id=dataset_id)
+    assert first is not None and list(first[2]) == [1, 1, 1]
+    assert list(first[1]) == [10_000, 20_000, 30_000]  # grid 1e-4
     assert VALUES_CACHE.get((dataset_id, first[0], "histogram")) is not None
     api.upload(ds["id"], [9.0, 7.0])
     with Session(db_engine) as session:
-        second = load_values(session, dataset_id=dataset_id)
         hist = load_histogram(session, dataset_id=dataset_id)
-    assert second is not None and second[0] == first[0] + 1
-    assert list(second[1]) == [7.0, 9.0]
-    assert hist is not None and hist[0] == second[0]
-    assert list(hist[1]) == [70_000, 90_000] and list(hist[2]) == [1, 1]  # grid 1e-4
+    assert hist is not None and hist[0] == first[0] + 1
+    assert list(hist[1]) == [70_000, 90_000] and list(hist[2]) == [1, 1]
     with Session(db_engine) as session:
-        assert load_values(session, dataset_id=uuid.UUID(api.dataset()["id"])) is None
         assert load_histogram(session, dataset_id=uuid.UUID(api.dataset()["id"])) is None
 
 
