@@ -359,6 +359,36 @@ def test_a_run_past_its_deadline_in_a_batch_fails_alone_and_the_rest_is_given_ba
     assert quiet.ledger(ds)["debits"] == 3
 
 
+def test_a_worker_keeps_the_histograms_it_ran_on(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Releases on the same data reuse the worker's validated histogram (and what the
+    mechanisms derived from it); a new upload version is a new histogram; at most
+    KEPT_HISTOGRAMS are kept."""
+    import app.releases.runner as runner
+
+    monkeypatch.setattr(runner, "KEPT_HISTOGRAMS", 2)
+    monkeypatch.setattr(runner, "_kept", type(runner._kept)())
+    seen: list[Any] = []
+    real = runner.run_job
+
+    def spy(job: Any, **kwargs: Any) -> list[float]:
+        seen.append(job.histogram)
+        return real(job, **kwargs)
+
+    monkeypatch.setattr("app.worker.run_job", spy)
+    first = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
+    for _ in range(2):
+        assert _query(quiet, first, prefer="respond-async").status_code == 202
+        assert quiet.run_one()
+    assert seen[0] is seen[1]
+    others = [quiet.api.dataset(values=SAMPLE, epsilon="10")["id"] for _ in range(2)]
+    for ds in others:
+        assert _query(quiet, ds, prefer="respond-async").status_code == 202
+        assert quiet.run_one()
+    assert len(runner._kept) == 2 and all(seen[0] is not h for h in runner._kept.values())
+
+
 # --------------------------------------------------------------------------- refusals
 
 
