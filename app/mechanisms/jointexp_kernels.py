@@ -334,6 +334,25 @@ def replay_levels(
 
 
 @numba.njit(cache=True, nogil=True)
+def profile_columns(
+    values: np.ndarray, P: np.ndarray, lo: int, out_pos: np.ndarray, out_val: np.ndarray
+) -> None:
+    """``values`` and the positions ``P[lo + col]`` at ``out_val.size`` columns spread evenly.
+
+    Columns ``k * (size - 1) // (points - 1)`` for ``k = 0 .. points - 1`` (``size`` is
+    ``values.size``, ``points`` is ``out_val.size``): ``np.linspace(0, size - 1, points)``
+    truncated, in integers (the same columns when ``points - 1`` is a power of two, as
+    linspace's steps are then exact). Values are copied as they are.
+    """
+    size = values.size
+    points = out_val.size
+    for k in range(points):
+        col = k * (size - 1) // (points - 1)
+        out_pos[k] = P[lo + col]
+        out_val[k] = values[col]
+
+
+@numba.njit(cache=True, nogil=True)
 def first_row_log(logw: np.ndarray, P: np.ndarray, n1: float, c: float, out: np.ndarray) -> None:
     """out[i] = log(w_i) - c |P[i] - n1|  (log of alpha(1, i, 1) up to a constant)."""
     for i in range(logw.size):
