@@ -853,6 +853,34 @@ def transition_scaled(
 
 
 @numba.njit(cache=True, nogil=True)
+def kernel_peak_log(
+    live_pos: np.ndarray,
+    live_idx: np.ndarray,
+    i_end: int,
+    pos_ref: int,
+    nj: float,
+    c: float,
+    mu: float,
+) -> float:
+    """The largest log kernel factor ``-c |e| - mu e`` (``e = pos_ref - P - nj``) over the
+    intervals of positive width below ``i_end`` (positions ``live_pos``, indices
+    ``live_idx``, both ascending); -inf if there are none.
+
+    The log factor is unimodal in P with its peak at ``pos_ref - nj``, so the largest one is
+    at the live neighbours of that point: the last below and the first at or above
+    ``ceil(pos_ref - nj)`` (an integer bound, compared with the integer positions). O(log d).
+    """
+    n_live = np.searchsorted(live_idx, i_end)
+    at = np.searchsorted(live_pos[:n_live], math.ceil(pos_ref - nj))
+    best = NEG_INF
+    for k in (at - 1, at):
+        if 0 <= k < n_live:
+            e = float(pos_ref) - float(live_pos[k]) - nj
+            best = max(best, -c * abs(e) - mu * e)
+    return best
+
+
+@numba.njit(cache=True, nogil=True)
 def step_weights_linear(
     total: np.ndarray,
     lo: int,
@@ -922,33 +950,42 @@ def step_weights_log(
 
 
 @numba.njit(cache=True, nogil=True)
-def pick_level(levels: np.ndarray, nlev: int, v: int, log_space: bool, u: float) -> int:
+def pick_level(
+    levels: np.ndarray, ids: np.ndarray, nlev: int, v: int, log_space: bool, u: float
+) -> int:
     """The repeat count (0-based level) at column v, drawn ∝ its entries with uniform u.
 
-    Linear levels are used as they are; log levels are exponentiated relative to the
-    column's largest. Returns the last positive level when rounding leaves ``u * total``
-    at the total, and -1 only when every entry is zero.
+    ``levels[s]`` is level ``ids[s]`` (1-based repeat counts, ascending); levels that are not
+    stored are 0.0 (linear) or -inf (log), and only levels 1..nlev count. Linear levels are
+    used as they are; log levels are exponentiated relative to the column's largest. The
+    stored levels are summed and scanned in order, so the draw is the one over the dense
+    levels 1..nlev (a missing level adds exactly 0.0 and can never be picked). Returns the
+    last positive level when rounding leaves ``u * total`` at the total, and -1 only when
+    every entry is zero.
     """
+    ns = 0  # stored levels at or below nlev
+    while ns < ids.size and ids[ns] <= nlev:
+        ns += 1
     mx = NEG_INF
     if log_space:
-        for k in range(nlev):
-            if levels[k, v] > mx:
-                mx = levels[k, v]
+        for s in range(ns):
+            if levels[s, v] > mx:
+                mx = levels[s, v]
         if mx == NEG_INF:
             return -1
     total = 0.0
-    for k in range(nlev):
-        total += math.exp(levels[k, v] - mx) if log_space else levels[k, v]
+    for s in range(ns):
+        total += math.exp(levels[s, v] - mx) if log_space else levels[s, v]
     target = u * total
     acc = 0.0
     last = -1
-    for k in range(nlev):
-        x = math.exp(levels[k, v] - mx) if log_space else levels[k, v]
+    for s in range(ns):
+        x = math.exp(levels[s, v] - mx) if log_space else levels[s, v]
         if x > 0.0:
             acc += x
-            last = k
+            last = int(ids[s]) - 1
             if acc > target:
-                return k
+                return last
     return last
 
 
