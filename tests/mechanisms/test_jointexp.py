@@ -787,6 +787,38 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
         np.testing.assert_array_equal(got, ref[s])
 
 
+@pytest.mark.parametrize("eps", [0.001, 1.0])
+def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) -> None:
+    """Small passes keep every row whole (COMPACT_FROM_BYTES) and pick repeat counts from the
+    stored levels; compacting every row instead (threshold 0) replays the same levels, so
+    the same seeds draw the same sequences (wide empty end blocks: many repeat levels)."""
+    from app.mechanisms import jointexp as J
+
+    rng = np.random.default_rng(2)
+    for n, m in ((1000, 9), (200, 29)):
+        q = np.arange(1, m + 1) / (m + 1)
+        logw, pos, gaps = _prepared(np.round(rng.normal(0.0, 5.0, n), 2), q)
+        whole = _Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
+        whole.run()
+        assert not any(r.nlev for r in whole.rows.values())
+        assert any(r.ids is not None and r.levels.shape[0] > 1 for r in whole.rows.values())
+        got = [
+            sample_interval_sequence(logw, pos, gaps, eps / 4, np.random.default_rng(s))
+            for s in range(8)
+        ]
+        with monkeypatch.context() as mp:
+            mp.setattr(J, "COMPACT_FROM_BYTES", 0)
+            compact = _Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
+            compact.run()
+            assert sum(1 for r in compact.rows.values() if r.nlev) > m // 2
+            want = [
+                sample_interval_sequence(logw, pos, gaps, eps / 4, np.random.default_rng(s))
+                for s in range(8)
+            ]
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_a_chosen_tilt_that_trips_is_followed_by_larger_ones(monkeypatch) -> None:
     """A chosen tilt one step too small trips; the pass retries larger tilts, not log space.
 
