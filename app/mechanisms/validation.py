@@ -75,6 +75,11 @@ def check_quantiles(quantiles: ArrayLike) -> FloatArray:
         raise MechanismInputError("quantiles", "must be one-dimensional")
     if q.size == 0:
         raise MechanismInputError("quantiles", "must not be empty")
+    # Valid exactly when strictly increasing from above 0 to below 1: every comparison with
+    # a NaN is False, and a strictly increasing sequence inside (0, 1) is finite. Only a
+    # refused input goes on to the checks that name the problem.
+    if q[0] > 0.0 and q[-1] < 1.0 and (q.size == 1 or (q[1:] > q[:-1]).all()):
+        return q
     if not np.all(np.isfinite(q)):
         raise MechanismInputError("quantiles", "must be finite numbers")
     if np.any(q <= 0.0) or np.any(q >= 1.0):

@@ -206,3 +206,22 @@ def test_single_quantile_em_log_fallback_inside_a_long_tie_run() -> None:
         out = MECHANISMS["indexp"](data, [q], epsilon=eps, lower=lo, upper=hi, rng=rng)
         counts[int(to_intervals(edges, out)[0])] += 1
     assert chi_square_p(counts, probs, 5000) > 1e-4
+
+
+def test_quantiles_are_accepted_exactly_when_inside_and_strictly_increasing() -> None:
+    """The one-comparison check accepts what the detailed checks accept, no more: on random
+    short sequences of values at, inside and outside (0, 1), NaN and infinities."""
+    from app.mechanisms.validation import check_quantiles
+
+    rng = np.random.default_rng(5)
+    pool = [0.0, 1e-300, 0.1, 0.3, 0.5, 0.5, 0.9, 1.0 - 2**-53, 1.0, -0.1, 1.1, np.nan, np.inf]
+    pool += [-np.inf]
+    for _ in range(3000):
+        q = rng.choice(pool, size=rng.integers(1, 6)).tolist()
+        valid = all(0.0 < v < 1.0 for v in q) and all(a < b for a, b in itertools.pairwise(q))
+        if valid:
+            np.testing.assert_array_equal(check_quantiles(q), np.asarray(q))
+        else:
+            with pytest.raises(MechanismInputError) as info:
+                check_quantiles(q)
+            assert info.value.parameter == "quantiles"
