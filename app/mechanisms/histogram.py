@@ -23,8 +23,9 @@ Two kinds of support:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -48,6 +49,11 @@ GRID_POINTS_MAX = 2**53
 #: Largest total count n: positions are exact in a double (the dynamic program's kernels
 #: take differences of positions in floating point only through exact integers).
 N_MAX = 2**53
+#: Histograms of at most this many cells keep what mechanisms derive from their intervals
+#: alone (:attr:`Support.memo`: a few arrays of d + 1 numbers, under 3 MiB), so repeated
+#: releases on one histogram skip that O(d) work; larger ones derive it per run, where it is
+#: a small part of the O(m d) dynamic program and would hold tens of MiB per histogram.
+MEMO_MAX_CELLS = 2**16
 
 
 def _int_array(values: ArrayLike, name: str) -> IntArray:
@@ -59,6 +65,12 @@ def _int_array(values: ArrayLike, name: str) -> IntArray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def _read_only(arr: IntArray) -> IntArray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 @dataclass(frozen=True)
 class GridHistogram:
     """A dataset as counts on its public grid ``0 .. grid_points - 1``.
@@ -67,12 +79,19 @@ class GridHistogram:
     ``counts`` (same length, each >= 1) the number of records in each; ``n = counts.sum()``.
     The service maps index ``k`` to the value ``lower + k * granularity``; mechanisms never
     see values, only indices. Validated on construction (errors name ``cells``, ``counts``
-    or ``grid_points`` and never repeat a count or a cell).
+    or ``grid_points`` and never repeat a count or a cell), O(d).
+
+    Immutable: ``cells`` and ``counts`` are read-only views of the arrays given (not
+    copies), which must not change afterwards either. A histogram of at most
+    ``MEMO_MAX_CELLS`` cells keeps what the mechanisms derive from its intervals alone
+    (``memo``, see :attr:`Support.memo`), so a caller that runs several releases on one
+    dataset should keep the histogram rather than build a new one from the same arrays.
     """
 
     cells: IntArray
     counts: IntArray
     grid_points: int
+    memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         cells = _int_array(self.cells, "cells")
@@ -100,8 +119,8 @@ class GridHistogram:
         total = int(counts.sum(dtype=np.uint64)) if counts.max() < 2**53 else N_MAX + 1
         if total > N_MAX:
             raise MechanismInputError("counts", "the total count exceeds 2**53")
-        object.__setattr__(self, "cells", cells)
-        object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "cells", _read_only(cells))
+        object.__setattr__(self, "counts", _read_only(counts))
         object.__setattr__(self, "grid_points", k1)
 
     @property
@@ -136,6 +155,10 @@ class Support:
     """Validated mechanism input: intervals between distinct clamped values, with positions.
 
     ``edges`` has length d + 2 and ``cum`` length d + 1 (see the module docstring).
+    ``memo`` holds what a mechanism derives from the intervals alone (``edges`` and ``cum``,
+    never the quantiles, epsilon or neighbours), under a key of its own, for later runs on
+    the same data: a small grid histogram's own ``memo``, else a fresh dict. What is stored
+    there is never written to, and is the same whichever run computed it.
     """
 
     edges: FloatArray
@@ -144,6 +167,7 @@ class Support:
     epsilon: float
     neighbors: Neighbors
     grid: bool
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n(self) -> int:
@@ -255,4 +279,7 @@ def support_from_grid(
     cum = np.empty(d + 1, dtype=np.int64)
     cum[0] = 0
     np.cumsum(hist.counts, out=cum[1:])
-    return Support(edges=edges, cum=cum, quantiles=q, epsilon=eps, neighbors=nb, grid=True)
+    memo = hist.memo if d <= MEMO_MAX_CELLS else {}
+    return Support(
+        edges=edges, cum=cum, quantiles=q, epsilon=eps, neighbors=nb, grid=True, memo=memo
+    )

@@ -246,11 +246,24 @@ class _Inputs:
 
     A sample may run the plain linear pass, a probe, a tilted pass and log passes over the
     same intervals; each used to exponentiate the widths and find the live intervals again.
+    They depend on the intervals alone (not on the quantiles or epsilon), so a grid
+    histogram keeps them for its later runs (:func:`jointexp_core`). Nothing writes to them.
     """
 
     def __init__(self, logw: FloatArray, pos: IntArray) -> None:
         self.logw = logw
         self.pos = pos
+
+    @classmethod
+    def prepare(cls, logw: ArrayLike, pos: ArrayLike) -> _Inputs:
+        """From log weights with any constant shift (max-normalised here) and positions."""
+        lw = np.asarray(logw, dtype=np.float64)
+        return cls(lw - float(np.max(lw)), np.ascontiguousarray(pos, dtype=np.int64))
+
+    @functools.cached_property
+    def lw_ref(self) -> float:
+        """The median positive log width (:func:`median_log_width`)."""
+        return median_log_width(self.logw)
 
     @functools.cached_property
     def w(self) -> FloatArray:
@@ -1128,64 +1141,85 @@ def sample_interval_sequence(
         tilt: whether a failed linear pass may be retried with tilted linear rows before
             the log pass (True), never (False), or that tilt ``mu`` forced (tests).
     """
+    return _sample_interval_sequence(
+        _Inputs.prepare(logw, pos),
+        gaps,
+        c,
+        rng,
+        force_log_space=force_log_space,
+        budget=budget,
+        log_kernel=log_kernel,
+        tilt=tilt,
+    )
+
+
+def _sample_interval_sequence(
+    inputs: _Inputs,
+    gaps: FloatArray,
+    c: float,
+    rng: np.random.Generator,
+    *,
+    force_log_space: bool = False,
+    budget: int = MEMORY_BUDGET_BYTES,
+    log_kernel: str = "scaled",
+    tilt: bool | float = True,
+) -> IntArray:
+    """:func:`sample_interval_sequence` on prepared inputs (:meth:`_Inputs.prepare`)."""
     # Rows and weights are exact only down to the smallest normal double below their
     # maxima (LINEAR_RANGE); subnormals are flushed to 0.0 rather than computed, which on
     # Intel cores costs a microcode assist per operation (fpmode).
     with flush_subnormals():
-        return _sample_interval_sequence(
-            logw, pos, gaps, c, rng, force_log_space, budget, log_kernel, tilt
-        )
-
-
-def _sample_interval_sequence(
-    logw: FloatArray,
-    pos: IntArray,
-    gaps: FloatArray,
-    c: float,
-    rng: np.random.Generator,
-    force_log_space: bool,
-    budget: int,
-    log_kernel: str,
-    tilt: bool | float,
-) -> IntArray:
-    logw = logw - float(np.max(logw))
-    pos = np.ascontiguousarray(pos, dtype=np.int64)
-    d1 = logw.size
-    m = gaps.size - 1
-    lw_ref = median_log_width(logw)
-    inputs = _Inputs(logw, pos)
-    if force_log_space:
-        fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
-    else:
-        fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
-    seq = np.empty(m, dtype=np.int64)
-    j, i_end, pos_ref = m, d1, int(pos[-1])
-    while j > 0:
-        try:
-            i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
-        except _LinearGuardTripped:
+        logw, pos, lw_ref = inputs.logw, inputs.pos, inputs.lw_ref
+        d1 = logw.size
+        m = gaps.size - 1
+        if force_log_space:
             fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
-            continue  # same step, exact weights; nothing was drawn
-        except _LogGuardTripped as trip:
-            keep = _wider(fwd.keep, trip.needed_keep)
-            fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
-            continue
-        seq[j - k : j] = i
-        j -= k
-        i_end, pos_ref = i, int(pos[i])
-    return seq
+        else:
+            fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
+        seq = np.empty(m, dtype=np.int64)
+        j, i_end, pos_ref = m, d1, int(pos[-1])
+        while j > 0:
+            try:
+                i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+            except _LinearGuardTripped:
+                fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
+                continue  # same step, exact weights; nothing was drawn
+            except _LogGuardTripped as trip:
+                keep = _wider(fwd.keep, trip.needed_keep)
+                fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
+                continue
+            seq[j - k : j] = i
+            j -= k
+            i_end, pos_ref = i, int(pos[i])
+        return seq
+
+
+#: The key of JointExp's prepared inputs in :attr:`Support.memo`.
+_MEMO_KEY = "jointexp.inputs"
+
+
+def _support_inputs(sup: Support) -> _Inputs:
+    """The support's log widths (max 0) and positions with what the passes derive from them:
+    from ``sup.memo`` when a run on the same histogram prepared them, else prepared here."""
+    inputs = sup.memo.get(_MEMO_KEY)
+    if not isinstance(inputs, _Inputs):
+        widths = sup.widths
+        with np.errstate(divide="ignore"):
+            inputs = _Inputs.prepare(np.log(widths / widths.max()), sup.cum)
+        sup.memo[_MEMO_KEY] = inputs
+    return inputs
 
 
 def jointexp_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
     """JointExp on a prepared support: interval sequence by the exact DP, then the points.
 
-    O(m d) time in the common case (d distinct values), O(d sqrt(m)) memory at worst.
+    O(m d) time in the common case (d distinct values), O(d sqrt(m)) memory at worst. The
+    arrays that depend on the intervals alone are prepared once per grid histogram
+    (:attr:`Support.memo`): the same doubles as preparing them for every run.
     """
     c = sup.epsilon / (2.0 * jointexp_sensitivity(sup.quantiles, sup.neighbors))
-    widths = sup.widths
-    with np.errstate(divide="ignore"):
-        logw = np.log(widths / widths.max())
-    seq = sample_interval_sequence(logw, sup.cum, quantile_gaps(sup.quantiles, sup.n), c, rng)
+    gaps = quantile_gaps(sup.quantiles, sup.n)
+    seq = _sample_interval_sequence(_support_inputs(sup), gaps, c, rng)
     return sup.points_in(seq, rng)
 
 
