@@ -330,12 +330,13 @@ class _Forward:
         # extended-range arithmetic with a per-value exponent ("ext") or by logaddexp
         # ("log"); all are exact to rounding, "scaled" is the fastest
         self.log_kernel = log_kernel
-        size = min(int(pos[-1]), math.floor(float(gaps.max())), EXT_TABLE_MAX) + 2
-        if log_space and log_kernel == "ext":
-            self.pm, self.pe = K.ext_decay_table(c, size)
-        if log_space and log_kernel == "scaled":
-            self.qm, self.qe = K.scaled_decay_table(c, size)
-            self.wm, self.we = inputs.scaled_w
+        if log_space and log_kernel in ("ext", "scaled"):
+            size = min(int(pos[-1]), math.floor(float(gaps.max())), EXT_TABLE_MAX) + 2
+            if log_kernel == "ext":
+                self.pm, self.pe = K.ext_decay_table(c, size)
+            else:
+                self.qm, self.qe = K.scaled_decay_table(c, size)
+                self.wm, self.we = inputs.scaled_w
         self.m = gaps.size - 1
         self.n1 = logw.size
         self.w = inputs.w  # normalised widths, max 1; zero-width intervals are 0
@@ -421,26 +422,14 @@ class _Forward:
         return np.asarray(vals + self.prof_shift[:, None], dtype=np.float64)
 
     def _first_window(self, n1: float, reach: float) -> tuple[int, int]:
-        """Intervals [i0, i1) outside which row 1 is more than ``reach`` e-folds below its max.
-
-        Row 1 in logs is ``log w_i - c |P_i - n1| - mu (P_i - n1)`` with ``log w_i <= 0``, so
-        it is below ``-(c - mu) (n1 - P)`` left of n1 and ``-(c + mu) (P - n1)`` right of it;
-        the live interval nearest n1 gives a value ``m0`` the maximum is at least.
-        """
+        """Intervals [i0, i1) outside which row 1 is more than ``reach`` e-folds below its max
+        (:func:`~app.mechanisms.jointexp_kernels.first_window`; all of them if ``reach`` is
+        infinite)."""
         if not math.isfinite(reach):
             return 0, self.n1
-        live = self.live_pos
-        k = int(np.searchsorted(live, math.ceil(n1)))
-        m0 = -math.inf
-        for kk in (k - 1, k):
-            if 0 <= kk < live.size:
-                e = float(live[kk]) - n1
-                lv = float(self.logw[self.live_idx[kk]]) - self.c * abs(e) - self.mu * e
-                m0 = max(m0, lv)
-        span = reach - m0 + 1.0
-        i0 = int(np.searchsorted(self.pos, math.floor(n1 - span / (self.c - self.mu))))
-        i1 = int(np.searchsorted(self.pos, math.ceil(n1 + span / (self.c + self.mu)), "right"))
-        return i0, i1
+        return K.first_window(
+            self.live_pos, self.live_idx, self.logw, self.pos, n1, self.c, self.mu, reach
+        )
 
     def first(self) -> _Row:
         n1 = float(self.gaps[0])

@@ -353,6 +353,38 @@ def profile_columns(
 
 
 @numba.njit(cache=True, nogil=True)
+def first_window(
+    live_pos: np.ndarray,
+    live_idx: np.ndarray,
+    logw: np.ndarray,
+    P: np.ndarray,
+    n1: float,
+    c: float,
+    mu: float,
+    reach: float,
+) -> tuple[int, int]:
+    """Intervals ``[i0, i1)`` outside which row 1 is more than ``reach`` e-folds (finite)
+    below its maximum.
+
+    Row 1 in logs is ``log w_i - c |P_i - n1| - mu (P_i - n1)`` with ``log w_i <= 0``, so
+    it is below ``-(c - mu) (n1 - P)`` left of n1 and ``-(c + mu) (P - n1)`` right of it;
+    the live intervals next to n1 (positions ``live_pos``, indices ``live_idx``) give a
+    value ``m0`` the maximum is at least. O(log d).
+    """
+    k = np.searchsorted(live_pos, math.ceil(n1))
+    m0 = NEG_INF
+    for kk in (k - 1, k):
+        if 0 <= kk < live_pos.size:
+            e = float(live_pos[kk]) - n1
+            lv = logw[live_idx[kk]] - c * abs(e) - mu * e
+            m0 = max(m0, lv)
+    span = reach - m0 + 1.0
+    i0 = np.searchsorted(P, math.floor(n1 - span / (c - mu)))
+    i1 = np.searchsorted(P, math.ceil(n1 + span / (c + mu)), side="right")
+    return int(i0), int(i1)
+
+
+@numba.njit(cache=True, nogil=True)
 def first_row_log(logw: np.ndarray, P: np.ndarray, n1: float, c: float, out: np.ndarray) -> None:
     """out[i] = log(w_i) - c |P[i] - n1|  (log of alpha(1, i, 1) up to a constant)."""
     for i in range(logw.size):
