@@ -157,8 +157,9 @@ class Support:
     ``edges`` has length d + 2 and ``cum`` length d + 1 (see the module docstring).
     ``memo`` holds what a mechanism derives from the intervals alone (``edges`` and ``cum``,
     never the quantiles, epsilon or neighbours), under a key of its own, for later runs on
-    the same data: a small grid histogram's own ``memo``, else a fresh dict. What is stored
-    there is never written to, and is the same whichever run computed it.
+    the same data: a small grid histogram's own ``memo`` (which also keeps ``edges`` and
+    ``cum`` themselves), else a fresh dict. Nothing writes to a support's arrays or to what
+    is stored there, and it is the same whichever run computed it.
     """
 
     edges: FloatArray
@@ -267,10 +268,28 @@ def support_from_values(
 def support_from_grid(
     hist: GridHistogram, quantiles: ArrayLike, *, epsilon: float, neighbors: str
 ) -> Support:
-    """Validate a grid call: edges ``[0, cells..., K + 1]`` (exact doubles), cumulative counts."""
+    """Validate a grid call: edges ``[0, cells..., K + 1]`` (exact doubles), cumulative counts.
+
+    The arrays are formed once per small histogram (kept in its ``memo``), O(d) otherwise.
+    """
     if not isinstance(hist, GridHistogram):
         raise MechanismInputError("hist", "must be a GridHistogram")
     q, eps, nb = _common(quantiles, epsilon, neighbors)
+    memo = hist.memo if hist.cells.size <= MEMO_MAX_CELLS else {}
+    arrays = memo.get(_SUPPORT_KEY)
+    if arrays is None:
+        arrays = memo[_SUPPORT_KEY] = _grid_support_arrays(hist)
+    edges, cum = arrays
+    return Support(
+        edges=edges, cum=cum, quantiles=q, epsilon=eps, neighbors=nb, grid=True, memo=memo
+    )
+
+
+#: The key of a grid support's (edges, cum) in its histogram's ``memo``.
+_SUPPORT_KEY = "support.arrays"
+
+
+def _grid_support_arrays(hist: GridHistogram) -> tuple[FloatArray, IntArray]:
     d = hist.cells.size
     edges = np.empty(d + 2, dtype=np.float64)
     edges[0] = 0.0
@@ -279,7 +298,4 @@ def support_from_grid(
     cum = np.empty(d + 1, dtype=np.int64)
     cum[0] = 0
     np.cumsum(hist.counts, out=cum[1:])
-    memo = hist.memo if d <= MEMO_MAX_CELLS else {}
-    return Support(
-        edges=edges, cum=cum, quantiles=q, epsilon=eps, neighbors=nb, grid=True, memo=memo
-    )
+    return edges, cum
