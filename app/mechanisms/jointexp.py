@@ -398,6 +398,10 @@ class _Forward:
         self.prof_shift[j - 1] = shift
         self.prof_linear[j - 1] = not logs
 
+    def _profile_rows(self, j: int) -> tuple[FloatArray, FloatArray]:
+        """Where row j's profile goes (positions, values), for a kernel to fill."""
+        return self.prof_pos[j - 1], self.prof_raw[j - 1]
+
     def _copy_profile(self, j: int, other: _Forward) -> None:
         """Row j's profile as ``other`` recorded it."""
         self.prof_pos[j - 1] = other.prof_pos[j - 1]
@@ -472,18 +476,25 @@ class _Forward:
 
     def _step_linear(self, prev: _Row, j: int) -> _Row:
         nj = float(self.gaps[j - 1])
-        lev = prev.levels
         total = _summed(prev, False)
         n_t = total.size
         scale = 1.0 / prev.top
         # Past the window, S decays by r per step; from ln(n_t) + 746 e-folds on it is 0.0.
         rate = self.c + self.mu  # the far part's decay
         tail = n_t + math.floor(nj) + math.ceil((math.log(n_t + 1.0) + 746.0) / rate) + 4
-        s = np.empty(min(self.n1 - prev.lo, tail))
-        count, top = K.transition_linear(
+        # r^{n_j}, in units of the previous row's max (tilted rows: times e^{mu n_j}, the
+        # tilt's shift from row j - 1 to row j at the same position)
+        stay = math.exp(-(self.c - self.mu) * nj) * scale
+        # untilted rows record their profile (_profile); its scale is set below
+        prof_pos, prof_val = (_NO_PROFILE, _NO_PROFILE) if self.mu else self._profile_rows(j)
+        out, tot, ids, top, a, at = K.linear_row(
             total,
+            prev.levels,
+            prev.level_ids,
             prev.lo,
             scale,
+            stay,
+            min(self.n1 - prev.lo, tail),
             self.w,
             self.pos,
             nj,
@@ -491,16 +502,9 @@ class _Forward:
             self.mu,
             self.pw,
             self.pwf,
-            np.empty(n_t),
-            s,
-        )
-        lev1 = s[:count]
-        # r^{n_j}, in units of the previous row's max (tilted rows: times e^{mu n_j}, the
-        # tilt's shift from row j - 1 to row j at the same position)
-        stay = math.exp(-(self.c - self.mu) * nj) * scale
-        w_here = self.w[prev.lo : prev.lo + n_t]
-        out, tot, ids, top, a, at = K.linear_levels_step(
-            lev, prev.level_ids, w_here, stay, lev1, PRUNE
+            PRUNE,
+            prof_pos,
+            prof_val,
         )
         if not (top > 0.0 and math.isfinite(top)):
             if self.probing:
@@ -513,7 +517,9 @@ class _Forward:
             raise _LinearGuardTripped
         self.gmaxes[j - 1] = gmax
         self.modes[j - 1] = float(self.pos[prev.lo + at])
-        self._profile(j, prev.lo + a, tot, gmax - math.log(top), False)
+        if not self.mu:  # the profile linear_row recorded: linear values, in units of top
+            self.prof_shift[j - 1] = gmax - math.log(top)
+            self.prof_linear[j - 1] = True
         multi = out.shape[0] > 1
         total_out = tot if multi else None
         return _Row(prev.lo + a, out, top, gmax, peak, total_out, 0, stay, ids if multi else None)
@@ -743,6 +749,7 @@ class _Forward:
 
 
 _NO_LEVELS = np.zeros(0)
+_NO_PROFILE = np.zeros(0)  # a row that records no profile (tilted rows)
 
 
 def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:

@@ -296,6 +296,44 @@ def linear_levels_step(
 
 
 @numba.njit(cache=True, nogil=True)
+def linear_row(
+    total: np.ndarray,
+    lev: np.ndarray,
+    ids: np.ndarray,
+    lo: int,
+    scale: float,
+    stay: float,
+    n_out: int,
+    w: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    mu: float,
+    pw: np.ndarray,
+    pwf: np.ndarray,
+    prune: float,
+    prof_pos: np.ndarray,
+    prof_val: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, int, int]:
+    """One linear row from the previous one, in one call: :func:`transition_linear` (its
+    single-copy entries, up to ``n_out`` of them), then :func:`linear_levels_step` (the
+    repeat levels, ``w[lo:]`` the widths under the previous row), and, when ``prof_val``
+    has room, :func:`profile_columns` of the new row's sum over levels. The same calls a
+    caller would make one by one (a row costs one dispatch instead of three); returns what
+    :func:`linear_levels_step` returns.
+    """
+    n_t = total.size
+    s = np.empty(n_out)
+    count, _ = transition_linear(total, lo, scale, w, P, nj, c, mu, pw, pwf, np.empty(n_t), s)
+    out, tot, new_ids, top, a, at = linear_levels_step(
+        lev, ids, w[lo : lo + n_t], stay, s[:count], prune
+    )
+    if prof_val.size > 0 and tot.size > 0:
+        profile_columns(tot, P, lo + a, prof_pos, prof_val)
+    return out, tot, new_ids, top, a, at
+
+
+@numba.njit(cache=True, nogil=True)
 def replay_levels(
     firsts: np.ndarray,
     stays: np.ndarray,
