@@ -96,9 +96,11 @@ MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoin
 #: Linear rows are stored whole (every repeat level) while the stored rows take at most this
 #: much, and compact beyond (level 1 and the sum over levels; a draw replays the levels at
 #: the interval it picks, :func:`_levels_at`). Replaying walks the chain of compact rows
-#: down to a whole one in Python, ~1 us per row for each draw: at n = 10^3, m = 99 the
-#: whole rows take 24 MiB (4 MiB compact) and replaying cost ~10 % of the draw; at
-#: d = 10^6 rows of 16 MiB and more are compacted from the second one on, as before.
+#: down to a whole one in Python, ~1 us per row for each draw (~11 % of a run at n = 10^3,
+#: m = 99). Whole rows cost memory that a plain process gives back to the OS after each run
+#: and faults in again on the next: 32 MiB kept that case whole (24 MiB instead of 4) and
+#: ran 5x slower in a plain process. 1 MiB keeps the small queries whole (n = 10^3, m = 9:
+#: 0.4 MiB); at d = 10^6 rows of 8 MiB and more are compacted from the second one on.
 COMPACT_FROM_BYTES = 2**20
 PROFILE_POINTS = 33  # columns per row a probe records for choosing a tilt
 
