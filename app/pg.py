@@ -214,15 +214,27 @@ async def run_async(
 # --------------------------------------------------------------------------- workers
 
 
+#: The release queue's session setting (release workers and their supervisor): no bitmap
+#: scans. A claim walks the pending releases' partial index from the oldest; the entries of
+#: releases that finished since the last VACUUM are still in it. An index scan marks each
+#: such entry dead the first time it meets one (btree "kill_prior_tuple"), so every later
+#: claim skips it; a bitmap scan, which the planner prefers for the few rows it expects,
+#: never marks them and reads every one on every claim: measured on a test database, 1,350
+#: index entries per claim after 1,600 releases (660 buffers, 0.8 ms), growing with the
+#: releases since the last VACUUM, against 6 buffers (0.03 ms) once an index scan had run.
+QUEUE_SESSION = ("SET enable_bitmapscan = off",)
+
+
 class Link:
     """One synchronous autocommit connection, opened on first use and again after a loss.
 
-    For single-threaded processes (release workers and their supervisor).
+    For single-threaded processes (release workers and their supervisor), with the service's
+    session settings and :data:`QUEUE_SESSION`.
     """
 
     def __init__(self, url: str, settings: Settings, *, process: str = "release_worker") -> None:
         self._conninfo = conninfo(url)
-        self._statements = session_statements(settings.statement_timeout_ms)
+        self._statements = [*session_statements(settings.statement_timeout_ms), *QUEUE_SESSION]
         self._connect_timeout = settings.connect_timeout_s
         self._conn: psycopg.Connection[Any] | None = None
         self._in_use = _pool_gauges(process, 1)
