@@ -50,7 +50,7 @@ FAILURE_ARCHIVED = "dataset_archived"  # the dataset was archived before the run
 
 @dataclass(frozen=True)
 class Claim:
-    """A release this worker holds the lease of (and, from :func:`claim_next`, the release's
+    """A release this worker holds the lease of (and, from :func:`claim_batch`, the release's
     parameters and its dataset's public description, read by the claiming statement)."""
 
     release_id: uuid.UUID
@@ -116,18 +116,6 @@ def claim_batch(
         )
         fail(conn, claim=claim, reason=FAILURE_LOST)
     return runnable, len(claims)
-
-
-def claim_next(
-    conn: Connection, *, lease_s: float, max_runs: int, token: uuid.UUID | None = None
-) -> Claim | None:
-    """:func:`claim_batch` of one release (under a fresh token when ``token`` is None)."""
-    while True:
-        claims, taken = claim_batch(
-            conn, lease_s=lease_s, max_runs=max_runs, token=token or uuid.uuid4(), limit=1
-        )
-        if claims or not taken:
-            return claims[0] if claims else None
 
 
 _CLAIM = """
@@ -241,11 +229,6 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
     if estimates.shape != (len(job.quantiles),):
         raise RunFailed("wrongly shaped result")
     return [float(e) for e in estimates]
-
-
-def complete(conn: Connection, *, claim: Claim, estimates: list[float]) -> bool:
-    """:func:`complete_batch` of one release: True if it was stored."""
-    return complete_batch(conn, [(claim, estimates)]) == 1
 
 
 def complete_batch(conn: Connection, done: Sequence[tuple[Claim, list[float]]]) -> int:

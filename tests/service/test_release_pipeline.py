@@ -114,6 +114,20 @@ def quiet(make_schema: Callable[[], str]) -> Iterator[Quiet]:
     raw.dispose()
 
 
+def _claim(q: Quiet, *, lease_s: float, token: uuid.UUID | None = None) -> Any:
+    """What a worker's claim of one release does (None when nothing is runnable)."""
+    from app.releases.runner import claim_batch
+
+    while True:
+        claims, taken = q.link.run(
+            lambda c: claim_batch(
+                c, lease_s=lease_s, max_runs=3, token=token or uuid.uuid4(), limit=1
+            )
+        )
+        if claims or not taken:  # taken but not runnable: failed after max_runs; next one
+            return claims[0] if claims else None
+
+
 def _query(
     q: Quiet, ds: str, *, key: str | None = None, prefer: str | None = None, **body: Any
 ) -> Any:
@@ -268,31 +282,29 @@ def test_runs_per_release_are_bounded_by_max_runs(
 
 def test_a_lost_lease_is_claimed_again_and_attempts_are_capped(quiet: Quiet) -> None:
     """A worker that died mid-run: its lease expires, another worker runs the release."""
-    from app.releases.runner import claim_next, complete
+    from app.releases.runner import complete_batch
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
     rid = _query(quiet, ds, prefer="respond-async").json()["id"]
     # A worker claims with a 0.2 s lease and dies without a word.
-    claim = quiet.link.run(lambda c: claim_next(c, lease_s=0.2, max_runs=3))
+    claim = _claim(quiet, lease_s=0.2)
     assert claim is not None and str(claim.release_id) == rid
-    assert quiet.link.run(lambda c: claim_next(c, lease_s=0.2, max_runs=3)) is None
+    assert _claim(quiet, lease_s=0.2) is None
     time.sleep(0.3)
     assert quiet.run_one()  # the lease expired: claimed again and completed
     assert quiet.release_row(rid) == {"status": "done", "attempts": 2, "failure": None}
     # The dead worker's late completion is refused by the lease token.
-    assert quiet.link.run(lambda c: complete(c, claim=claim, estimates=[1.0])) is False
+    assert quiet.link.run(lambda c: complete_batch(c, [(claim, [1.0])])) == 0
     assert quiet.ledger(ds)["debits"] == 1
 
 
 def test_releases_whose_workers_keep_dying_end_failed_with_one_debit(quiet: Quiet) -> None:
-    from app.releases.runner import claim_next
-
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
     rid = _query(quiet, ds, prefer="respond-async").json()["id"]
     for _ in range(3):
-        assert quiet.link.run(lambda c: claim_next(c, lease_s=0.05, max_runs=3))
+        assert _claim(quiet, lease_s=0.05)
         time.sleep(0.1)
-    assert quiet.link.run(lambda c: claim_next(c, lease_s=0.05, max_runs=3)) is None
+    assert _claim(quiet, lease_s=0.05) is None
     assert quiet.release_row(rid) == {"status": "failed", "attempts": 4, "failure": "worker_lost"}
     assert quiet.ledger(ds)["debits"] == 1
 
@@ -673,7 +685,7 @@ def test_a_worker_killed_right_after_its_claim_commits_gets_its_lease_given_back
     import multiprocessing
 
     import app.worker as worker_module
-    from app.releases.runner import Claim, claim_next
+    from app.releases.runner import Claim
     from app.worker import Slot, Supervisor
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
@@ -694,14 +706,14 @@ def test_a_worker_killed_right_after_its_claim_commits_gets_its_lease_given_back
     assert slot.read() is None  # cleared again on the way out
 
     # The claim commits, the worker dies before saying which release: settle by token.
-    claim = quiet.link.run(lambda c: claim_next(c, lease_s=600, max_runs=3, token=token))
+    claim = _claim(quiet, lease_s=600, token=token)
     assert claim is not None and str(claim.release_id) == rid
     supervisor = Supervisor(quiet.url, quiet.settings, 1)
     try:
         supervisor._settle(Claim(uuid.UUID(int=0), token, 0), timed_out=False)
     finally:
         supervisor.link.close()
-    again = quiet.link.run(lambda c: claim_next(c, lease_s=600, max_runs=3))
+    again = _claim(quiet, lease_s=600)
     assert again is not None and str(again.release_id) == rid and again.attempts == 2
 
 
