@@ -210,18 +210,35 @@ def _summed(row: _Row, log_space: bool) -> FloatArray:
 
 
 def median_log_width(logw: FloatArray) -> float:
-    """log of the median positive width (0.0 if none): the width errors are charged at."""
-    positive = logw[logw > -math.inf]
-    size = positive.size
+    """log of the median positive width (0.0 if none): the width errors are charged at.
+
+    ``logw`` holds no NaN (-inf marks a zero width). np.median's value (the mean of the two
+    middle values for an even count) by one radix selection over the whole array (the -inf
+    entries sort first, so the k-th positive width is entry ``k + zeros``) and one pass for
+    the value below it: O(d) whatever the order and the ties (numpy's introselect took from
+    12 to 104 ms on two samples of one distribution; a grid's log widths are heavily tied).
+    """
+    x = np.ascontiguousarray(logw, dtype=np.float64)
+    zeros = x.size - int(np.count_nonzero(x > -math.inf))
+    size = x.size - zeros
     if size == 0:
         return 0.0
-    # np.median's value (the mean of the two middle values for an even count) from one
-    # selection and a max over the lower part: np.median selects twice and is ~5x slower
     half = size // 2
-    part = np.partition(positive, half)
+    if x.size <= _SORT_BELOW:  # small: a sort costs less than the selection's tables
+        s = np.sort(x)
+        if size % 2:
+            return float(s[zeros + half])
+        return float((s[zeros + half - 1] + s[zeros + half]) / 2.0)
+    upper = K.kth_smallest(x, zeros + half)
     if size % 2:
-        return float(part[half])
-    return float((part[:half].max() + part[half]) / 2.0)
+        return upper
+    below, largest = K.max_below(x, upper)
+    lower = largest if below - zeros == half else upper  # else upper is also the (half-1)-th
+    return float((lower + upper) / 2.0)
+
+
+#: Inputs up to this size take :func:`median_log_width`'s sort instead of the selection.
+_SORT_BELOW = 1 << 12
 
 
 def _logsumexp_levels(levels: FloatArray) -> FloatArray:

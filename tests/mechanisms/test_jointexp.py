@@ -752,6 +752,50 @@ def test_median_log_width_is_numpys_median() -> None:
         assert median_log_width(x) == ref
 
 
+def test_median_log_width_matches_numpy_on_tied_and_extreme_values() -> None:
+    """Grid log widths are heavily tied (most gaps are one grid step); the radix selection
+    gives numpy's median on ties, signed zeros, subnormals, huge values and -inf."""
+    from app.mechanisms.jointexp import median_log_width
+
+    rng = np.random.default_rng(2)
+    pools = [
+        np.log(np.array([1.0, 1.0, 1.0, 2.0, 3.0, 1000.0])),
+        np.array([-0.0, 0.0, 5e-324, -5e-324, 2.0, -2.0, 1e308, -1e308, -np.inf]),
+        np.array([-3.5, -3.5, -1e-300, 7.0, -np.inf, -np.inf]),
+    ]
+    for trial in range(3000):
+        pool = pools[trial % len(pools)]
+        # small inputs take the sort, large ones (every 10th) the radix selection
+        x = rng.choice(
+            pool, size=int(rng.integers(1, 70) if trial % 10 else rng.integers(4097, 9000))
+        )
+        positive = x[x > -np.inf]
+        with np.errstate(over="ignore"):  # the mean of +-1e308 overflows in both
+            ref = float(np.median(positive)) if positive.size else 0.0
+            got = median_log_width(x)
+        assert got == ref
+    # a large, heavily tied input in an order numpy's introselect handled slowly
+    gaps = np.ones(200_001)
+    gaps[::7] = 2.0
+    gaps[::1000] = 1e5
+    assert median_log_width(np.log(gaps)) == float(np.median(np.log(gaps)))
+
+
+def test_kth_smallest_is_the_sorted_value() -> None:
+    rng = np.random.default_rng(3)
+    pool = np.array([-0.0, 0.0, 5e-324, -5e-324, 1.0, -1.0, 1e308, -1e308, np.inf, -np.inf])
+    for trial in range(3000):
+        n = int(rng.integers(1, 60))
+        x = rng.choice(pool, size=n) if trial % 2 else rng.normal(size=n).round(trial % 3)
+        k = int(rng.integers(0, n))
+        got = K.kth_smallest(x, k)
+        want = np.sort(x)[k]
+        assert got == want
+        if want == 0.0:  # a tie of signed zeros: either sign is the k-th smallest value
+            continue
+        assert np.signbit(got) == np.signbit(want)
+
+
 @pytest.mark.parametrize("kind", ["upper", "tie"])
 def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> None:
     """Stored rows keep level 1 and the sum over levels; the others replay bit for bit.
