@@ -40,6 +40,13 @@ CASES = [
     ([0.5, 0.6, 3.0, 3.0, 3.0, 4.5], [0.1, 0.5], 1.0, 0.0, 5.0, "add_remove"),
     # repeats dominate: a tiny range of data with wide outer intervals
     ([2.0, 2.01, 2.02], [0.3, 0.5, 0.7], 0.5, 0.0, 10.0, "swap"),
+    # heavy atoms, larger than every gap target, so their steps are cut (collapse_cap):
+    # inside the data (6 of 10 points; targets 2.5, cap 3)
+    ([0.1, 0.2, *[1.0] * 6, 2.5, 2.6], [0.25, 0.5, 0.75], 1.0, 0.0, 3.0, "swap"),
+    # clamped above the upper bound (5 of 8; targets 2.4, 2.4, 3.2, cap 4)
+    ([0.5, 1.0, 1.5, *[9.0] * 5], [0.3, 0.6], 2.0, 0.0, 5.0, "swap"),
+    # clamped at both bounds, add/remove (5 and 5 of 13; targets up to 3.9, cap 4)
+    ([*[-7.0] * 5, 0.2, 0.4, 0.6, *[7.0] * 5], [0.2, 0.5, 0.8], 1.5, -1.0, 1.0, "add_remove"),
 ]
 
 
@@ -590,6 +597,64 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
     fwd = _forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
     assert not fwd.log_space
     assert 0.0 < fwd.mu < 0.25
+
+
+def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkeypatch) -> None:
+    """5 % of the values at one inner point (zero-inflated data): the atom's step is cut to
+    the largest gap target (collapse_cap) and the whole draw stays in linear rows; before
+    the cut every draw ran the log pass with ~10^4 e-folds (n = 10^6: ~60 s)."""
+    import app.mechanisms.jointexp as J
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(0.0, 5.0, size=300_000)
+    x[rng.random(x.size) < 0.05] = 0.0
+    q = np.arange(1, 100) / 100.0
+    logw, pos, gaps = _prepared(x, q)
+    inputs = J._Inputs.prepare(logw, pos)
+    cap = J.collapse_cap(gaps)
+    cut = inputs.collapsed(cap)
+    assert inputs.max_jump > cap and cut.max_jump == cap
+    assert cut.pos[-1] == pos[-1] - (inputs.max_jump - cap)  # only the atom's step changed
+
+    def no_log_pass(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the log pass ran")
+
+    monkeypatch.setattr(J, "_run_log_space", no_log_pass)
+    for seed in range(3):
+        seq = J._sample_interval_sequence(inputs, gaps, 0.25, np.random.default_rng(seed))
+        assert np.all(np.diff(seq) >= 0)
+
+
+def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatch) -> None:
+    """A tilted pass whose draw trips is replaced by a more tilted one (then the log pass),
+    and the sequences keep the exact distribution (brute force, chi-square)."""
+    import app.mechanisms.jointexp as J
+
+    case = CASES[-3]  # the heavy atom inside the data
+    data, q, eps, lo, hi, nb = case
+    probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    sup = support_for(data, lo, hi, q)
+    c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths)
+    gaps = quantile_gaps(sup.quantiles, sup.n)
+    original = J._draw_block
+    tilts: list[float] = []
+
+    def tripping(fwd, *args):  # tilts below 0.9 c lack range for this test
+        tilts.append(fwd.mu / fwd.c)
+        if 0.0 < fwd.mu < 0.9 * fwd.c:
+            raise J._LinearGuardTripped
+        return original(fwd, *args)
+
+    monkeypatch.setattr(J, "_draw_block", tripping)
+    rng = np.random.default_rng(21)
+    counts: collections.Counter = collections.Counter()
+    for _ in range(DRAWS):
+        seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, tilt=0.75 * c)
+        counts[tuple(int(sup.cum[i]) for i in seq)] += 1
+    assert min(tilts) == 0.75 and max(tilts) >= 0.9  # tripped, then retilted
+    assert chi_square_p(counts, probs, DRAWS) > 1e-4
 
 
 @pytest.mark.parametrize("kind", ["upper", "lower", "both", "tie"])
