@@ -1295,17 +1295,15 @@ def kth_smallest(x: np.ndarray, k: int) -> float:
             k -= counts[digit]
             digit += 1
         key |= np.uint64(digit) << np.uint64(shift)
-        if shift == 0 or counts[digit] == m:
-            if shift == 0:
-                break
-            shift -= _DIGIT_BITS  # every candidate has this digit: nothing to drop
-            continue
-        kept = 0
-        for i in range(m):
-            if (buf[i] >> np.uint64(shift)) & np.uint64(_DIGITS - 1) == digit:
-                buf[kept] = buf[i]
-                kept += 1
-        m = kept
+        if shift == 0:
+            break
+        if counts[digit] < m:  # drop the candidates with another digit
+            kept = 0
+            for i in range(m):
+                if (buf[i] >> np.uint64(shift)) & np.uint64(_DIGITS - 1) == digit:
+                    buf[kept] = buf[i]
+                    kept += 1
+            m = kept
         shift -= _DIGIT_BITS
     bits = key ^ _SIGN if key & _SIGN else key ^ _ALL
     out = np.empty(1, dtype=np.uint64)
