@@ -1141,16 +1141,21 @@ def _tilted_pass(
 
 
 def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
-    """After a tilted pass's draw lacked range: the next larger tilt whose forward rows hold
-    (None when the pass was untilted, or no larger tilt is worth it: c - mu < c / 64).
+    """After a linear pass's draw lacked range: the next larger tilt whose forward rows hold
+    (None from a log pass, or when no larger tilt is left: :func:`_tilt_candidates`).
 
-    The tilt was chosen for the forward rows from a probe; a draw's weights may need more
-    (n = 10^6 with 5 % at one inner point: the last draw tripped at 0.895 c and held at the
-    next tilt, 0.926 c: ~0.25 s against 1.4 s for the log pass).
+    The tilt was chosen for the forward rows (an untilted pass that held needed none); a
+    draw's weights may need more (n = 10^6 with 5 % at one inner point: the last draw
+    tripped at 0.895 c and held at the next tilt, 0.926 c, ~0.25 s against 1.4 s for the
+    log pass; at epsilon = 0.1 the untilted rows held and the last draw tripped: 0.5 c,
+    ~0.3 s against ~4 s).
     """
-    if not fwd.mu:
+    if fwd.log_space:
         return None
-    for mu_try in _larger_tilts(fwd.c, fwd.mu):
+    chosen = fwd.mu if fwd.mu else _choose_tilt(fwd)
+    for mu_try in _tilt_candidates(fwd.c, chosen, fwd.pos, fwd.gaps):
+        if mu_try <= fwd.mu:
+            continue
         tilted = _tilted_pass(
             fwd.logw, fwd.pos, fwd.gaps, fwd.c, budget, mu_try, fwd.lw_ref, inputs
         )
@@ -1163,6 +1168,35 @@ def _larger_tilts(c: float, mu: float) -> list[float]:
     """The tilts tried after ``mu`` trips (TILT_RETRIES steps further), while their rows stay
     narrow enough to be worth it (c - mu >= c / 64)."""
     return [t for t in (_larger_tilt(c, mu, s) for s in TILT_RETRIES) if c - t >= c / 64]
+
+
+def _deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
+    """Tilts sized by what the heavy-atom cut removed (none when nothing was cut).
+
+    The cut positions end ``deficit = n - P_last`` short of the targets' sum, and the
+    sequences push that many positions of undershoot below the rows' maxima: a linear row
+    reaches ``LINEAR_RANGE / (c - mu)`` positions below its maximum, so the first tilt has
+    ``c - mu ~ LINEAR_RANGE / deficit`` (at least 0.5 c; quarter steps of k), then
+    TILT_RETRIES steps further, while the reach stays within twice the positions' span.
+    Used where the probe's rows cannot see the deficit (they keep 750 e-folds): n = 10^6
+    with 5 % at one inner point at epsilon = 10 had no tilt from :func:`_choose_tilt` and
+    ran the log pass (~2 s); the deficit's first tilt, 0.9922 c, held in ~0.15 s.
+    """
+    deficit = float(gaps.sum()) - float(pos[-1] - pos[0])
+    if deficit < 1.0:
+        return []
+    k = max(1.0, math.ceil(4.0 * math.log2(c * deficit / LINEAR_RANGE)) / 4.0)
+    span = float(pos[-1] - pos[0])
+    tilts = [c * (1.0 - math.pow(2.0, -(k + s))) for s in (0.0, *TILT_RETRIES)]
+    return [t for t in tilts if t < c and (c - t) * 2.0 * span >= LINEAR_RANGE]
+
+
+def _tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) -> list[float]:
+    """The tilts worth trying, ascending: the chosen one (0.0: none) and its larger steps
+    (:func:`_larger_tilts`), and those the cut's deficit sizes (:func:`_deficit_tilts`).
+    Ascending, because the least tilt that holds has the narrowest rows."""
+    tries = [chosen, *_larger_tilts(c, chosen)] if chosen > 0.0 else []
+    return sorted(set(tries + _deficit_tilts(c, pos, gaps)))
 
 
 def _forward_pass(
@@ -1194,12 +1228,10 @@ def _forward_pass(
         mu = _choose_tilt(fwd) if tilt else 0.0
     else:
         mu = float(tilt)
-    # a chosen tilt that trips is followed by larger ones, while their rows stay narrow
-    # enough to be worth it (c - mu >= c / 64); a forced one (tests) is not
-    tries = [mu]
-    if tilt is True:
-        tries += _larger_tilts(c, mu)
-    for mu_try in tries if mu > 0.0 else []:
+    # a chosen tilt that trips is followed by larger ones (:func:`_tilt_candidates`); a
+    # forced one (tests) is not
+    tries = _tilt_candidates(c, mu, pos, gaps) if tilt is True else [mu] if mu > 0.0 else []
+    for mu_try in tries:
         tilted = _tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
         if tilted is not None:
             return tilted

@@ -657,6 +657,81 @@ def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatc
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
 
 
+@pytest.mark.parametrize("c", [0.025, 2.5])
+def test_a_heavy_atom_stays_in_linear_rows_at_small_and_large_epsilon(monkeypatch, c) -> None:
+    """5 % at one inner point at epsilon = 0.1 and 10 (c = eps / 4): no log pass.
+
+    At c = 2.5 the probe's rows (750 e-folds) cannot see the undershoot the cut pushes
+    below the rows' maxima and :func:`_choose_tilt` finds no tilt; at c = 0.025 the
+    untilted rows hold and the last draw lacks range. Both ran the log pass (n = 10^6:
+    ~2 s and ~4 s); the deficit's tilts (:func:`_deficit_tilts`) hold in linear rows.
+    """
+    import app.mechanisms.jointexp as J
+
+    rng = np.random.default_rng(9)
+    x = rng.normal(0.0, 5.0, size=300_000)
+    x[rng.random(x.size) < 0.05] = 0.0
+    q = np.arange(1, 100) / 100.0
+    logw, pos, gaps = _prepared(x, q)
+    inputs = J._Inputs.prepare(logw, pos)
+
+    def no_log_pass(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the log pass ran")
+
+    monkeypatch.setattr(J, "_run_log_space", no_log_pass)
+    for seed in range(2):
+        seq = J._sample_interval_sequence(inputs, gaps, c, np.random.default_rng(seed))
+        assert np.all(np.diff(seq) >= 0)
+
+
+def test_deficit_tilts_reach_the_positions_the_cut_removed() -> None:
+    """No cut, no tilts; a cut of D positions: the first tilt's linear reach,
+    LINEAR_RANGE / (c - mu), is within a quarter step of k of D (or mu = c / 2), the
+    tilts ascend, and none reaches beyond twice the positions' span."""
+    from app.mechanisms import jointexp as J
+
+    gaps = np.full(100, 10_000.0)
+    assert J._deficit_tilts(0.25, np.arange(1_000_001), gaps) == []
+    for c, deficit in ((0.25, 40_000), (2.5, 40_000), (0.025, 40_000), (0.25, 400_000)):
+        pos = np.arange(1_000_001 - deficit)
+        tilts = J._deficit_tilts(c, pos, gaps)
+        assert tilts and tilts == sorted(tilts) and all(0.0 < t < c for t in tilts)
+        reach = J.LINEAR_RANGE / (c - tilts[0])
+        assert tilts[0] == 0.5 * c or deficit <= reach < deficit * 2**0.25
+        assert all((c - t) * 2.0 * pos[-1] >= J.LINEAR_RANGE for t in tilts)
+
+
+def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> None:
+    """An untilted linear pass whose draw trips is followed by tilted rows before the log
+    pass, and the sequences keep the exact distribution (brute force, chi-square)."""
+    import app.mechanisms.jointexp as J
+
+    data, q, eps, lo, hi, nb = CASES[-3]  # the heavy atom inside the data
+    probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    sup = support_for(data, lo, hi, q)
+    c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths)
+    gaps = quantile_gaps(sup.quantiles, sup.n)
+    original = J._draw_block
+    kinds: list[str] = []
+
+    def tripping(fwd, *args):  # untilted linear rows lack range for this test
+        kinds.append("log" if fwd.log_space else "tilted" if fwd.mu else "untilted")
+        if not fwd.log_space and not fwd.mu:
+            raise J._LinearGuardTripped
+        return original(fwd, *args)
+
+    monkeypatch.setattr(J, "_draw_block", tripping)
+    rng = np.random.default_rng(22)
+    counts: collections.Counter = collections.Counter()
+    for _ in range(DRAWS):
+        seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, tilt=True)
+        counts[tuple(int(sup.cum[i]) for i in seq)] += 1
+    assert "untilted" in kinds and "tilted" in kinds and "log" not in kinds
+    assert chi_square_p(counts, probs, DRAWS) > 1e-4
+
+
 @pytest.mark.parametrize("kind", ["upper", "lower", "both", "tie"])
 @pytest.mark.parametrize("frac", [0.5, 0.9, 0.99, None])
 def test_tilted_rows_draw_the_sequences_the_log_pass_draws(kind: str, frac) -> None:
