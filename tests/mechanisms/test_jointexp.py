@@ -360,6 +360,47 @@ def test_checkpointing_gives_the_same_draws_as_full_storage() -> None:
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("path", ["tilted", "log"])
+def test_rows_that_fit_the_budget_stay_and_the_draws_are_those_of_full_storage(path) -> None:
+    """Past the budget the rows already stored stay (no recomputing them) and only later
+    rows are checkpointed; the draws are bit for bit those of full storage and of a budget
+    of one byte (every row checkpointed). 10 % clamped at each bound: rows with repeat
+    levels, compact rows (level 1 and the sum over levels) below the switch."""
+    rng_data = np.random.default_rng(31)
+    x = rng_data.normal(0.0, 5.0, size=60_000)
+    u = rng_data.random(x.size)
+    x[u < 0.1] = 150.0
+    x[u > 0.9] = -150.0
+    q = np.arange(1, 40) / 40.0
+    logw, pos, gaps = _prepared(x, q)
+    c = 0.25
+    kw = {"tilt": 0.96 * c} if path == "tilted" else {"log_space": True, "keep": math.inf}
+    full = _Forward(logw, pos, gaps, c, log_space=kw.pop("log_space", False), budget=1 << 40, **kw)
+    full.run()
+    assert not full.checkpointing and len(full.rows) == q.size
+    half = full.stored_bytes // 2
+    part = _Forward(logw, pos, gaps, c, log_space=full.log_space, budget=half, **kw)
+    part.run()
+    assert part.checkpointing and 1 < part.switch < q.size
+    assert all(j in part.rows for j in range(1, part.switch + 1))  # nothing dropped below
+    dropped = [j for j in range(part.switch, q.size + 1) if j not in part.rows]
+    assert dropped and all(not part._keep(j) for j in dropped)
+    if path == "tilted":
+        assert any(part.rows[j].nlev for j in range(1, part.switch))  # compact rows stayed
+    for j in (q.size, part.switch + 1, part.switch - 1, 2):  # recomputed or stored
+        np.testing.assert_array_equal(part.dense_total(j), full.dense_total(j))
+    force = {"tilt": kw["tilt"]} if path == "tilted" else {"force_log_space": True}
+    for seed in range(4):
+        draws = [
+            sample_interval_sequence(
+                logw, pos, gaps, c, np.random.default_rng(seed), budget=b, **force
+            )
+            for b in (1 << 40, half, 1)
+        ]
+        np.testing.assert_array_equal(draws[0], draws[1])
+        np.testing.assert_array_equal(draws[0], draws[2])
+
+
 def test_privacy_ratio_of_exact_densities_is_bounded_by_e_eps() -> None:
     """For neighbouring datasets the output densities differ by at most e^eps (swap)."""
     rng = np.random.default_rng(21)
