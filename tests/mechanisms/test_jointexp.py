@@ -640,30 +640,65 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
     assert 0.0 < fwd.mu < 0.25
 
 
+def _zero_inflated(seed: int):
+    """3·10^5 N(0, 5^2) values with 5 % at 0.0, m = 99: the gap targets and the prepared
+    inputs (log widths and positions)."""
+    from app.mechanisms.jointexp import _Inputs
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, 5.0, size=300_000)
+    x[rng.random(x.size) < 0.05] = 0.0
+    logw, pos, gaps = _prepared(x, np.arange(1, 100) / 100.0)
+    return gaps, _Inputs.prepare(logw, pos)
+
+
+def _forbid_log_pass(monkeypatch) -> None:
+    import app.mechanisms.jointexp as J
+
+    def no_log_pass(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the log pass ran")
+
+    monkeypatch.setattr(J, "_run_log_space", no_log_pass)
+
+
 def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkeypatch) -> None:
     """5 % of the values at one inner point (zero-inflated data): the atom's step is cut to
     the largest gap target (collapse_cap) and the whole draw stays in linear rows; before
     the cut every draw ran the log pass with ~10^4 e-folds (n = 10^6: ~60 s)."""
     import app.mechanisms.jointexp as J
 
-    rng = np.random.default_rng(8)
-    x = rng.normal(0.0, 5.0, size=300_000)
-    x[rng.random(x.size) < 0.05] = 0.0
-    q = np.arange(1, 100) / 100.0
-    logw, pos, gaps = _prepared(x, q)
-    inputs = J._Inputs.prepare(logw, pos)
+    gaps, inputs = _zero_inflated(8)
+    pos = inputs.pos
     cap = J.collapse_cap(gaps)
     cut = inputs.collapsed(cap)
     assert inputs.max_jump > cap and cut.max_jump == cap
     assert cut.pos[-1] == pos[-1] - (inputs.max_jump - cap)  # only the atom's step changed
-
-    def no_log_pass(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the log pass ran")
-
-    monkeypatch.setattr(J, "_run_log_space", no_log_pass)
+    _forbid_log_pass(monkeypatch)
     for seed in range(3):
         seq = J._sample_interval_sequence(inputs, gaps, 0.25, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
+
+
+def _heavy_atom_case():
+    """The chi-square case with a heavy atom inside the data: its sequence probabilities
+    (brute force), support, log widths, gap targets and c."""
+    data, q, eps, lo, hi, nb = CASES[-3]
+    probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    sup = support_for(data, lo, hi, q)
+    c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
+    with np.errstate(divide="ignore"):
+        logw = np.log(sup.widths)
+    return probs, sup, logw, quantile_gaps(sup.quantiles, sup.n), c
+
+
+def _position_counts(logw, cum, gaps, c, seed: int, tilt) -> collections.Counter:
+    """DRAWS sequences, counted by their intervals' positions (as the brute force lists them)."""
+    rng = np.random.default_rng(seed)
+    counts: collections.Counter = collections.Counter()
+    for _ in range(DRAWS):
+        seq = sample_interval_sequence(logw, cum, gaps, c, rng, tilt=tilt)
+        counts[tuple(int(cum[i]) for i in seq)] += 1
+    return counts
 
 
 def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatch) -> None:
@@ -671,14 +706,7 @@ def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatc
     and the sequences keep the exact distribution (brute force, chi-square)."""
     import app.mechanisms.jointexp as J
 
-    case = CASES[-3]  # the heavy atom inside the data
-    data, q, eps, lo, hi, nb = case
-    probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
-    sup = support_for(data, lo, hi, q)
-    c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
-    with np.errstate(divide="ignore"):
-        logw = np.log(sup.widths)
-    gaps = quantile_gaps(sup.quantiles, sup.n)
+    probs, sup, logw, gaps, c = _heavy_atom_case()
     original = J._draw_block
     tilts: list[float] = []
 
@@ -689,11 +717,7 @@ def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatc
         return original(fwd, *args)
 
     monkeypatch.setattr(J, "_draw_block", tripping)
-    rng = np.random.default_rng(21)
-    counts: collections.Counter = collections.Counter()
-    for _ in range(DRAWS):
-        seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, tilt=0.75 * c)
-        counts[tuple(int(sup.cum[i]) for i in seq)] += 1
+    counts = _position_counts(logw, sup.cum, gaps, c, 21, 0.75 * c)
     assert min(tilts) == 0.75 and max(tilts) >= 0.9  # tripped, then retilted
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
 
@@ -709,17 +733,8 @@ def test_a_heavy_atom_stays_in_linear_rows_at_small_and_large_epsilon(monkeypatc
     """
     import app.mechanisms.jointexp as J
 
-    rng = np.random.default_rng(9)
-    x = rng.normal(0.0, 5.0, size=300_000)
-    x[rng.random(x.size) < 0.05] = 0.0
-    q = np.arange(1, 100) / 100.0
-    logw, pos, gaps = _prepared(x, q)
-    inputs = J._Inputs.prepare(logw, pos)
-
-    def no_log_pass(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the log pass ran")
-
-    monkeypatch.setattr(J, "_run_log_space", no_log_pass)
+    gaps, inputs = _zero_inflated(9)
+    _forbid_log_pass(monkeypatch)
     for seed in range(2):
         seq = J._sample_interval_sequence(inputs, gaps, c, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
@@ -747,13 +762,7 @@ def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> No
     pass, and the sequences keep the exact distribution (brute force, chi-square)."""
     import app.mechanisms.jointexp as J
 
-    data, q, eps, lo, hi, nb = CASES[-3]  # the heavy atom inside the data
-    probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
-    sup = support_for(data, lo, hi, q)
-    c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
-    with np.errstate(divide="ignore"):
-        logw = np.log(sup.widths)
-    gaps = quantile_gaps(sup.quantiles, sup.n)
+    probs, sup, logw, gaps, c = _heavy_atom_case()
     original = J._draw_block
     kinds: list[str] = []
 
@@ -764,11 +773,7 @@ def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> No
         return original(fwd, *args)
 
     monkeypatch.setattr(J, "_draw_block", tripping)
-    rng = np.random.default_rng(22)
-    counts: collections.Counter = collections.Counter()
-    for _ in range(DRAWS):
-        seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, tilt=True)
-        counts[tuple(int(sup.cum[i]) for i in seq)] += 1
+    counts = _position_counts(logw, sup.cum, gaps, c, 22, True)
     assert "untilted" in kinds and "tilted" in kinds and "log" not in kinds
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
 
