@@ -1190,11 +1190,11 @@ def _deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
     with 5 % at one inner point at epsilon = 10 had no tilt from :func:`_choose_tilt` and
     ran the log pass (~2 s); the deficit's first tilt, 0.9922 c, held in ~0.15 s.
     """
-    deficit = float(gaps.sum()) - float(pos[-1] - pos[0])
+    span = float(pos[-1] - pos[0])
+    deficit = float(gaps.sum()) - span
     if deficit < 1.0:
         return []
     k = max(1.0, math.ceil(4.0 * math.log2(c * deficit / LINEAR_RANGE)) / 4.0)
-    span = float(pos[-1] - pos[0])
     tilts = [c * (1.0 - math.pow(2.0, -(k + s))) for s in (0.0, *TILT_RETRIES)]
     return [t for t in tilts if t < c and (c - t) * 2.0 * span >= LINEAR_RANGE]
 
@@ -1319,9 +1319,11 @@ def _sample_interval_sequence(
             try:
                 i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
             except _LinearGuardTripped:
-                # a larger tilt while one is worth it (as the forward pass retries), then the
-                # log pass; either way the same step with exact weights: nothing was drawn
-                fwd = _retilted(fwd, budget, inputs) or _run_log_space(
+                # a larger tilt while one is worth it (as the forward pass retries; never
+                # with tilt=False), then the log pass; either way the same step with exact
+                # weights: nothing was drawn
+                retilted = _retilted(fwd, budget, inputs) if tilt is not False else None
+                fwd = retilted or _run_log_space(
                     logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs
                 )
                 continue

@@ -776,6 +776,9 @@ def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> No
     counts = _position_counts(logw, sup.cum, gaps, c, 22, True)
     assert "untilted" in kinds and "tilted" in kinds and "log" not in kinds
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
+    kinds.clear()  # tilt=False never tilts: a trip goes to the log pass
+    _position_counts(logw, sup.cum, gaps, c, 23, False)
+    assert "untilted" in kinds and "log" in kinds and "tilted" not in kinds
 
 
 @pytest.mark.parametrize("kind", ["upper", "lower", "both", "tie"])
