@@ -281,6 +281,23 @@ class _Inputs:
         lw = np.asarray(logw, dtype=np.float64)
         return cls(lw - float(np.max(lw)), np.ascontiguousarray(pos, dtype=np.int64))
 
+    @classmethod
+    def from_widths(cls, widths: FloatArray, pos: ArrayLike) -> _Inputs:
+        """From interval widths (non-negative, some positive) and positions.
+
+        The log widths are ``log(widths / max)``, the doubles :meth:`prepare` of those logs
+        holds; the normalised widths are the quotients themselves rather than the logs
+        exponentiated back (which carry the log's rounding, ``|log w|`` ulps): more
+        accurate, and an exp over every interval less (~5 ms per raw-array run at
+        d = 10^6)."""
+        wd = np.asarray(widths, dtype=np.float64)
+        w = wd / wd.max()
+        with np.errstate(divide="ignore"):
+            logw = np.log(w)
+        out = cls(logw, np.ascontiguousarray(pos, dtype=np.int64))
+        out.__dict__["w"] = w
+        return out
+
     @functools.cached_property
     def lw_ref(self) -> float:
         """The median positive log width (:func:`median_log_width`)."""
@@ -290,7 +307,7 @@ class _Inputs:
     def max_jump(self) -> int:
         """The largest step between neighbouring positions: the count of the most frequent
         distinct value (0 for a single interval)."""
-        return int(np.diff(self.pos).max()) if self.pos.size > 1 else 0
+        return int(K.largest_step(self.pos))
 
     def collapsed(self, cap: int) -> _Inputs:
         """These intervals with every position step larger than ``cap`` cut to ``cap``.
@@ -306,9 +323,7 @@ class _Inputs:
         out = kept.get(cap)
         if out is None:
             pos = np.empty_like(self.pos)
-            pos[0] = self.pos[0]
-            np.cumsum(np.minimum(np.diff(self.pos), cap), out=pos[1:])
-            pos[1:] += self.pos[0]
+            K.capped_positions(self.pos, cap, pos)
             out = _Inputs(self.logw, pos)
             for name in _WIDTH_ONLY:
                 if name in self.__dict__:
@@ -326,7 +341,7 @@ class _Inputs:
     @functools.cached_property
     def live_idx(self) -> IntArray:
         """Indices of the intervals of positive width."""
-        return np.flatnonzero(self.w > 0.0)
+        return np.flatnonzero(self.w)  # widths are never negative
 
     @functools.cached_property
     def live_pos(self) -> IntArray:
@@ -1346,9 +1361,7 @@ def _support_inputs(sup: Support) -> _Inputs:
     from ``sup.memo`` when a run on the same histogram prepared them, else prepared here."""
     inputs = sup.memo.get(_MEMO_KEY)
     if not isinstance(inputs, _Inputs):
-        widths = sup.widths
-        with np.errstate(divide="ignore"):
-            inputs = _Inputs.prepare(np.log(widths / widths.max()), sup.cum)
+        inputs = _Inputs.from_widths(sup.widths, sup.cum)
         sup.memo[_MEMO_KEY] = inputs
     return inputs
 

@@ -1238,6 +1238,31 @@ def log_levels_step(
     return lv, total, a, top
 
 
+# --------------------------------------------------------------------------- inputs
+
+
+@numba.njit(cache=True, nogil=True)
+def largest_step(pos: np.ndarray) -> int:
+    """The largest ``pos[i] - pos[i - 1]`` (0 for fewer than two positions)."""
+    best = 0
+    for i in range(1, pos.size):
+        step = pos[i] - pos[i - 1]
+        if step > best:
+            best = step
+    return best
+
+
+@numba.njit(cache=True, nogil=True)
+def capped_positions(pos: np.ndarray, cap: int, out: np.ndarray) -> None:
+    """``out``: ``pos`` with every step ``pos[i] - pos[i - 1]`` larger than ``cap`` cut to
+    ``cap`` (``out[0] = pos[0]``). Integers: the same as a cumulative sum of the cut steps."""
+    acc = pos[0]
+    out[0] = acc
+    for i in range(1, pos.size):
+        acc += min(pos[i] - pos[i - 1], cap)
+        out[i] = acc
+
+
 # --------------------------------------------------------------------------- order statistics
 
 #: Radix selection works on 16-bit digits of a double's order-preserving key: 4 passes.

@@ -679,6 +679,40 @@ def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkey
         assert np.all(np.diff(seq) >= 0)
 
 
+def test_prepared_inputs_are_those_of_the_numpy_formulas() -> None:
+    """The compiled input kernels against the numpy formulas they replace, on tied, clamped
+    and zero-width supports: the cut positions and largest step exactly, the log widths
+    the same doubles as ``log(widths / max)`` and the normalised widths within the
+    rounding of their logs exponentiated back, zero exactly where the width is zero."""
+    import app.mechanisms.jointexp as J
+
+    rng = np.random.default_rng(31)
+    for trial in range(40):
+        n = int(rng.integers(1, 3000))
+        x = np.round(rng.normal(0.0, 5.0, n), int(rng.integers(0, 3)))
+        x[rng.random(n) < rng.random() * 0.3] = 150.0  # clamped: a heavy last step
+        sup = support_for(x, -100.0, 100.0 if trial % 3 else 150.0, np.array([0.25, 0.5]))
+        inputs = J._Inputs.from_widths(sup.widths, sup.cum)
+        widths = sup.widths
+        with np.errstate(divide="ignore"):
+            ref_log = np.log(widths / widths.max())
+        np.testing.assert_array_equal(inputs.logw, ref_log)
+        np.testing.assert_array_equal(inputs.w == 0.0, widths == 0.0)
+        # exp(log(w)) carries the log's rounding, |log w| ulps of it: the quotient is the
+        # more accurate of the two
+        live = widths > 0.0
+        back = np.exp(ref_log[live])
+        tol = (np.abs(ref_log[live]) + 2.0) * 2.0**-52 * back
+        assert np.all(np.abs(inputs.w[live] - back) <= tol)
+        np.testing.assert_array_equal(inputs.live_idx, np.flatnonzero(widths > 0.0))
+        steps = np.diff(sup.cum)
+        assert inputs.max_jump == (int(steps.max()) if steps.size else 0)
+        cap = int(rng.integers(1, max(2, inputs.max_jump + 2)))
+        ref_pos = np.concatenate(([sup.cum[0]], sup.cum[0] + np.cumsum(np.minimum(steps, cap))))
+        np.testing.assert_array_equal(inputs.collapsed(cap).pos, ref_pos)
+    assert K.largest_step(np.array([7], dtype=np.int64)) == 0
+
+
 def _heavy_atom_case():
     """The chi-square case with a heavy atom inside the data: its sequence probabilities
     (brute force), support, log widths, gap targets and c."""
