@@ -774,21 +774,84 @@ def test_a_heavy_atom_stays_in_linear_rows_at_small_and_large_epsilon(monkeypatc
         assert np.all(np.diff(seq) >= 0)
 
 
-def test_deficit_tilts_reach_the_positions_the_cut_removed() -> None:
-    """No cut, no tilts; a cut of D positions: the first tilt's linear reach,
-    LINEAR_RANGE / (c - mu), is within a quarter step of k of D (or mu = c / 2), the
-    tilts ascend, and none reaches beyond twice the positions' span."""
+def test_the_undershoot_depth_is_the_fall_from_the_rows_maximum_to_the_mode() -> None:
+    """The model's depth, numerically: the tilted last row ``e^(-a t) t^(m - 1)`` (``t`` in
+    gaps' worth of undershoot, ``a`` e-folds per gap) falls from its maximum to the
+    posterior's mode, the whole deficit ``t = m + 1``, by ``_undershoot_depth(a, m)``."""
+    from app.mechanisms import jointexp as J
+
+    t = np.linspace(1e-9, 4000.0, 4_000_001)
+    for a, m in ((8.8, 99), (0.5, 29), (25.0, 29), (3.0, 999), (2.0, 1), (40.0, 2)):
+        row = -a * t + (m - 1) * np.log(t)
+        at_mode = -a * (m + 1.0) + (m - 1) * math.log(m + 1.0)
+        assert J._undershoot_depth(a, m) == pytest.approx(row.max() - at_mode, abs=1e-6)
+    assert J._undershoot_depth((99 - 1) / 100.0, 99) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_deficit_tilts_put_the_undershoot_within_the_linear_range() -> None:
+    """No cut, or one the untilted rows reach: no tilts. A cut of D positions: the first
+    tilt is the least quarter step of k whose last row holds the undershoot's mode within
+    the range (the step before does not), then DEFICIT_STEPS further, inside (0, c)."""
     from app.mechanisms import jointexp as J
 
     gaps = np.full(100, 10_000.0)
     assert J._deficit_tilts(0.25, np.arange(1_000_001), gaps) == []
+    assert J._deficit_tilts(0.25, np.arange(1_000_001 - 1_000), gaps) == []  # 2.5 e-folds
     for c, deficit in ((0.25, 40_000), (2.5, 40_000), (0.025, 40_000), (0.25, 400_000)):
         pos = np.arange(1_000_001 - deficit)
         tilts = J._deficit_tilts(c, pos, gaps)
         assert tilts and tilts == sorted(tilts) and all(0.0 < t < c for t in tilts)
-        reach = J.LINEAR_RANGE / (c - tilts[0])
-        assert tilts[0] == 0.5 * c or deficit <= reach < deficit * 2**0.25
+        room = (
+            J.LINEAR_RANGE
+            - math.log(4.0 * pos.size)
+            - (J.HEADROOM + math.log(100.0))
+            - J.DEFICIT_MARGIN
+        )
+        ks = [-math.log2(1.0 - t / c) for t in tilts]
+        k = ks[0]
+
+        def depth(k: float, c: float = c, deficit: int = deficit) -> float:
+            return J._undershoot_depth(c * 2.0**-k * deficit / 100.0, 99)
+
+        assert depth(k) <= room and (k == 0.25 or depth(k - 0.25) > room)
+        assert ks == pytest.approx([k + s for s in J.DEFICIT_STEPS][: len(ks)])
         assert all((c - t) * 2.0 * pos[-1] >= J.LINEAR_RANGE for t in tilts)
+
+
+@pytest.mark.parametrize("shape", ["above", "below", "inside"])
+def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, shape) -> None:
+    """5 % of the values beyond a bound or at one inner point, n = 10^6, m = 99,
+    epsilon = 1: the sample runs the untilted probe and then exactly one tilted pass, at
+    the deficit's first tilt, whose rows and draws all hold (no retilt, no log pass).
+    Before the deficit's model the probe's choice came first: at n = 10^6 a quarter to
+    half a step larger (wider rows) above the data, a quarter step smaller at the inner
+    point, whose draws tripped and took a second pass."""
+    import app.mechanisms.jointexp as J
+
+    n, q = 1_000_000, np.arange(1, 100) / 100.0
+    rng = np.random.default_rng({"above": 41, "below": 42, "inside": 43}[shape])
+    x = rng.normal(0.0, 5.0, n)
+    x[rng.random(n) < 0.05] = {"above": 150.0, "below": -150.0, "inside": 0.0}[shape]
+    sup = support_for(x, -100.0, 100.0, q)
+    inputs = J._support_inputs(sup)
+    gaps = quantile_gaps(q, n)
+    c = 1.0 / 4.0
+    cut = inputs.collapsed(J.collapse_cap(gaps))
+    first = J._deficit_tilts(c, cut.pos, gaps)[0]
+    tried: list[float] = []
+    original_pass = J._tilted_pass
+
+    def tilted_pass(*args):
+        tried.append(args[5])
+        return original_pass(*args)
+
+    monkeypatch.setattr(J, "_tilted_pass", tilted_pass)
+    _forbid_log_pass(monkeypatch)
+    for seed in range(2):
+        tried.clear()
+        seq = J._sample_interval_sequence(inputs, gaps, c, np.random.default_rng(seed))
+        assert np.all(np.diff(seq) >= 0)
+        assert tried == [first]
 
 
 def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> None:
