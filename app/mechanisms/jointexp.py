@@ -1254,10 +1254,16 @@ def _deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
     a0 = c * deficit / (m + 1.0)  # untilted
     if a0 * (m + 1.0) <= m - 1 or _undershoot_depth(a0, m) <= room:
         return []  # the untilted rows reach the undershoot
-    # the depth falls as k grows until the mode reaches the row's maximum
-    # (a (m + 1) = m - 1, depth 0): a least k exists, and it is below that point
+    # The depth falls as k grows until the mode reaches the row's maximum (a (m + 1) =
+    # m - 1, depth 0) and rises after it. A quarter step can jump over the dip when m is
+    # large (hundreds of thousands of quantiles: a step changes the depth there by more
+    # than the room; the search then went on until 2^-k underflowed and the log raised),
+    # so it also stops at the first step past the dip.
     k = 0.25
-    while _undershoot_depth(a0 * math.pow(2.0, -k), m) > room:
+    while (
+        _undershoot_depth(a0 * math.pow(2.0, -k), m) > room
+        and a0 * math.pow(2.0, -k) * (m + 1.0) > m - 1
+    ):
         k += 0.25
     tilts = [c * (1.0 - math.pow(2.0, -(k + s))) for s in DEFICIT_STEPS]
     return [t for t in tilts if t < c and (c - t) * 2.0 * span >= LINEAR_RANGE]
