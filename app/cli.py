@@ -124,7 +124,11 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             # (uvicorn's shared socket lets one process take a whole burst; app/webprocs.py).
             try:
                 status = run_web_processes(
-                    args.host, args.port, args.workers, settings.log_level.lower()
+                    args.host,
+                    args.port,
+                    args.workers,
+                    settings.log_level.lower(),
+                    settings.keepalive_s,
                 )
             except OSError as exc:  # the port is taken, or the address is not ours
                 logger.error("cannot listen on %s:%d (%s)", args.host, args.port, exc.strerror)
@@ -137,6 +141,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 port=args.port,
                 workers=args.workers,
                 log_level=settings.log_level.lower(),
+                timeout_keep_alive=settings.keepalive_s,
             )
     finally:
         stop_release_workers(workers_proc)

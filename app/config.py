@@ -72,6 +72,15 @@ class Settings(BaseSettings):
     )
 
     # Database pool.
+    keepalive_s: int = Field(
+        default=75,
+        gt=0,
+        description=(
+            "Seconds an idle HTTP keep-alive connection stays open. Above the dashboard's"
+            " 5 s poll and the usual 60 s idle timeout of load balancers, so that the server"
+            " never closes a connection just as a client reuses it."
+        ),
+    )
     pool_size: int = Field(default=10, gt=0, description="Connections kept per process.")
     max_overflow: int = Field(default=20, ge=0, description="Extra connections under load.")
     pool_timeout_s: float = Field(default=30.0, gt=0, description="Wait for a free connection.")

@@ -52,14 +52,19 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def web_process(host: str, port: int, log_level: str) -> None:
+def web_process(host: str, port: int, log_level: str, keepalive_s: int) -> None:
     """Entry point of one web process: its own listening socket, the app in uvicorn."""
     import uvicorn
 
     sock = reuseport_socket(host, port)
     sock.listen(2048)
     config = uvicorn.Config(
-        "app.main:create_server_app", factory=True, host=host, port=port, log_level=log_level
+        "app.main:create_server_app",
+        factory=True,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_keep_alive=keepalive_s,
     )
     uvicorn.Server(config).run(sockets=[sock])
 
@@ -71,7 +76,9 @@ class _Stop:
         self.requested = True
 
 
-def run_web_processes(host: str, port: int, processes: int, log_level: str) -> int:
+def run_web_processes(
+    host: str, port: int, processes: int, log_level: str, keepalive_s: int
+) -> int:
     """Run ``processes`` web processes until SIGTERM/SIGINT; returns an exit status.
 
     The supervisor keeps a bound (never listening) ``SO_REUSEPORT`` socket on the port for
@@ -86,7 +93,9 @@ def run_web_processes(host: str, port: int, processes: int, log_level: str) -> i
 
     def start(i: int) -> tuple[BaseProcess, float]:
         proc = ctx.Process(
-            target=web_process, args=(host, port, log_level), name=f"dpquant-web-{i}"
+            target=web_process,
+            args=(host, port, log_level, keepalive_s),
+            name=f"dpquant-web-{i}",
         )
         proc.start()
         return proc, time.monotonic()

@@ -43,6 +43,7 @@ class LiveServer:
             port=self.port,
             log_level="warning",
             lifespan="on",
+            timeout_keep_alive=settings.keepalive_s,  # as `dpquant serve` runs it
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

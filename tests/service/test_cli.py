@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -215,6 +217,62 @@ def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: s
                 owners[child.pid] = len(held)
         assert sum(owners.values()) == 16, owners
         assert len(owners) == 2, f"one process took every connection: {owners}"
+    finally:
+        for c in conns:
+            c.close()
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _dashboard_poll_s() -> float:
+    """The dashboard's poll interval, read from its script."""
+    script = Path(cli.__file__).parent / "ui" / "static" / "js" / "app.js"
+    match = re.search(r"^const POLL_MS = (\d+);", script.read_text(), re.MULTILINE)
+    assert match, "POLL_MS not found in app.js"
+    return int(match.group(1)) / 1000
+
+
+@pytest.mark.parametrize("web_processes", [1, 2])
+def test_idle_connections_outlive_the_dashboards_poll(
+    database_url: str, web_processes: int
+) -> None:
+    """A client that reuses its keep-alive connection after one poll interval finds it open.
+
+    uvicorn's default keep-alive (5 s) equalled the dashboard's poll interval: the server
+    closed idle connections just as clients reused them, and a request on such a connection
+    failed with "Server disconnected without sending a response" (seen in CI). Both ways
+    ``dpquant serve`` runs uvicorn (one process; SO_REUSEPORT processes) take
+    ``DPQUANT_KEEPALIVE_S``.
+    """
+    port = free_port()
+    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port),
+               "--workers", str(web_processes), "--release-workers", "0"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=_server_env(database_url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    conns: list[http.client.HTTPConnection] = []
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(4)]
+        for c in conns:
+            c.request("GET", "/healthz")
+            assert c.getresponse().read() == b'{"status":"ok"}'
+        sockets = [c.sock for c in conns]
+        time.sleep(_dashboard_poll_s() + 1.5)
+        for c, sock in zip(conns, sockets, strict=True):
+            # http.client sends on the same socket; had the server closed it, the answer
+            # would be RemoteDisconnected (or a reset) instead of a response.
+            c.request("GET", "/healthz")
+            assert c.getresponse().read() == b'{"status":"ok"}'
+            assert c.sock is sock
     finally:
         for c in conns:
             c.close()
