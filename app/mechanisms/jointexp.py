@@ -445,8 +445,8 @@ class _Forward:
             lw_ref = median_log_width(logw)
         self.lw_ref = lw_ref
         self.log_growth = self.log_kappa + lw_ref
-        self.headroom = HEADROOM + math.log(self.m + 1.0)
-        self.linear_floor = LINEAR_RANGE - math.log(4.0 * self.n1)
+        self.headroom = _headroom(self.m)
+        self.linear_floor = _linear_floor(self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
         # each row's maximum (common log scale) and where it is (a position), for _choose_tilt
         self.gmaxes = np.zeros(self.m)
@@ -1203,6 +1203,19 @@ DEFICIT_STEPS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)
 DEFICIT_MARGIN = 32.0
 
 
+def _linear_floor(intervals: int) -> float:
+    """e-folds below a linear row's maximum where its truncation floor lies: each entry
+    sums at most ~4 x ``intervals`` terms, each exact to the smallest normal double
+    (see LINEAR_RANGE)."""
+    return LINEAR_RANGE - math.log(4.0 * intervals)
+
+
+def _headroom(m: int) -> float:
+    """e-folds required between the propagated truncation error and a row's maximum:
+    HEADROOM plus the log of the repeat levels (at most m + 1)."""
+    return HEADROOM + math.log(m + 1.0)
+
+
 def _undershoot_depth(a: float, m: int) -> float:
     """e-folds between a tilted last row's maximum and its undershoot's mode.
 
@@ -1250,7 +1263,7 @@ def _deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
     m = gaps.size - 1
     if deficit < 1.0:
         return []
-    room = LINEAR_RANGE - math.log(4.0 * pos.size) - (HEADROOM + math.log(m + 1.0)) - DEFICIT_MARGIN
+    room = _linear_floor(pos.size) - _headroom(m) - DEFICIT_MARGIN
     a0 = c * deficit / (m + 1.0)  # untilted
     if a0 * (m + 1.0) <= m - 1 or _undershoot_depth(a0, m) <= room:
         return []  # the untilted rows reach the undershoot
@@ -1260,10 +1273,7 @@ def _deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
     # than the room; the search then went on until 2^-k underflowed and the log raised),
     # so it also stops at the first step past the dip.
     k = 0.25
-    while (
-        _undershoot_depth(a0 * math.pow(2.0, -k), m) > room
-        and a0 * math.pow(2.0, -k) * (m + 1.0) > m - 1
-    ):
+    while (a := a0 * math.pow(2.0, -k)) * (m + 1.0) > m - 1 and _undershoot_depth(a, m) > room:
         k += 0.25
     tilts = [c * (1.0 - math.pow(2.0, -(k + s))) for s in DEFICIT_STEPS]
     return [t for t in tilts if t < c and (c - t) * 2.0 * span >= LINEAR_RANGE]
