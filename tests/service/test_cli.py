@@ -176,6 +176,19 @@ def _two_web_processes(port: int) -> list[str]:
             "--release-workers", "0"]  # fmt: skip
 
 
+def _wait_until_ready(proc: subprocess.Popen[bytes], port: int) -> None:
+    """Wait (up to 90 s) until the server started as ``proc`` answers /readyz with 200."""
+    deadline = time.monotonic() + 90
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+
+
 def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: str) -> None:
     """``--workers 2`` gives each web process its own SO_REUSEPORT socket: 16 keep-alive
     connections opened at once (a client's pool) land on both processes. With one shared
@@ -191,15 +204,7 @@ def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: s
     )
     conns: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
+        _wait_until_ready(proc, port)
         conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
         request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
         for c in conns:
@@ -252,15 +257,7 @@ def test_idle_connections_outlive_the_dashboards_poll(
     )
     conns: list[http.client.HTTPConnection] = []
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
+        _wait_until_ready(proc, port)
         conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(4)]
         for c in conns:
             c.request("GET", "/healthz")
