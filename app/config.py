@@ -71,7 +71,7 @@ class Settings(BaseSettings):
         default=0, ge=0, description="Burst size of the per-key rate limit (0 = one minute's)."
     )
 
-    # Database pool.
+    # HTTP.
     keepalive_s: int = Field(
         default=75,
         gt=0,
@@ -81,6 +81,8 @@ class Settings(BaseSettings):
             " never closes a connection just as a client reuses it."
         ),
     )
+
+    # Database pool.
     pool_size: int = Field(default=10, gt=0, description="Connections kept per process.")
     max_overflow: int = Field(default=20, ge=0, description="Extra connections under load.")
     pool_timeout_s: float = Field(default=30.0, gt=0, description="Wait for a free connection.")
