@@ -74,13 +74,12 @@ from app.mechanisms.sampling import inverse_cdf_pick
 from app.mechanisms.validation import FloatArray, IntArray
 
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
-GUARD = 2.0**-100  # backward weights below this fraction of the row: form them in log space
-#: ... unless they are still normal doubles well above what the kernel table drops: weights
-#: at least TINY_DRAW lose at most 2^25 * 2^-1022 (products below the smallest normal double
-#: are flushed to 0.0, see fpmode) < 2^-97 of the largest, and kernel factors past the
-#: table's 750 e-folds cost at most e^-745 of the row's maximum, below e^-95 of a largest
-#: weight that is at least DEEP_DRAW of it.
-DEEP_DRAW = math.exp(-650.0)
+#: A linear draw's largest weight must be at least this (in the scaled units its weights
+#: are formed in): the weights it loses, products below the smallest normal double flushed
+#: to 0.0, are then each < 2^-1022 and together < 2^25 * 2^-1022 < 2^-97 of it. Kernel
+#: factors are never dropped while their scaled value is a normal double
+#: (:func:`~app.mechanisms.jointexp_kernels.step_weights_linear`); below this the draw's
+#: weights are formed in log space instead.
 TINY_DRAW = 2.0**-900
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
 PROBE_KEEP = 750.0  # range of the probe pass that sizes LOG_KEEP from the rows' falls
@@ -285,17 +284,25 @@ class _Inputs:
     def from_widths(cls, widths: FloatArray, pos: ArrayLike) -> _Inputs:
         """From interval widths (non-negative, some positive) and positions.
 
-        The log widths are ``log(widths / max)``, the doubles :meth:`prepare` of those logs
-        holds; the normalised widths are the quotients themselves rather than the logs
-        exponentiated back (which carry the log's rounding, ``|log w|`` ulps): more
-        accurate, and an exp over every interval less (~5 ms per raw-array run at
-        d = 10^6)."""
+        The log widths are ``log(width / max)`` where that quotient is a normal double, and
+        ``log(width) - log(max)`` where it is not: a positive width is never lost however
+        small its ratio to the largest (the quotient underflows to 0.0 below ~10^-308 and
+        made a positive-width interval a zero-width one that is never output, issue 27).
+        The normalised widths are the quotients themselves (more accurate than the logs
+        exponentiated back, and an exp over every interval less); inputs with a quotient
+        that is not a normal double run the log pass (:attr:`narrow`).
+        """
         wd = np.asarray(widths, dtype=np.float64)
-        w = wd / wd.max()
+        top = float(wd.max())
+        w = wd / top
         with np.errstate(divide="ignore"):
             logw = np.log(w)
+        tiny = (w < _W_NORMAL) & (wd > 0.0)
+        if tiny.any():  # the quotient lost them: their logs from the widths' own logs
+            logw[tiny] = np.log(wd[tiny]) - math.log(top)
         out = cls(logw, np.ascontiguousarray(pos, dtype=np.int64))
-        out.__dict__["w"] = w
+        if not tiny.any():
+            out.__dict__["w"] = w
         return out
 
     @functools.cached_property
@@ -335,13 +342,24 @@ class _Inputs:
 
     @functools.cached_property
     def w(self) -> FloatArray:
-        """Normalised widths (max 1); zero-width intervals are 0."""
+        """Normalised widths (max 1); zero-width intervals are 0. Widths below ~e^-708 of the
+        largest are 0.0 here too: the linear passes cannot represent them, and a sample with
+        such widths runs the log pass (:attr:`narrow`)."""
         return np.exp(self.logw)
 
     @functools.cached_property
+    def narrow(self) -> bool:
+        """Whether some positive width is too small beside the largest for linear rows (its
+        normalised width is not a normal double): such inputs run the log pass, which
+        holds the widths as logs."""
+        lw = self.logw
+        return bool(np.any((lw < _LOG_W_NORMAL) & (lw > -math.inf)))
+
+    @functools.cached_property
     def live_idx(self) -> IntArray:
-        """Indices of the intervals of positive width."""
-        return np.flatnonzero(self.w)  # widths are never negative
+        """Indices of the intervals of positive width (from the log widths: a positive
+        width is live however small)."""
+        return np.flatnonzero(self.logw > -math.inf)
 
     @functools.cached_property
     def live_pos(self) -> IntArray:
@@ -358,7 +376,11 @@ class _Inputs:
 
 
 #: The :class:`_Inputs` properties that depend on the widths alone (shared when collapsed).
-_WIDTH_ONLY = ("lw_ref", "w", "live_idx", "suf_logw", "scaled_w")
+_WIDTH_ONLY = ("lw_ref", "w", "narrow", "live_idx", "suf_logw", "scaled_w")
+#: Normalised widths below this are not normal doubles (or flush to 0.0 in the passes,
+#: fpmode): inputs with a positive width below it run the log pass (:attr:`_Inputs.narrow`).
+_W_NORMAL = 2.0**-1000
+_LOG_W_NORMAL = math.log(_W_NORMAL)
 
 
 def collapse_cap(gaps: FloatArray) -> int:
@@ -924,8 +946,9 @@ def _draw_block(
     else:
         # Linear weights with the kernel scaled by up to e^300 towards its largest factor,
         # so a draw whose kernel is small everywhere (a quantile far from every candidate)
-        # stays in normal doubles; a factor that still ends up below ~e^-708 is e^-408 of
-        # the largest one.
+        # stays in normal doubles. Every scaled kernel factor that is a normal double is
+        # formed (step_weights_linear), so a weight is lost only where its product is below
+        # the smallest normal double and flushed to 0.0.
         lscale = min(-lk, 300.0)
         top = K.step_weights_linear(
             summed,
@@ -936,19 +959,17 @@ def _draw_block(
             nj,
             fwd.c,
             fwd.mu,
-            math.exp(lscale),
+            lscale,
             fwd.pw,
             fwd.pwf,
             buf,
         )
-        # Linear weights need both: a largest weight that is a normal double far above what
-        # a flushed or rounded product loses (TINY_DRAW, absolute), and one not too far
-        # below the row (GUARD, or DEEP_DRAW beside the table's range). The absolute floor
-        # holds for the first test too: after a row that fell by hundreds of e-folds,
-        # GUARD * row.top is itself below the smallest normal double (0.0 once flushed),
-        # and a largest weight of 0.0 passed it (log of 0).
-        if top >= TINY_DRAW and (top >= GUARD * row.top or top >= row.top * DEEP_DRAW):
-            g_draw = row.gmax + math.log(top / row.top) - lscale
+        # A flushed weight is below 2^-1022 (the scaled units of ``top``), and at most
+        # ``count`` <= 2^25 of them are lost: with a largest weight of at least TINY_DRAW
+        # (2^-900) they are < 2^-97 of it. Both sides are absolute values in the same
+        # scaled units; nothing here is a product that could underflow.
+        if top >= TINY_DRAW:
+            g_draw = row.gmax + (math.log(top) - math.log(row.top)) - lscale
         else:
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row.
@@ -1393,7 +1414,7 @@ def _sample_interval_sequence(
         logw, pos, lw_ref = inputs.logw, inputs.pos, inputs.lw_ref
         d1 = logw.size
         m = gaps.size - 1
-        if force_log_space:
+        if force_log_space or inputs.narrow:
             fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
         else:
             fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)

@@ -950,6 +950,21 @@ def kernel_peak_log(
     return best
 
 
+#: Decay-table entries at least this large are used as they are by the draws; below it (the
+#: table's subnormal range, flushed to 0.0, or past its end) the factor is formed from its
+#: exponent (:func:`step_weights_linear`).
+_TABLE_NORMAL = 2.0**-1000
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scaled_factor(table: float, scaled_rest: float, log_factor: float) -> float:
+    """``scaled_rest * table`` where the table entry is a normal double, else
+    ``exp(log_factor)``: the same scaled kernel factor, formed whatever the table holds."""
+    if table >= _TABLE_NORMAL:
+        return scaled_rest * table
+    return math.exp(log_factor)
+
+
 @numba.njit(cache=True, nogil=True)
 def step_weights_linear(
     total: np.ndarray,
@@ -960,26 +975,39 @@ def step_weights_linear(
     nj: float,
     c: float,
     mu: float,
-    kscale: float,
+    lscale: float,
     pw: np.ndarray,
     pwf: np.ndarray,
     out: np.ndarray,
 ) -> float:
-    """out[v] = total[v] * kscale * k(pos_ref - P[lo + v]) for v < count; their max.
+    """out[v] = total[v] * e^lscale * k(pos_ref - P[lo + v]) for v < count; their max.
 
     ``total`` is the row summed over repeat counts: one weight per interval, from which a
     draw picks the interval (then the count from its levels, :func:`pick_level`). ``k`` is
     :func:`transition_linear`'s kernel (tilt ``mu``, tables ``pw`` and ``pwf``);
-    ``kscale`` <= 1 / max k over the candidates keeps every factor <= 1.
+    ``lscale`` <= -log(max k over the candidates) keeps every factor <= 1.
+
+    Every scaled factor ``e^lscale k(D)`` is formed whenever it is a normal double: from the
+    tables where their entry is normal (the tables hold ``k`` *unscaled* and end, or flush to
+    0.0, ~745 e-folds down), else from its exponent directly. Forming it as table entry times
+    ``e^lscale`` alone dropped every factor deeper than the table, however large the scale
+    made it: with ``lscale`` = 300 a factor of e^-445 after scaling became 0.0, and the
+    interval it belonged to could be the dominant one (issue 27).
     """
     L = int(math.floor(nj))
     f = nj - L
+    kscale = math.exp(lscale)
     r_f = kscale * math.exp(-(c - mu) * f)
     r_1mf = kscale * math.exp(-(c + mu) * (1.0 - f))
     top = 0.0
     for v in range(count):
         d = pos_ref - P[lo + v]
-        kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pwf, d - L - 1)
+        if d <= L:
+            e = L - d
+            kern = _scaled_factor(_pw(pw, e), r_f, lscale - (c - mu) * (e + f))
+        else:
+            e = d - L - 1
+            kern = _scaled_factor(_pw(pwf, e), r_1mf, lscale - (c + mu) * (e + 1.0 - f))
         x = total[v] * kern
         out[v] = x
         if x > top:

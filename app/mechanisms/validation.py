@@ -16,6 +16,15 @@ Neighbors = Literal["swap", "add_remove"]
 NEIGHBORS: tuple[str, ...] = ("swap", "add_remove")
 
 
+#: The largest epsilon any mechanism accepts. The exactness arguments of the exponential-
+#: mechanism samplers (docs/mechanisms.md, "What floating point does") hold up to it: with
+#: c = epsilon / (2 sensitivity) <= 100 every kernel factor of one position step, e^-c, is a
+#: normal double far from underflow, and the log kernels' mantissa factors e^-(c f) never
+#: leave the range their exponent bookkeeping assumes (they did from c ~ 700 on, issue 27).
+#: Beyond ~20 an epsilon offers no meaningful privacy; 100 leaves room for tests and demos.
+EPSILON_MAX = 100.0
+
+
 def check_epsilon(epsilon: float) -> float:
     try:
         eps = float(epsilon)
@@ -23,6 +32,12 @@ def check_epsilon(epsilon: float) -> float:
         raise MechanismInputError("epsilon", "must be a number") from None
     if not math.isfinite(eps) or eps <= 0.0:
         raise MechanismInputError("epsilon", f"must be finite and > 0 (got {epsilon!r})")
+    if eps > EPSILON_MAX:
+        raise MechanismInputError(
+            "epsilon",
+            f"must be at most {EPSILON_MAX:g} (got {epsilon!r}): the samplers' exactness is "
+            "proven up to that value",
+        )
     return eps
 
 
