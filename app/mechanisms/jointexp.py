@@ -70,7 +70,7 @@ from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import Support, support_from_values
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
-from app.mechanisms.sampling import inverse_cdf_pick
+from app.mechanisms.sampling import pick_weights
 from app.mechanisms.validation import FloatArray, IntArray
 
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
@@ -983,23 +983,43 @@ def _draw_block(
             raise _LinearGuardTripped
         short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
         raise _LogGuardTripped(fwd.keep + short)
-    # Two uniforms per block, always (so passes that keep different numbers of levels
-    # stay in step): the interval from its weight summed over repeat counts, then the count
-    # from that interval's levels.
-    u_interval, u_level = rng.random(), rng.random()
-    pick = int(inverse_cdf_pick(buf, u_interval))
+    # Two raw 64-bit words per block, always (so passes that keep different numbers of
+    # levels stay in step, and the generator advances as two rng.random() calls would): the
+    # interval from its weight summed over repeat counts, then the count from that
+    # interval's levels. Each pick is exact with respect to the weights formed here
+    # (pick_weights): no cut point's rounding or 53-bit uniform enters the law.
+    raw = rng.bit_generator.random_raw
+    w_interval, w_level = int(raw()), int(raw())
+    pick = pick_weights(buf, w_interval, rng)
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
     k = 0
     if nlev > 1:
         if row.nlev:  # compact: the levels at the picked interval, replayed
             at_pick = _levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = int(K.pick_level(at_pick, _level_ids(nlev), nlev, 0, False, u_level))
+            k = _pick_level(at_pick, _level_ids(nlev), nlev, 0, False, w_level, rng)
         else:  # the stored levels at the picked interval
-            k = int(K.pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, u_level))
+            k = _pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, w_level, rng)
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick, k + 1
+
+
+def _pick_level(
+    levels: FloatArray,
+    ids: IntArray,
+    nlev: int,
+    v: int,
+    log_space: bool,
+    word: int,
+    rng: np.random.Generator,
+) -> int:
+    """The repeat count (0-based) at column v, drawn exactly ∝ its levels 1..nlev
+    (:func:`~app.mechanisms.jointexp_kernels.level_weights`); -1 if they are all zero."""
+    weights = np.empty(ids.size)
+    ns = int(K.level_weights(levels, ids, nlev, v, log_space, weights))
+    s = pick_weights(weights[:ns], word, rng)
+    return -1 if s < 0 else int(ids[s]) - 1
 
 
 def _probe(

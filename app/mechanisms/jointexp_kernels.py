@@ -983,7 +983,7 @@ def step_weights_linear(
     """out[v] = total[v] * e^lscale * k(pos_ref - P[lo + v]) for v < count; their max.
 
     ``total`` is the row summed over repeat counts: one weight per interval, from which a
-    draw picks the interval (then the count from its levels, :func:`pick_level`). ``k`` is
+    draw picks the interval (then the count from its levels, :func:`level_weights`). ``k`` is
     :func:`transition_linear`'s kernel (tilt ``mu``, tables ``pw`` and ``pwf``);
     ``lscale`` <= -log(max k over the candidates) keeps every factor <= 1.
 
@@ -1048,43 +1048,27 @@ def step_weights_log(
 
 
 @numba.njit(cache=True, nogil=True)
-def pick_level(
-    levels: np.ndarray, ids: np.ndarray, nlev: int, v: int, log_space: bool, u: float
+def level_weights(
+    levels: np.ndarray, ids: np.ndarray, nlev: int, v: int, log_space: bool, out: np.ndarray
 ) -> int:
-    """The repeat count (0-based level) at column v, drawn ∝ its entries with uniform u.
-
-    ``levels[s]`` is level ``ids[s]`` (1-based repeat counts, ascending); levels that are not
-    stored are 0.0 (linear) or -inf (log), and only levels 1..nlev count. Linear levels are
-    used as they are; log levels are exponentiated relative to the column's largest. The
-    stored levels are summed and scanned in order, so the draw is the one over the dense
-    levels 1..nlev (a missing level adds exactly 0.0 and can never be picked). Returns the
-    last positive level when rounding leaves ``u * total`` at the total, and -1 only when
-    every entry is zero.
-    """
-    ns = 0  # stored levels at or below nlev
+    """The weights a draw picks the repeat count from: the stored levels 1..nlev at column v,
+    relative to the largest (log levels exponentiated, linear ones divided by it), in
+    ``out[:ns]``; returns ns, the number of stored levels at or below nlev (their repeat
+    counts are ``ids[:ns]``). All zero when the column holds nothing."""
+    ns = 0
     while ns < ids.size and ids[ns] <= nlev:
         ns += 1
-    mx = NEG_INF
-    if log_space:
-        for s in range(ns):
-            if levels[s, v] > mx:
-                mx = levels[s, v]
-        if mx == NEG_INF:
-            return -1
-    total = 0.0
+    mx = NEG_INF if log_space else 0.0
     for s in range(ns):
-        total += math.exp(levels[s, v] - mx) if log_space else levels[s, v]
-    target = u * total
-    acc = 0.0
-    last = -1
+        if levels[s, v] > mx:
+            mx = levels[s, v]
     for s in range(ns):
-        x = math.exp(levels[s, v] - mx) if log_space else levels[s, v]
-        if x > 0.0:
-            acc += x
-            last = int(ids[s]) - 1
-            if acc > target:
-                return last
-    return last
+        x = levels[s, v]
+        if log_space:
+            out[s] = math.exp(x - mx) if mx > NEG_INF else 0.0
+        else:
+            out[s] = x / mx if mx > 0.0 else 0.0
+    return ns
 
 
 @numba.njit(cache=True, nogil=True)

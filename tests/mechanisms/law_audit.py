@@ -39,6 +39,7 @@ import multiprocessing
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import mpmath
@@ -59,7 +60,50 @@ _ULP = 2.0**-53
 # The real pick functions, bound at import (the walker patches the module attributes that
 # ``_draw_block`` looks up at call time; the law is always computed with these).
 _REAL_INTERVAL_PICK = _sampling.inverse_cdf_pick
-_REAL_LEVEL_PICK = _kernels.pick_level
+_NEG_INF = -np.inf
+
+
+@numba.njit(nogil=True)
+def old_pick_level(  # pragma: no cover - compiled
+    levels: np.ndarray, ids: np.ndarray, nlev: int, v: int, log_space: bool, u: float
+) -> int:
+    """The repeat count (0-based level) at column v, drawn ∝ its entries with uniform u.
+
+    ``levels[s]`` is level ``ids[s]`` (1-based repeat counts, ascending); levels that are not
+    stored are 0.0 (linear) or -inf (log), and only levels 1..nlev count. Linear levels are
+    used as they are; log levels are exponentiated relative to the column's largest. The
+    stored levels are summed and scanned in order, so the draw is the one over the dense
+    levels 1..nlev (a missing level adds exactly 0.0 and can never be picked). Returns the
+    last positive level when rounding leaves ``u * total`` at the total, and -1 only when
+    every entry is zero.
+    """
+    ns = 0  # stored levels at or below nlev
+    while ns < ids.size and ids[ns] <= nlev:
+        ns += 1
+    mx = _NEG_INF
+    if log_space:
+        for s in range(ns):
+            if levels[s, v] > mx:
+                mx = levels[s, v]
+        if mx == _NEG_INF:
+            return -1
+    total = 0.0
+    for s in range(ns):
+        total += math.exp(levels[s, v] - mx) if log_space else levels[s, v]
+    target = u * total
+    acc = 0.0
+    last = -1
+    for s in range(ns):
+        x = math.exp(levels[s, v] - mx) if log_space else levels[s, v]
+        if x > 0.0:
+            acc += x
+            last = int(ids[s]) - 1
+            if acc > target:
+                return last
+    return last
+
+
+_REAL_LEVEL_PICK = old_pick_level
 
 Law = dict[tuple[int, ...], float]
 
@@ -182,20 +226,67 @@ class _Script:
     def __init__(self, forced: int | None = None) -> None:
         self.forced = forced
         self.uniforms = 0
-        self.interval_law: list[tuple[int, int]] | None = None
-        self.level_law: list[tuple[int, int]] | None = None
+        self.interval_law: list[tuple[int, float]] | None = None
+        self.level_law: list[tuple[int, float]] | None = None
+        self.bit_generator = self  # ``rng.bit_generator.random_raw()`` (the exact picks)
 
     def random(self) -> float:
         self.uniforms += 1
         return 0.5
 
+    def random_raw(self) -> int:
+        self.uniforms += 1
+        return 0
+
 
 _ACTIVE: list[_Script] = []  # the script of the draw in progress (exact mode)
 
 
+def _probabilities(law: list[tuple[int, int]]) -> list[tuple[int, float]]:
+    return [(o, cnt * _ULP) for o, cnt in law]
+
+
+def exact_pick_law(weights: FloatArray) -> list[tuple[int, float]]:
+    """The law of ``pick_weights``: index k with probability ``weights[k] / sum``, exactly
+    (the sum of the doubles in exact rational arithmetic; subnormals count as 0.0, as the
+    flushed passes and the picker treat them); zero weights are never picked."""
+    vals = [Fraction(w) if w >= 2.0**-1022 else Fraction(0) for w in weights.tolist()]
+    total = sum(vals, Fraction(0))
+    return [(k, float(v / total)) for k, v in enumerate(vals) if v > 0]
+
+
+def _intercept_exact(weights: FloatArray, word: int, rng: Any) -> int:
+    """``pick_weights`` (the interval pick) in exact mode: records its law and returns the
+    forced (or first) outcome."""
+    script = _ACTIVE[-1]
+    law = exact_pick_law(np.asarray(weights, dtype=np.float64))
+    script.interval_law = law
+    return law[0][0] if script.forced is None else script.forced
+
+
+def _intercept_exact_level(
+    levels: FloatArray,
+    ids: IntArray,
+    nlev: int,
+    v: int,
+    log_space: bool,
+    word: int,
+    rng: Any,
+) -> int:
+    """``jx._pick_level`` in exact mode: the same weights (``K.level_weights``) and the
+    same map from a stored level to its repeat count; records the law over repeat counts
+    (0-based) and returns the first."""
+    script = _ACTIVE[-1]
+    weights = np.empty(ids.size)
+    ns = int(_kernels.level_weights(levels, ids, nlev, v, log_space, weights))
+    law = [(int(ids[s]) - 1, p) for s, p in exact_pick_law(weights[:ns])]
+    script.level_law = law
+    return law[0][0]
+
+
 def _intercept_interval(buf: FloatArray, u: float) -> int:
     script = _ACTIVE[-1]
-    law = pick_law(np.array(buf, dtype=np.float64))
+    law = _probabilities(pick_law(np.array(buf, dtype=np.float64)))
     script.interval_law = law
     return law[0][0] if script.forced is None else script.forced
 
@@ -211,21 +302,28 @@ def _intercept_level(
         v=int(v),
         log_space=bool(log_space),
     )
-    script.level_law = law
+    script.level_law = _probabilities(law)
     return law[0][0]
 
 
 @contextlib.contextmanager
 def _intercepted_picks() -> Iterator[None]:
-    """``_draw_block``'s two picks routed to the recording wrappers (restored on exit).
+    """``_draw_block``'s picks routed to the recording wrappers (restored on exit).
 
-    ``_draw_block`` looks both up at call time, as ``inverse_cdf_pick`` in its module and
-    as ``K.pick_level`` (``K`` is ``app.mechanisms.jointexp_kernels``).
+    ``_draw_block`` looks ``pick_weights`` up in its module at call time (both picks, exact
+    with respect to the weights). A re-inserted older draw (the negative control) picks
+    with ``inverse_cdf_pick`` and ``K.pick_level`` over 53-bit uniforms instead: where
+    those names are set on the modules they are intercepted too, and their laws counted
+    over all 2^53 uniforms.
     """
-    with (
-        _patched(jx, {"inverse_cdf_pick": _intercept_interval}),
-        _patched(_kernels, {"pick_level": _intercept_level}),
-    ):
+    patches = [(jx, {"pick_weights": _intercept_exact, "_pick_level": _intercept_exact_level})]
+    if hasattr(jx, "inverse_cdf_pick"):
+        patches.append((jx, {"inverse_cdf_pick": _intercept_interval}))
+    if hasattr(_kernels, "pick_level"):
+        patches.append((_kernels, {"pick_level": _intercept_level}))
+    with contextlib.ExitStack() as stack:
+        for module, values in patches:
+            stack.enter_context(_patched(module, values))
         yield
 
 
@@ -334,8 +432,7 @@ def _branches(
     law = script.interval_law
     lo = i0 - law[0][0]
     out: list[tuple[int, int, float]] = []
-    for t, (pick, count) in enumerate(law):
-        p_pick = count * _ULP
+    for t, (pick, p_pick) in enumerate(law):
         if script.level_law is None:  # no level pick in this draw (one level)
             if k0 != 1:
                 raise AssertionError("repeat count without a level pick")
@@ -353,8 +450,8 @@ def _branches(
             if same is not fwd or i1 != lo + pick or again.level_law is None:
                 raise AssertionError("a repeated draw did not replay the first one")
             levels = again.level_law
-        for lev, lcount in levels:
-            out.append((lo + pick, lev + 1, p_pick * (lcount * _ULP)))
+        for lev, p_lev in levels:
+            out.append((lo + pick, lev + 1, p_pick * p_lev))
     return fwd, out
 
 

@@ -25,6 +25,7 @@ import pytest
 from app.mechanisms import jointexp as jx
 from app.mechanisms import jointexp_kernels as K
 from app.mechanisms.jointexp_kernels import _pw
+from app.mechanisms.sampling import inverse_cdf_pick
 from tests.mechanisms import law_audit as LA
 
 _jx: Any = jx  # the module's names as ``_draw_block`` looks them up at call time
@@ -229,6 +230,9 @@ def old_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pre-fix ``_draw_block`` and ``step_weights_linear`` (issue 27) put back."""
     monkeypatch.setattr(jx, "_draw_block", _old_draw_block)
     monkeypatch.setattr(K, "step_weights_linear", _old_step_weights_linear)
+    # the old draw picked by inverse CDF over 53-bit uniforms
+    monkeypatch.setattr(jx, "inverse_cdf_pick", inverse_cdf_pick, raising=False)
+    monkeypatch.setattr(K, "pick_level", LA.old_pick_level, raising=False)
 
 
 @pytest.mark.parametrize(("a", "b"), [(853, 7273), (1673, 21051)])
@@ -287,6 +291,13 @@ def test_walker_draws_what_the_sampler_draws(block: int) -> None:
 
 
 # -- the pieces ---------------------------------------------------------------------------------
+
+
+def test_exact_pick_law_is_the_weights_share() -> None:
+    """The law of ``pick_weights`` is each weight's exact share; zero weights get nothing."""
+    law = dict(LA.exact_pick_law(np.array([1.0, 0.0, 1.0, 2.0, 1e-300])))
+    assert set(law) == {0, 2, 3, 4}
+    assert law[0] == law[2] == 0.25 and law[3] == 0.5 and law[4] == 2.5e-301
 
 
 def test_pick_law_counts_every_uniform() -> None:
