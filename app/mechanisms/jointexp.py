@@ -76,7 +76,7 @@ from app.mechanisms.validation import FloatArray, IntArray
 PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry are dropped
 #: A linear draw's largest weight must be at least this (in the scaled units its weights
 #: are formed in): the weights it loses, products below the smallest normal double flushed
-#: to 0.0, are then each < 2^-1022 and together < 2^25 * 2^-1022 < 2^-97 of it. Kernel
+#: to 0.0, are then each < 2^-1022 and, fewer than 2^30 of them, < 2^-92 of it together. Kernel
 #: factors are never dropped while their scaled value is a normal double
 #: (:func:`~app.mechanisms.jointexp_kernels.step_weights_linear`); below this the draw's
 #: weights are formed in log space instead.
@@ -965,8 +965,8 @@ def _draw_block(
             buf,
         )
         # A flushed weight is below 2^-1022 (the scaled units of ``top``), and at most
-        # ``count`` <= 2^25 of them are lost: with a largest weight of at least TINY_DRAW
-        # (2^-900) they are < 2^-97 of it. Both sides are absolute values in the same
+        # ``count`` of them are lost: with a largest weight of at least TINY_DRAW (2^-900)
+        # and count < 2^30 they are < 2^-92 of it. Both sides are absolute values in the same
         # scaled units; nothing here is a product that could underflow.
         if top >= TINY_DRAW:
             g_draw = row.gmax + (math.log(top) - math.log(row.top)) - lscale
@@ -1015,11 +1015,20 @@ def _pick_level(
     rng: np.random.Generator,
 ) -> int:
     """The repeat count (0-based) at column v, drawn exactly ∝ its levels 1..nlev
-    (:func:`~app.mechanisms.jointexp_kernels.level_weights`); -1 if they are all zero."""
+    (:func:`_level_weights`); -1 if they are all zero."""
+    weights, counts = _level_weights(levels, ids, nlev, v, log_space)
+    s = pick_weights(weights, word, rng)
+    return -1 if s < 0 else int(counts[s]) - 1
+
+
+def _level_weights(
+    levels: FloatArray, ids: IntArray, nlev: int, v: int, log_space: bool
+) -> tuple[FloatArray, IntArray]:
+    """The weights a level pick draws from (relative to the largest) and the repeat count
+    (1-based) of each (:func:`~app.mechanisms.jointexp_kernels.level_weights`)."""
     weights = np.empty(ids.size)
     ns = int(K.level_weights(levels, ids, nlev, v, log_space, weights))
-    s = pick_weights(weights[:ns], word, rng)
-    return -1 if s < 0 else int(ids[s]) - 1
+    return weights[:ns], ids[:ns]
 
 
 def _probe(

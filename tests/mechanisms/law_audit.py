@@ -273,13 +273,12 @@ def _intercept_exact_level(
     word: int,
     rng: Any,
 ) -> int:
-    """``jx._pick_level`` in exact mode: the same weights (``K.level_weights``) and the
-    same map from a stored level to its repeat count; records the law over repeat counts
-    (0-based) and returns the first."""
+    """``jx._pick_level`` in exact mode: the same weights and repeat counts
+    (``jx._level_weights``); records the law over repeat counts (0-based) and returns the
+    first."""
     script = _ACTIVE[-1]
-    weights = np.empty(ids.size)
-    ns = int(_kernels.level_weights(levels, ids, nlev, v, log_space, weights))
-    law = [(int(ids[s]) - 1, p) for s, p in exact_pick_law(weights[:ns])]
+    weights, counts = jx._level_weights(levels, ids, nlev, v, log_space)
+    law = [(int(counts[s]) - 1, p) for s, p in exact_pick_law(weights)]
     script.level_law = law
     return law[0][0]
 
