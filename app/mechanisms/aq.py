@@ -110,9 +110,7 @@ def aq_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
             k = hi - lo
             count = int(cum[hi - 1] - cum[lo - 1])
             if right > left:
-                j = int(
-                    node_pick(edges, cum, lo, hi, left, right, rel * count, c, rng.random(), buf)
-                )
+                j = node_pick(edges, cum, lo, hi, left, right, rel * count, c, rng, buf)
                 if j < 0:
                     raise FloatingPointError("exponential-mechanism weights are all zero")
                 a_j = left if j == 0 else float(edges[lo + j - 1])

@@ -11,7 +11,8 @@ points ``<=`` any output in it. The weight of interval j is
 Weights below ``2**-1000`` (every weight is <= 1) are not formed; if the largest formed
 weight is below ``2**-900`` all weights are formed in log space instead, so every dropped
 weight is below ``2**-100`` times the row maximum — far inside the package's exactness
-standard (each weight within ``2**-50`` x row max).
+standard (each weight within ``2**-50`` x row max). A pick is exact with respect to the
+weights formed (:func:`node_pick`): its law is their shares, with no rounding of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import numba
 import numpy as np
 
+from app.mechanisms.sampling import pick_word, resolve_exactly
 from app.mechanisms.validation import FloatArray, IntArray
 
 _LOG_CUT = 1000.0 * math.log(2.0)
@@ -125,18 +127,8 @@ def fill_weights_log(  # pragma: no cover - compiled
     return 0, k + 1, 1.0 if top > -np.inf else 0.0
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _block_sums(buf: FloatArray, cnt: int, out: FloatArray) -> None:  # pragma: no cover
-    """out[b] = sum(buf[64 b : min(cnt, 64 b + 64)])."""
-    for b in range(out.size):
-        s = 0.0
-        for i in range(b << 6, min(cnt, (b + 1) << 6)):
-            s += buf[i]
-        out[b] = s
-
-
 @numba.njit(cache=True, nogil=True)
-def node_pick(  # pragma: no cover - compiled
+def node_weights(  # pragma: no cover - compiled
     edges: FloatArray,
     cum: IntArray,
     lo: int,
@@ -145,47 +137,66 @@ def node_pick(  # pragma: no cover - compiled
     right: float,
     target: float,
     c: float,
-    u: float,
     buf: FloatArray,
-) -> int:
-    """Sample interval j in 0..k of the node with probability proportional to its weight.
+) -> tuple[int, int]:
+    """The node's weights as a pick uses them: ``buf[0:cnt]`` holds intervals ``j0 ..
+    j0 + cnt - 1``; returns ``(j0, cnt)``.
 
-    Zero widths have weight 0 and are never returned. One uniform ``u``, inverse CDF in two
-    stages (block sums of 64 weights, then one block). Returns -1 only if every weight is zero.
+    Linear weights (:func:`fill_weights`) when the largest is at least ``2**-900``, else
+    every weight in log space (:func:`fill_weights_log`): the weights not formed are each
+    below ``2**-1000``, so together below ``(k + 1) 2**-100`` of the largest.
     """
     j0, cnt, top = fill_weights(edges, cum, lo, hi, left, right, target, c, buf)
     if not top >= _MIN_TOP:
         j0, cnt, top = fill_weights_log(edges, cum, lo, hi, left, right, target, c, buf)
-    nb = (cnt + 63) >> 6
-    sums = np.empty(nb, dtype=np.float64)
-    _block_sums(buf, cnt, sums)
-    total = 0.0
-    for b in range(nb):
-        total += sums[b]
-    goal = u * total
-    acc = 0.0
-    before = 0.0
-    chosen = -1
-    for b in range(nb):
-        sb = sums[b]
-        if sb > 0.0:
-            chosen = b
-            before = acc
-            if acc + sb > goal:
-                break
-            acc += sb
-    if chosen < 0:
-        return -1
-    acc = before
-    last = -1
-    for i in range(chosen << 6, min(cnt, (chosen + 1) << 6)):
-        w = buf[i]
-        if w > 0.0:
-            acc += w
-            last = i
-            if acc > goal:
-                return j0 + i
-    return j0 + last
+    return j0, cnt
+
+
+@numba.njit(cache=True, nogil=True)
+def _node_pick_word(  # pragma: no cover - compiled
+    edges: FloatArray,
+    cum: IntArray,
+    lo: int,
+    hi: int,
+    left: float,
+    right: float,
+    target: float,
+    c: float,
+    word: np.uint64,
+    buf: FloatArray,
+) -> tuple[int, int, int]:
+    """:func:`node_weights` and :func:`~app.mechanisms.sampling.pick_word` in one compiled
+    call: ``(j0, cnt, k)`` with ``k`` the pick among ``buf[0:cnt]`` (-1: all zero, -2: to be
+    decided exactly)."""
+    j0, cnt = node_weights(edges, cum, lo, hi, left, right, target, c, buf)
+    return j0, cnt, pick_word(buf[:cnt], word)
+
+
+def node_pick(
+    edges: FloatArray,
+    cum: IntArray,
+    lo: int,
+    hi: int,
+    left: float,
+    right: float,
+    target: float,
+    c: float,
+    rng: np.random.Generator,
+    buf: FloatArray,
+) -> int:
+    """Interval j in 0..k of the node, with probability exactly its formed weight's share.
+
+    The weights of :func:`node_weights`, picked as :func:`~app.mechanisms.sampling.
+    pick_weights` picks (one raw 64-bit word, as ``rng.random()`` consumes; more bits only
+    where a cut point's rounding could decide): no rounding of a cumulative sum or of a
+    53-bit uniform enters the law, and a weight below 2^-53 of the total keeps its share.
+    Zero widths have weight 0 and are never returned; -1 only if every weight is zero.
+    """
+    word = int(rng.bit_generator.random_raw())
+    j0, cnt, k = _node_pick_word(edges, cum, lo, hi, left, right, target, c, np.uint64(word), buf)
+    if k == -2:
+        k = resolve_exactly(buf[:cnt], word, rng)
+    return -1 if k < 0 else j0 + k
 
 
 def exponential_mechanism_interval(
@@ -200,17 +211,13 @@ def exponential_mechanism_interval(
 
     The single-quantile exponential mechanism of Smith (2011) over the d + 1 intervals of
     ``edges = [a, v_1..v_d, b]``: score ``-|pos - target|`` where ``pos`` is the number of
-    points ``<=`` the output, ``c = epsilon / (2 * sensitivity)``. One uniform draw;
-    zero-width intervals are never returned. O(log d + min(d, 700 / c)) time.
+    points ``<=`` the output, ``c = epsilon / (2 * sensitivity)``. One exact pick
+    (:func:`node_pick`); zero-width intervals are never returned. O(log d + min(d, 700 / c)) time.
     """
     d = edges.size - 2
     if buf is None:
         buf = np.empty(d + 1, dtype=np.float64)
-    j = int(
-        node_pick(
-            edges, cum, 1, d + 1, edges[0], edges[-1], float(target), float(c), rng.random(), buf
-        )
-    )
+    j = node_pick(edges, cum, 1, d + 1, edges[0], edges[-1], float(target), float(c), rng, buf)
     if j < 0:
         raise FloatingPointError("exponential-mechanism weights are all zero")
     return j

@@ -1,8 +1,10 @@
 """Sampling an index in proportion to computed weights.
 
-:func:`pick_weights` is exact with respect to the doubles it is given (JointExp's draws);
-:func:`inverse_cdf_pick` and :func:`sample_index` are the inverse CDF over one 53-bit
-uniform that the other methods use.
+:func:`pick_weights` is exact with respect to the doubles it is given: every exponential-
+mechanism pick uses it (JointExp's draws, and the single-quantile mechanism of IndExp,
+AppIndExp and AQ, :func:`app.mechanisms.exponential.node_pick`). :func:`inverse_cdf_pick`
+is the inverse CDF over one 53-bit uniform that they used before, kept for the law audit's
+reconstruction of the earlier draw (its negative control).
 """
 
 from __future__ import annotations
@@ -38,18 +40,6 @@ def inverse_cdf_pick(weights: FloatArray, u: float) -> int:  # pragma: no cover 
             if acc > target:
                 return k
     return last_positive
-
-
-def sample_index(weights: FloatArray, rng: np.random.Generator) -> int:
-    """Draw index ``k`` with probability ``weights[k] / weights.sum()`` using one uniform.
-
-    ``weights`` must be non-negative with a positive, finite sum. Zero weights are never
-    returned.
-    """
-    k = int(inverse_cdf_pick(weights, rng.random()))
-    if k < 0:
-        raise FloatingPointError("sampling weights are all zero")
-    return k
 
 
 #: Unit roundoff of a double, and the smallest normal double.
@@ -99,7 +89,7 @@ def pick_word(weights: FloatArray, word: np.uint64) -> int:  # pragma: no cover 
     return -2
 
 
-def _resolve_exactly(weights: FloatArray, word: int, rng: np.random.Generator) -> int:
+def resolve_exactly(weights: FloatArray, word: int, rng: np.random.Generator) -> int:
     """The pick of :func:`pick_word` in exact integer arithmetic, with more bits of ``U``.
 
     Every double is an integer multiple of 2^-1074, so the weights scaled by 2^1074 and
@@ -145,5 +135,5 @@ def pick_weights(weights: FloatArray, word: int, rng: np.random.Generator) -> in
     w = np.ascontiguousarray(weights, dtype=np.float64)
     k = int(pick_word(w, np.uint64(word)))
     if k == -2:
-        k = _resolve_exactly(w, int(word), rng)
+        k = resolve_exactly(w, int(word), rng)
     return k

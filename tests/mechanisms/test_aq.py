@@ -6,6 +6,7 @@ import collections
 import itertools
 import math
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from scipy import stats
 import app.mechanisms.aq as aqmod
 from app.mechanisms import MECHANISMS, PrivacyNotion
 from app.mechanisms.aq import aq, recursion_depth
-from app.mechanisms.exponential import fill_weights, fill_weights_log
+from app.mechanisms.exponential import fill_weights, fill_weights_log, node_pick, node_weights
+from app.mechanisms.sampling import inverse_cdf_pick
 from app.mechanisms.smooth import support_of_dense
 from tests.mechanisms.exact import assert_rejects, dense_edges
 
@@ -209,30 +211,84 @@ def test_fast_weights_are_exact_to_2_pow_minus_50() -> None:
         assert np.all(want[outside] <= 2.0**-90)
 
 
-def test_node_pick_inverse_cdf_matches_reference() -> None:
+class _Words:
+    """A stand-in generator whose raw words are given (then drawn from a seeded one)."""
+
+    def __init__(self, *words: int) -> None:
+        self.words = list(words)
+        self.rest = np.random.default_rng(5).bit_generator
+        self.bit_generator = self
+
+    def random_raw(self) -> int:
+        return self.words.pop(0) if self.words else int(self.rest.random_raw())
+
+
+def _exact_pick(weights: np.ndarray, word: int) -> int | None:
+    """The index every uniform in [word, word + 1) 2^-64 picks in exact rational arithmetic
+    (C_{i-1} <= U S < C_i over the doubles given), or None where that interval straddles a
+    cut point."""
+    prefix = list(itertools.accumulate(Fraction(float(w)) for w in weights))
+    total = prefix[-1]
+    lo, hi = Fraction(word, 2**64) * total, Fraction(word + 1, 2**64) * total
+    before = Fraction(0)
+    for i, cut in enumerate(prefix):
+        if lo < cut:
+            return i if before <= lo and hi <= cut else None
+        before = cut
+    return None
+
+
+def test_node_pick_is_the_exact_share_of_its_weights() -> None:
+    """node_pick picks the interval the exact rational inverse CDF of node_weights' doubles
+    picks, at random words and at words next to every cut point (where the doubles' rounding
+    could decide), and never a zero width."""
     rng = np.random.default_rng(12)
-    # Ties, clamped points at both ends, and more than 64 intervals (several blocks).
+    # Ties, clamped points at both ends, and more than 64 intervals.
     raw = np.concatenate(([-9.0, -9.0], np.round(rng.uniform(0, 3, size=300), 1), [9.0]))
     edges, cum = support_of_dense(dense_edges(raw, 0.0, 3.0))
-    n = edges.size - 2  # number of distinct values
+    n = edges.size - 2
     buf = np.empty(n + 1)
-    for c in (1e-4, 0.05, 2.0):
+    checked = 0
+    for c in (1e-4, 0.05, 2.0, 40.0):
         target = 0.37 * int(cum[-1])
-        w = exact_weights(edges, cum, 1, n + 1, 0.0, 3.0, target, c)
-        cdf = np.cumsum(w) / w.sum()
-        positive = np.flatnonzero(w > 0)
-        assert aqmod.node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, 0.0, buf) == positive[0]
-        # The largest uniform lands on a positive weight at the top of the CDF (weights below
-        # 2**-53 of the total are beyond the reach of one double uniform, as everywhere).
-        top_u = float(np.nextafter(1.0, 0.0))
-        got = aqmod.node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, top_u, buf)
-        assert w[got] > 0 and cdf[got] >= top_u - 1e-12
-        for u in rng.uniform(size=300):
-            want = int(np.searchsorted(cdf, u, side="right"))
-            if min(abs(cdf[max(want - 1, 0)] - u), abs(cdf[min(want, n)] - u)) < 1e-12:
-                continue  # too close to a boundary for a float comparison
-            got = aqmod.node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, float(u), buf)
-            assert got == want and w[got] > 0
+        j0, cnt = node_weights(edges, cum, 1, n + 1, 0.0, 3.0, target, c, buf)
+        weights = buf[:cnt].copy()
+        want_law = exact_weights(edges, cum, 1, n + 1, 0.0, 3.0, target, c)
+        assert np.all(want_law[:j0] <= 2.0**-90) and np.all(want_law[j0 + cnt :] <= 2.0**-90)
+        cuts = np.cumsum([Fraction(float(w)) for w in weights])
+        total = cuts[-1]
+        words = [int(x) for x in rng.integers(0, 2**64, size=200, dtype=np.uint64)]
+        for cut in cuts[:-1]:  # the words on both sides of each cut point
+            at = int(cut / total * 2**64)  # the total itself where only zeros follow
+            words += [min(max(x, 0), 2**64 - 1) for x in (at - 1, at, at + 1)]
+        for word in words:
+            got = node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, _Words(word), buf)
+            assert weights[got - j0] > 0.0
+            want = _exact_pick(weights, word)
+            if want is not None:
+                assert got == j0 + want
+                checked += 1
+    assert checked > 800
+
+
+def test_node_pick_gives_a_tiny_weight_its_share() -> None:
+    """An interval whose weight is ~1e-18 of the total (below one 53-bit uniform's
+    resolution, which gave it probability 0) is picked by the words that land in it."""
+    edges = np.array([-1.0, 0.0, 1e-18, 1.0])  # middle interval 1e-18 wide
+    cum = np.array([0, 1, 2, 3], dtype=np.int64)
+    buf = np.empty(3)
+    j0, cnt = node_weights(edges, cum, 1, 3, -1.0, 1.0, 1.5, 1e-9, buf)
+    weights = buf[:cnt].copy()
+    assert cnt == 3 and 0.0 < weights[1] < 1e-17 * weights.sum()
+    cut = Fraction(float(weights[0])) / sum(Fraction(float(w)) for w in weights)
+    word = int(cut * 2**64) + 1  # U just above the first cut: inside the tiny interval
+    assert _exact_pick(weights, word) == 1
+    got = node_pick(edges, cum, 1, 3, -1.0, 1.0, 1.5, 1e-9, _Words(word), buf)
+    assert got == j0 + 1
+    # The 53-bit inverse CDF it replaces cannot reach it from any uniform near that point.
+    u53 = (word >> 11) * 2.0**-53
+    assert inverse_cdf_pick(weights, u53) != 1
+    assert inverse_cdf_pick(weights, u53 + 2.0**-53) != 1
 
 
 # --------------------------------------------------------------------- privacy of the release
@@ -387,9 +443,9 @@ def test_sampler_uses_the_calibrated_node_parameters(
     seen: list[tuple[int, float, float]] = []
     real = aqmod.node_pick
 
-    def spy(edges, cum, lo, hi, left, right, target, c, u, buf):  # type: ignore[no-untyped-def]
+    def spy(edges, cum, lo, hi, left, right, target, c, rng, buf):  # type: ignore[no-untyped-def]
         seen.append((int(cum[hi - 1] - cum[lo - 1]), target, c))
-        return real(edges, cum, lo, hi, left, right, target, c, u, buf)
+        return real(edges, cum, lo, hi, left, right, target, c, rng, buf)
 
     monkeypatch.setattr(aqmod, "node_pick", spy)
     data = np.random.default_rng(0).normal(size=200)
