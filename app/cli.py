@@ -87,12 +87,21 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from app.db import resolve_database_url, upgrade_database
+    from app.webprocs import claim_port, reuseport_available, run_web_processes
 
+    # The port first: a server that cannot listen (another one has it) starts nothing and
+    # changes nothing, the bootstrap key included (issue 28).
+    try:
+        claim = claim_port(args.host, args.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d (%s)", args.host, args.port, exc.strerror)
+        return 1
     url, embedded = resolve_database_url(settings)
     if embedded:
         upgrade_database(url)
         # Web and worker processes inherit the URL, so the embedded server starts once, here.
         os.environ["DPQUANT_DATABASE_URL"] = url
+    _reconcile_bootstrap_key(url, settings)
     release_workers = settings.workers if args.release_workers is None else args.release_workers
     base = f"http://{args.host}:{args.port}"
     _write(f"dpquant listening on {base} (API docs: {base}/docs)")
@@ -114,12 +123,23 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     # run and the embedded PostgreSQL is stopped with the last process that uses it.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_normally)
-    from app.webprocs import reuseport_available, run_web_processes
-
     workers_proc = start_release_workers(release_workers)
     status = 0
     try:
-        if args.workers > 1 and reuseport_available():
+        if args.workers == 1:
+            # the claimed socket itself: no moment where another server could take the port
+            claim.listen(2048)
+            config = uvicorn.Config(
+                "app.main:create_server_app",
+                factory=True,
+                host=args.host,
+                port=args.port,
+                log_level=settings.log_level.lower(),
+                timeout_keep_alive=settings.keepalive_s,
+            )
+            uvicorn.Server(config).run(sockets=[claim])
+        elif reuseport_available():
+            claim.close()  # each web process binds its own SO_REUSEPORT socket
             # One SO_REUSEPORT socket per web process: the kernel balances connections
             # (uvicorn's shared socket lets one process take a whole burst; app/webprocs.py).
             try:
@@ -134,6 +154,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 logger.error("cannot listen on %s:%d (%s)", args.host, args.port, exc.strerror)
                 status = 1
         else:
+            claim.close()
             uvicorn.run(
                 "app.main:create_server_app",
                 factory=True,
@@ -144,8 +165,26 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 timeout_keep_alive=settings.keepalive_s,
             )
     finally:
+        claim.close()
         stop_release_workers(workers_proc)
     return status
+
+
+def _reconcile_bootstrap_key(url: str, settings: Settings) -> None:
+    """The bootstrap key as ``DPQUANT_BOOTSTRAP_ADMIN_KEY`` says, once per ``serve``, after
+    the port is bound (the web processes do not do it). Skipped, as the web processes'
+    startup says, on a database that is not migrated."""
+    from sqlalchemy.orm import sessionmaker
+
+    from app.db import current_revisions, head_revisions, make_engine
+    from app.main import reconcile_bootstrap_key
+
+    engine = make_engine(url, settings)
+    try:
+        if current_revisions(engine) == head_revisions():
+            reconcile_bootstrap_key(sessionmaker(engine, expire_on_commit=False), settings)
+    finally:
+        engine.dispose()
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
@@ -90,21 +90,46 @@ def _start(app: FastAPI) -> None:
     if current_revisions(engine) != app.state.migration_heads:
         logger.error("the database is not migrated (run `dpquant migrate`); /readyz says so")
         return
-    with app.state.session_factory.begin() as session:
+    if app.state.reconcile_bootstrap:
+        reconcile_bootstrap_key(app.state.session_factory, settings)
+
+
+def reconcile_bootstrap_key(session_factory: sessionmaker[Session], settings: Settings) -> None:
+    """Register (or restore) the key ``DPQUANT_BOOTSTRAP_ADMIN_KEY`` names and retire the
+    others; with the variable unset, retire every bootstrap key. Logs what it did.
+
+    ``dpquant serve`` calls it once, after its port is bound (a server that cannot listen
+    changes no key); an app built by :func:`create_app` calls it at startup.
+    """
+    with session_factory.begin() as session:
         if settings.bootstrap_admin_key is not None:
-            revoked = ensure_bootstrap_key(
+            outcome = ensure_bootstrap_key(
                 session, raw=settings.bootstrap_admin_key.get_secret_value()
             )
-            logger.info(
-                "bootstrap admin key registered from DPQUANT_BOOTSTRAP_ADMIN_KEY (stored hashed)"
-                + (f"; {revoked} earlier bootstrap key(s) revoked" if revoked else "")
-            )
+            if not outcome.live:
+                logger.error(
+                    "the key DPQUANT_BOOTSTRAP_ADMIN_KEY names was revoked by an admin and"
+                    " stays revoked: set a new value to get a bootstrap admin key"
+                )
+            else:
+                logger.info(
+                    "bootstrap admin key %s from DPQUANT_BOOTSTRAP_ADMIN_KEY (stored hashed)%s",
+                    "registered"
+                    if outcome.registered
+                    else "restored"
+                    if outcome.restored
+                    else "in place",
+                    f"; {outcome.retired} earlier bootstrap key(s) retired"
+                    if outcome.retired
+                    else "",
+                )
         else:
-            revoked = retire_bootstrap_keys(session)
-            if revoked:
+            retired = retire_bootstrap_keys(session)
+            if retired:
                 logger.warning(
-                    "DPQUANT_BOOTSTRAP_ADMIN_KEY is unset: %d earlier bootstrap key(s) revoked",
-                    revoked,
+                    "DPQUANT_BOOTSTRAP_ADMIN_KEY is unset: %d bootstrap key(s) retired"
+                    " (a start with the same value restores them)",
+                    retired,
                 )
 
 
@@ -138,6 +163,8 @@ def create_server_app() -> FastAPI:
     :func:`create_app`, which leaves the collector alone)."""
     app = create_app()
     app.state.freeze_gc = True
+    # `dpquant serve` reconciles the bootstrap key once, after binding its port
+    app.state.reconcile_bootstrap = False
     return app
 
 
@@ -155,6 +182,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings or Settings()
     app.state.plan_figures = FiguresCache()
+    app.state.reconcile_bootstrap = True
     install_error_handlers(app)
     app.include_router(ops_router)
     app.include_router(datasets_router)

@@ -52,6 +52,22 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def claim_port(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` *without* ``SO_REUSEPORT``: it fails with
+    EADDRINUSE while any server listens there (a group of ``SO_REUSEPORT`` sockets
+    included, which another one could otherwise join and take a share of the connections).
+    ``SO_REUSEADDR`` lets it reuse a port whose old connections are in TIME_WAIT."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def web_process(host: str, port: int, log_level: str, keepalive_s: int) -> None:
     """Entry point of one web process: its own listening socket, the app in uvicorn."""
     import uvicorn

@@ -34,6 +34,10 @@ class ApiKey(Base):
             name="key_cap",
         ),
         CheckConstraint("spent_epsilon >= 0 AND spent_delta >= 0", name="key_spent_nonnegative"),
+        CheckConstraint(
+            "retired_at IS NULL OR (bootstrap AND revoked_at IS NOT NULL)",
+            name="retired_is_revoked_bootstrap",
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
@@ -46,6 +50,10 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: Registered from ``DPQUANT_BOOTSTRAP_ADMIN_KEY``; revoked when the variable changes.
     bootstrap: Mapped[bool] = mapped_column(Boolean, server_default=text("false"), default=False)
+    #: A bootstrap key revoked because a server started with the variable unset (set with
+    #: ``revoked_at``): a start with the same value again restores it. A key an admin
+    #: revoked has no ``retired_at`` and stays revoked.
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     max_epsilon: Mapped[Decimal | None] = mapped_column(Numeric)
     max_delta: Mapped[Decimal | None] = mapped_column(Numeric)
     spent_epsilon: Mapped[Decimal] = mapped_column(

@@ -12,7 +12,7 @@ import secrets
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from sqlalchemy import select, update
@@ -198,12 +198,27 @@ def rotate_key(session: Session, *, key_id: uuid.UUID, actor: Principal) -> tupl
     return key, raw
 
 
-def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
-    """Make ``raw`` the bootstrap admin key; returns how many earlier bootstrap keys it revoked.
+class BootstrapOutcome(NamedTuple):
+    """What :func:`ensure_bootstrap_key` did, for the server's log line."""
+
+    #: the key is live now (registered, restored or live already)
+    live: bool
+    #: a new row was registered for this value
+    registered: bool
+    #: a key the server had retired was restored (the same value again)
+    restored: bool
+    #: other bootstrap keys retired (an earlier value of the variable)
+    retired: int
+
+
+def ensure_bootstrap_key(session: Session, *, raw: str) -> BootstrapOutcome:
+    """Make ``raw`` the bootstrap admin key.
 
     Idempotent. The bootstrap key is tied to ``DPQUANT_BOOTSTRAP_ADMIN_KEY``: a key registered
-    from an earlier value of the variable is revoked here, and a bootstrap key an admin
-    revoked stays revoked. Registrations and revocations are audited (no acting key).
+    from an earlier value of the variable is retired here (revoked, with ``retired_at``).
+    A retired key is restored when a server starts with its value again; a bootstrap key an
+    admin revoked stays revoked (``live`` is False: the operator must choose a new value).
+    Registrations, restorations and retirements are audited (no acting key).
     """
     digest = hash_key(raw)
     stmt = (
@@ -221,7 +236,8 @@ def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
         .on_conflict_do_nothing(index_elements=["key_hash"])
         .returning(ApiKey.id, ApiKey.prefix)
     )
-    for key_id, prefix in session.execute(stmt).all():
+    created = session.execute(stmt).all()
+    for key_id, prefix in created:
         record(
             session,
             actor=None,
@@ -230,34 +246,56 @@ def ensure_bootstrap_key(session: Session, *, raw: str) -> int:
             target_id=key_id,
             details={"prefix": prefix, "role": "admin", "bootstrap": True},
         )
-    return _revoke_bootstrap(session, keep=digest)
+    restored = False
+    live = bool(created)
+    if not created:
+        key = session.scalars(
+            select(ApiKey).where(ApiKey.key_hash == digest).with_for_update()
+        ).one()
+        if key.retired_at is not None:
+            key.revoked_at = None
+            key.retired_at = None
+            session.flush()
+            record(
+                session,
+                actor=None,
+                action="key.restore",
+                target_type="api_key",
+                target_id=key.id,
+                details={"prefix": key.prefix, "bootstrap": True},
+            )
+            restored = True
+        live = key.revoked_at is None
+    retired = _retire_bootstrap(session, keep=digest)
+    return BootstrapOutcome(live, bool(created), restored, retired)
 
 
 def retire_bootstrap_keys(session: Session) -> int:
-    """Revoke every bootstrap key (the variable is unset); returns how many were live."""
-    return _revoke_bootstrap(session, keep=None)
+    """Retire every live bootstrap key (the variable is unset); returns how many."""
+    return _retire_bootstrap(session, keep=None)
 
 
-def _revoke_bootstrap(session: Session, *, keep: str | None) -> int:
+def _retire_bootstrap(session: Session, *, keep: str | None) -> int:
+    now = datetime.now(UTC)
     stmt = (
         update(ApiKey)
         .where(ApiKey.bootstrap.is_(True), ApiKey.revoked_at.is_(None))
-        .values(revoked_at=datetime.now(UTC))
+        .values(revoked_at=now, retired_at=now)
         .returning(ApiKey.id, ApiKey.prefix)
     )
     if keep is not None:
         stmt = stmt.where(ApiKey.key_hash != keep)
-    revoked = session.execute(stmt.execution_options(synchronize_session=False)).all()
-    for key_id, prefix in revoked:
+    retired = session.execute(stmt.execution_options(synchronize_session=False)).all()
+    for key_id, prefix in retired:
         record(
             session,
             actor=None,
-            action="key.revoke",
+            action="key.retire",
             target_type="api_key",
             target_id=key_id,
             details={"prefix": prefix, "bootstrap": True},
         )
-    return len(revoked)
+    return len(retired)
 
 
 def list_keys(session: Session) -> list[ApiKey]:
@@ -266,12 +304,17 @@ def list_keys(session: Session) -> list[ApiKey]:
 
 
 def revoke_key(session: Session, *, key_id: uuid.UUID, actor: Principal | None = None) -> ApiKey:
-    """Revoke a key at once (idempotent; recorded once in the audit log); 404 when unknown."""
+    """Revoke a key at once (idempotent; recorded once in the audit log); 404 when unknown.
+
+    A bootstrap key the server retired is revoked for good here (it is not restored when a
+    server starts with its value again)."""
     key = session.get(ApiKey, key_id, with_for_update=True, populate_existing=True)
     if key is None:
         raise not_found("key")
-    if key.revoked_at is None:
-        key.revoked_at = datetime.now(UTC)
+    if key.revoked_at is None or key.retired_at is not None:
+        # an admin's revocation is final: a retired bootstrap key loses its way back
+        key.revoked_at = key.revoked_at or datetime.now(UTC)
+        key.retired_at = None
         session.flush()
         record(
             session,

@@ -580,8 +580,9 @@ def test_the_bootstrap_key_follows_the_environment_variable(
     assert sum(1 for k in keys if k["revoked_at"] is None and k["role"] == "admin") == 1
     with start(None) as c:  # removed: no bootstrap key works any more
         assert status(c, first) == 401 and status(c, second) == 401
-    with start(second) as c:  # an admin's (or the rotation's) revocation sticks
-        assert status(c, second) == 401
+    with start(second) as c:  # the same value again: the retired key is restored (issue 28)
+        assert status(c, second) == 200 and status(c, first) == 401
+    # an admin's revocation sticks: tests/service/test_bootstrap_key.py
 
 
 def test_the_mechanism_runs_with_a_float_at_most_the_paid_decimal(
