@@ -6,6 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
+import uuid
 from collections.abc import Callable, Coroutine
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -80,7 +81,10 @@ MAX_CURSOR_POSITION = 2**63
 
 
 def encode_cursor(position: int) -> str:
-    """An opaque cursor for keyset pagination."""
+    """A cursor for keyset pagination over an admin's list (audit log, ledger) or a
+    position the caller can count itself (an offset into its own datasets). Lists that
+    readers page through use :func:`encode_item_cursor`: a global position would count
+    rows outside the caller's scope."""
     return base64.urlsafe_b64encode(f"v1:{position}".encode()).decode().rstrip("=")
 
 
@@ -97,5 +101,31 @@ def decode_cursor(cursor: str | None) -> int | None:
         if not 0 < position < MAX_CURSOR_POSITION:
             raise ValueError
         return position
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise invalid("query.cursor", "is not a cursor returned by this API") from None
+
+
+_ITEM_TAG = "i1"
+
+
+def encode_item_cursor(item_id: uuid.UUID) -> str:
+    """A cursor that names the last item of a page by the id the page already shows: it
+    reveals nothing the caller did not receive (issue 28: release-list cursors were the
+    global release sequence, so a key scoped to one dataset could count other datasets'
+    releases between two pages)."""
+    return base64.urlsafe_b64encode(f"{_ITEM_TAG}:{item_id.hex}".encode()).decode().rstrip("=")
+
+
+def decode_item_cursor(cursor: str | None) -> uuid.UUID | None:
+    """The item id inside a cursor of :func:`encode_item_cursor`; 422 naming
+    ``query.cursor`` when it is not one."""
+    if cursor is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        tag, _, value = raw.partition(":")
+        if tag != _ITEM_TAG or len(value) != 32:
+            raise ValueError
+        return uuid.UUID(hex=value)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise invalid("query.cursor", "is not a cursor returned by this API") from None

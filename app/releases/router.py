@@ -20,8 +20,8 @@ from app.mechanisms import MECHANISMS
 from app.ops.http import (
     DecimalJSONRoute,
     conditional_json,
-    decode_cursor,
-    encode_cursor,
+    decode_item_cursor,
+    encode_item_cursor,
     etag_of,
     json_bytes,
 )
@@ -268,10 +268,10 @@ def list_releases(
         session,
         principal=principal,
         dataset_id=dataset_id,
-        before=decode_cursor(cursor),
+        after=decode_item_cursor(cursor),
         limit=limit + 1,
     )
-    next_cursor = encode_cursor(rows[limit - 1].seq) if len(rows) > limit else None
+    next_cursor = encode_item_cursor(rows[limit - 1].id) if len(rows) > limit else None
     page = ReleasePage(items=[present(r) for r in rows[:limit]], next_cursor=next_cursor)
     return conditional_json(request, page)
 

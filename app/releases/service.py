@@ -637,13 +637,25 @@ async def get_release(pool: Pool, *, principal: Principal, release_id: uuid.UUID
 
 
 def list_releases(
-    session: Session, *, principal: Principal, dataset_id: uuid.UUID, before: int | None, limit: int
+    session: Session,
+    *,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    after: uuid.UUID | None,
+    limit: int,
 ) -> list[ReleaseRecord]:
-    """Releases of a dataset, newest first, with ``seq < before`` when a cursor is given."""
+    """Releases of a dataset, newest first; with a cursor, those older than release
+    ``after`` (the last one of the previous page), which must be one of this dataset's
+    (422 ``query.cursor`` otherwise, whether or not it exists elsewhere)."""
     get_visible(session, principal=principal, dataset_id=dataset_id)
     stmt = select(Release).where(Release.dataset_id == dataset_id)
-    if before is not None:
-        stmt = stmt.where(Release.seq < before)
+    if after is not None:
+        seq = session.scalar(
+            select(Release.seq).where(Release.id == after, Release.dataset_id == dataset_id)
+        )
+        if seq is None:
+            raise invalid("query.cursor", "is not a cursor returned by this API")
+        stmt = stmt.where(Release.seq < seq)
     rows = session.scalars(stmt.order_by(Release.seq.desc()).limit(limit))
     return [ReleaseRecord.of(r) for r in rows]
 

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.mechanisms import MECHANISMS
+from app.ops.http import encode_cursor, encode_item_cursor
 from tests.support import count_statements
 
 from .conftest import ADMIN, SAMPLE, Api
@@ -214,6 +215,41 @@ def test_releases_are_listed_newest_first_with_cursor(api: Api, client: TestClie
         if not cursor:
             break
     assert seen == ids[::-1]
+
+
+def test_release_cursors_reveal_nothing_outside_the_dataset(api: Api, client: TestClient) -> None:
+    """Issue 28: the cursor was the global release sequence, so two cursors of one dataset
+    told a scoped reader how many releases other datasets made in between. A cursor now
+    names the page's last release (which the page shows), is the same whatever other
+    datasets do, and is refused on another dataset like any invalid cursor."""
+
+    def cursors(ds_id: str) -> list[str]:
+        out: list[str] = []
+        cursor = None
+        while True:
+            url = f"/v1/datasets/{ds_id}/releases?limit=1" + (f"&cursor={cursor}" if cursor else "")
+            page = client.get(url, headers=ADMIN).json()
+            cursor = page["next_cursor"]
+            if not cursor:
+                return out
+            # the cursor is a function of the item the page shows, and of nothing else
+            assert cursor == encode_item_cursor(uuid.UUID(page["items"][-1]["id"]))
+            out.append(cursor)
+
+    a, b = api.dataset(values=SAMPLE), api.dataset(values=SAMPLE)
+    api.query(a["id"], epsilon="0.01")
+    for _ in range(4):  # other datasets' releases between two of a's
+        api.query(b["id"], epsilon="0.01")
+    api.query(a["id"], epsilon="0.01")
+    api.query(a["id"], epsilon="0.01")
+    seen = cursors(a["id"])
+    assert len(seen) == 2
+    for cursor in seen:
+        r = client.get(f"/v1/datasets/{b['id']}/releases?cursor={cursor}", headers=ADMIN)
+        assert r.status_code == 422 and r.json()["detail"].startswith("query.cursor")
+    for bad in ("%%%", encode_cursor(5), encode_item_cursor(uuid.uuid4())):
+        r = client.get(f"/v1/datasets/{a['id']}/releases?cursor={bad}", headers=ADMIN)
+        assert r.status_code == 422 and r.json()["detail"].startswith("query.cursor")
 
 
 def test_ledger_lists_grants_and_debits_newest_first(api: Api, client: TestClient) -> None:
