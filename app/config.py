@@ -8,10 +8,25 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: Values that look like a secret someone forgot to replace; refused as bootstrap keys.
-PLACEHOLDER_SECRETS = frozenset(
-    {"changeme", "change-me", "changethis", "secret", "admin", "password"}
+#: Words of a value someone forgot to replace ("change-me-to-a-long-random-secret"):
+#: a secret that contains one (case and separators ignored) is refused. Each has at least
+#: 7 letters, so a random url-safe secret of 43 characters contains a given one with
+#: probability below 37 * 37^-7 < 10^-9.
+PLACEHOLDER_WORDS = (
+    "changeme",
+    "changethis",
+    "replaceme",
+    "yoursecret",
+    "yourtoken",
+    "placeholder",
+    "example",
+    "password",
+    "secretkey",
+    "xxxxxxx",
 )
+#: A random secret of 32 url-safe characters has ~25 distinct ones; fewer than this many
+#: marks a repeated or typed pattern ("aaaa...", "0123456789" * 4).
+MIN_DISTINCT_CHARACTERS = 12
 
 #: Minimum length of a bootstrap admin key (43 url-safe characters carry 256 bits).
 MIN_BOOTSTRAP_KEY_LENGTH = 32
@@ -132,7 +147,12 @@ class Settings(BaseSettings):
         if value is None:
             return None
         raw = value.get_secret_value()
-        if raw.lower() in PLACEHOLDER_SECRETS or len(raw) < MIN_BOOTSTRAP_KEY_LENGTH:
+        letters = "".join(ch for ch in raw.lower() if ch.isalnum())
+        if (
+            len(raw) < MIN_BOOTSTRAP_KEY_LENGTH
+            or len(set(raw)) < MIN_DISTINCT_CHARACTERS
+            or any(word in letters for word in PLACEHOLDER_WORDS)
+        ):
             raise ValueError(
                 f"must be a random secret of at least {MIN_BOOTSTRAP_KEY_LENGTH} characters "
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"

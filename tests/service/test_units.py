@@ -84,10 +84,36 @@ def test_cursor_roundtrip_and_rejection() -> None:
     assert info.value.status_code == 422
 
 
-@pytest.mark.parametrize("secret", ["changeme", "admin", "short"])
-def test_settings_refuse_placeholder_bootstrap_keys(secret: str) -> None:
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "changeme",
+        "admin",
+        "short",
+        # long enough, and still placeholders (issue 28: the list never fired, every entry
+        # was shorter than the length the check asked for first)
+        "please-change-me-to-a-long-random-secret-value",
+        "CHANGE_ME_CHANGE_ME_CHANGE_ME_CHANGE_ME",
+        "replace-me-with-your-own-generated-value-1234",
+        "a" * 43,
+        "0123456789" * 4,
+        "your_secret_goes_here_and_it_is_long_enough",
+    ],
+)
+def test_settings_refuse_placeholder_secrets(secret: str) -> None:
     with pytest.raises(ValidationError):
         Settings(bootstrap_admin_key=secret)
+    with pytest.raises(ValidationError):
+        Settings(metrics_token=secret)
+
+
+def test_settings_accept_random_secrets() -> None:
+    """No false refusals: 2,000 secrets as README tells operators to make them."""
+    import secrets
+
+    for _ in range(2000):
+        raw = secrets.token_urlsafe(32)
+        assert Settings(bootstrap_admin_key=raw, metrics_token=raw).bootstrap_admin_key
 
 
 def test_settings_read_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
