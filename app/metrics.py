@@ -95,6 +95,20 @@ POOL_CAPACITY = Gauge(
 )
 
 
+VALUES_CACHE_BYTES = Gauge(
+    "dpquant_values_cache_bytes",
+    "Bytes of dataset arrays the live release workers hold in their caches.",
+    ["process"],
+    multiprocess_mode="livesum",
+)
+VALUES_CACHE_CAPACITY = Gauge(
+    "dpquant_values_cache_capacity_bytes",
+    "Most bytes the live release workers' caches may hold (DPQUANT_VALUES_CACHE_BYTES each).",
+    ["process"],
+    multiprocess_mode="livesum",
+)
+
+
 def instrument_pool(engine: Engine, *, process: str, capacity: int) -> None:
     """Track the engine's checked-out connections in :data:`POOL_IN_USE`."""
     gauge = POOL_IN_USE.labels(process)

@@ -36,9 +36,15 @@ import numpy as np
 import psycopg
 
 from app.config import Settings
+from app.datasets.service import ARCHIVED_CHANNEL, VALUES_CACHE
 from app.db import CommitOutcomeUnknown
 from app.mechanisms import MECHANISMS, GridHistogram
-from app.metrics import MECHANISM_SECONDS, forget_process
+from app.metrics import (
+    MECHANISM_SECONDS,
+    VALUES_CACHE_BYTES,
+    VALUES_CACHE_CAPACITY,
+    forget_process,
+)
 from app.pg import Link, conninfo
 from app.releases.runner import (
     FAILURE_TIMEOUT,
@@ -245,8 +251,30 @@ def warm_up() -> None:
 def _heard(
     listener: psycopg.Connection[Any], *, timeout: float, stop_after: int | None = None
 ) -> int:
-    """How many notifications arrive within ``timeout`` (0: only those already received)."""
-    return sum(1 for _ in listener.notifies(timeout=timeout, stop_after=stop_after))
+    """How many releases were announced within ``timeout`` (0: only the notifications
+    already received). An archived dataset's notification drops its cached arrays here and
+    counts as none (it ends the wait, as any notification does)."""
+    count = 0
+    for note in listener.notifies(timeout=timeout, stop_after=stop_after):
+        if note.channel == ARCHIVED_CHANNEL:
+            with suppress(ValueError):
+                VALUES_CACHE.drop_dataset(uuid.UUID(note.payload))
+            _report_cache()
+        else:
+            count += 1
+    return count
+
+
+def configure_cache(settings: Settings) -> None:
+    """This process's values cache as ``DPQUANT_VALUES_CACHE_BYTES`` says (before issue 28
+    only the web processes, which load no values, read it: workers always kept 256 MiB)."""
+    VALUES_CACHE.max_bytes = settings.values_cache_bytes
+    VALUES_CACHE_CAPACITY.labels("release_worker").set(settings.values_cache_bytes)
+    _report_cache()
+
+
+def _report_cache() -> None:
+    VALUES_CACHE_BYTES.labels("release_worker").set(VALUES_CACHE.nbytes)
 
 
 #: glibc ``mallopt`` parameters (malloc.h).
@@ -291,6 +319,7 @@ def worker_main(url: str, slot: Slot, log_level: str, workers: int = 1) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
     settings = Settings(database_url=url)
+    configure_cache(settings)
     link = Link(url, settings)
     keep_freed_memory()
     warm_up()
@@ -310,10 +339,14 @@ def worker_main(url: str, slot: Slot, log_level: str, workers: int = 1) -> None:
                 if listener is None:
                     listener = psycopg.connect(conninfo(url), autocommit=True)
                     listener.execute(f"LISTEN {PENDING_CHANNEL}")
+                    listener.execute(f"LISTEN {ARCHIVED_CHANNEL}")
                     hints = 1  # whatever was announced while not listening
+                    VALUES_CACHE.clear()  # and whatever was archived meanwhile
+                    _report_cache()
                 if hints > 0:
                     limit = batch_size(hints, workers)
                     taken = process_batch(link, settings, slot, limit=limit)
+                    _report_cache()
                     if taken:
                         hints = max(0, hints - taken) + _heard(listener, timeout=0.0)
                         continue

@@ -13,7 +13,7 @@ from typing import Any, cast
 import numpy as np
 import psycopg
 from numpy.typing import NDArray
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -216,6 +216,8 @@ def archive_dataset(session: Session, *, principal: Principal, dataset_id: uuid.
     session.execute(delete(DatasetData).where(DatasetData.dataset_id == dataset.id))
     dataset.archived_at = datetime.now(UTC)
     session.flush()
+    # delivered at commit: every release worker drops the dataset's cached arrays
+    session.execute(select(func.pg_notify(ARCHIVED_CHANNEL, str(dataset.id))))
     record(
         session,
         actor=principal,
@@ -372,6 +374,10 @@ def store_histogram(
     return dataset
 
 
+#: NOTIFY channel: a dataset was archived (payload: its id); release workers drop its values.
+ARCHIVED_CHANNEL = "dpquant_dataset_archived"
+
+
 class ValuesCache:
     """A per-process LRU of loaded arrays, keyed by ``(dataset id, data version, kind)``.
 
@@ -393,6 +399,27 @@ class ValuesCache:
                 self._items.move_to_end(key)
             return arrays
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays held."""
+        return self._bytes
+
+    def clear(self) -> None:
+        """Forget everything."""
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def drop_dataset(self, dataset_id: uuid.UUID) -> int:
+        """Forget every array of ``dataset_id`` (it was archived); returns the bytes freed."""
+        with self._lock:
+            gone = [key for key in self._items if key[0] == dataset_id]
+            freed = 0
+            for key in gone:
+                freed += sum(a.nbytes for a in self._items.pop(key))
+            self._bytes -= freed
+            return freed
+
     def put(self, key: CacheKey, arrays: tuple[NDArray[Any], ...]) -> None:
         """Remember ``arrays`` (skipped when larger than the whole cache)."""
         size = sum(a.nbytes for a in arrays)
@@ -410,7 +437,9 @@ class ValuesCache:
 
 CacheKey = tuple[uuid.UUID, int, str]
 
-#: The process-wide cache; its size is set from ``DPQUANT_VALUES_CACHE_BYTES`` at startup.
+#: The process-wide cache; its size is set from ``DPQUANT_VALUES_CACHE_BYTES`` when a release
+#: worker starts (the processes that load values). Archiving a dataset drops its arrays in
+#: every worker (:data:`ARCHIVED_CHANNEL`).
 VALUES_CACHE = ValuesCache(max_bytes=256 * 1024 * 1024)
 
 
