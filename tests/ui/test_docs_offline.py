@@ -34,3 +34,22 @@ def test_docs_pages_reference_only_this_server(live_server: LiveServer) -> None:
         r = httpx.get(f"{live_server.base_url}/docs-static/{asset}")
         assert r.status_code == 200 and len(r.content) > 100_000, asset
         assert b"cdn.redoc.ly" not in r.content, asset
+
+
+def test_docs_pages_carry_the_dashboards_security_headers(live_server: LiveServer) -> None:
+    """Issue 28: /docs and /redoc had none of /ui/'s headers. Now they forbid framing,
+    sniffing and referrers, and their CSP allows scripts from this origin and the pages' own
+    inline start-up scripts by hash only (the rendering tests above see no violation)."""
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect", "/docs-static/swagger-ui.css"):
+        r = httpx.get(live_server.base_url + path)
+        assert r.status_code == 200, path
+        assert r.headers["x-frame-options"] == "DENY", path
+        assert r.headers["x-content-type-options"] == "nosniff", path
+        assert r.headers["referrer-policy"] == "no-referrer", path
+        policy = dict(
+            part.strip().split(" ", 1) for part in r.headers["content-security-policy"].split(";")
+        )
+        assert policy["default-src"] == "'none'" and policy["frame-ancestors"] == "'none'", path
+        sources = policy["script-src"].split()
+        assert sources[0] == "'self'", path
+        assert all(s.startswith("'sha256-") for s in sources[1:]), path
