@@ -63,7 +63,11 @@ class Settings(BaseSettings):
         description="Largest values or histogram upload (bytes); streamed, constant memory.",
     )
     max_values: int = Field(
-        default=10**9, gt=0, description="Most values per dataset (all appends together)."
+        default=10**9,
+        gt=0,
+        le=2**53,
+        description="Most values per dataset (all appends together); at most 2^53, the "
+        "largest count every computation holds exactly.",
     )
     max_cells: int = Field(default=10**7, gt=0, description="Most distinct grid cells per dataset.")
     max_quantiles: int = Field(default=1000, gt=0, description="Most quantiles per query.")

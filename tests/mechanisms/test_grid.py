@@ -242,6 +242,27 @@ def test_histogram_validation_names_the_field(cells, counts, k1, param) -> None:
     assert info.value.parameter == param
 
 
+@pytest.mark.parametrize(
+    ("size", "count"),
+    [
+        (4096, 2**52),  # exactly 2^64: a uint64 sum wraps to 0
+        (4097, 2**52),  # 2^64 + 2^52: wraps to 2^52, which is below the cap
+        (3, 2**53 - 1),  # a total just above 2^54, no wrap
+        (2, 2**52 + 1),  # 2^53 + 2: just above the cap
+    ],
+)
+def test_a_total_above_2_pow_53_is_refused_however_it_sums(size: int, count: int) -> None:
+    """Issue 28: the total was summed in uint64, which wraps: 4,096 counts of 2^52 summed to
+    0 and the histogram was accepted with n = 0."""
+    cells = np.arange(size, dtype=np.int64)
+    counts = np.full(size, count, dtype=np.int64)
+    with pytest.raises(MechanismInputError) as info:
+        GridHistogram.from_arrays(cells, counts, size + 1)
+    assert info.value.parameter == "counts"
+    ok = GridHistogram.from_arrays(np.arange(2), np.asarray([2**52, 2**52]), 3)
+    assert ok.n == 2**53  # the cap itself is allowed
+
+
 def test_histogram_from_values_clamps_and_counts() -> None:
     h = GridHistogram.from_values([-5.0, 0.04, 0.06, 0.06, 0.3, 9.0], 0.0, 0.3, 0.1)
     assert h.grid_points == 4
