@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(
         default=0, ge=0, description="Burst size of the per-key rate limit (0 = one minute's)."
     )
+    auth_failures_per_minute: int = Field(
+        default=300,
+        ge=0,
+        description="Failed authentications per minute per client address, per process, before "
+        "further unknown keys from it get 429 without a database lookup (0 = off).",
+    )
 
     # HTTP.
     keepalive_s: int = Field(

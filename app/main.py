@@ -41,7 +41,7 @@ from app.metrics import RequestMetricsMiddleware
 from app.openapi import install_openapi
 from app.ops.router import router as ops_router
 from app.pg import HotPool
-from app.ratelimit import RateLimitMiddleware
+from app.ratelimit import AuthFailureGuard, RateLimitMiddleware
 from app.releases.router import router as releases_router
 from app.releases.service import FiguresCache
 from app.releases.waiter import CompletionHub
@@ -183,6 +183,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings or Settings()
     app.state.plan_figures = FiguresCache()
     app.state.reconcile_bootstrap = True
+    failures = app.state.settings.auth_failures_per_minute
+    app.state.auth_guard = (
+        AuthFailureGuard(per_minute=failures, burst=failures) if failures > 0 else None
+    )
     install_error_handlers(app)
     app.include_router(ops_router)
     app.include_router(datasets_router)

@@ -7,6 +7,12 @@ checked before any database work, so a flooding key costs almost nothing. Bucket
 each server process: with W workers a key may get up to W times the configured rate in
 the worst case (requests are spread over workers by the kernel). Requests without a bearer
 token are not limited here (they are refused with 401 without touching the database).
+
+:class:`AuthFailureGuard` limits what the per-key buckets cannot: a flood of *random*
+tokens (each a fresh bucket, each a database lookup). Failed authentications are counted
+per client address; an address that spent its allowance gets 429 for further unknown
+tokens without a lookup, while keys that authenticated recently in this process keep
+working from it (a shared proxy address does not lock out the clients it carries).
 """
 
 from __future__ import annotations
@@ -52,6 +58,14 @@ class TokenBuckets:
             while len(self._buckets) > MAX_BUCKETS:
                 self._buckets.popitem(last=False)
         return wait
+
+    def wait(self, identity: str) -> float:
+        """The seconds until ``identity`` has a token (0 when it has one); spends nothing."""
+        now = self._clock()
+        with self._lock:
+            tokens, last = self._buckets.get(identity, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate_per_s)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate_per_s
 
 
 def bearer_identity(scope: Scope) -> str | None:
@@ -99,3 +113,63 @@ class RateLimitMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+#: Tokens longer than this are no key (ours are 47 characters; bootstrap keys are typed by
+#: operators): refused with 401 before they are hashed or looked up.
+MAX_TOKEN_LENGTH = 512
+#: How long a key that authenticated is remembered as one (it still needs its lookup).
+KNOWN_KEY_S = 300.0
+#: At most this many recently authenticated keys are remembered per process.
+MAX_KNOWN_KEYS = 100_000
+
+
+class AuthFailureGuard:
+    """Failed authentications per client address, and keys known to be good.
+
+    ``per_minute`` failures per address refill (``burst`` at once); once spent, an unknown
+    token from that address is answered 429 without a database lookup. A key that
+    authenticated within :data:`KNOWN_KEY_S` is let through to its lookup (which still
+    decides: a revoked key gets 401). Per process, like the key buckets.
+    """
+
+    def __init__(
+        self, *, per_minute: int, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.failures = TokenBuckets(per_minute=per_minute, burst=burst, clock=clock)
+        self._clock = clock
+        self._known: OrderedDict[str, float] = OrderedDict()
+        self._blocked: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, address: str, digest: str) -> float:
+        """0 when a lookup may run; else the seconds until the address may try again."""
+        now = self._clock()
+        with self._lock:
+            seen = self._known.get(digest)
+            if seen is not None and now - seen < KNOWN_KEY_S:
+                return 0.0
+            until = self._blocked.get(address)
+            if until is None or until <= now:
+                self._blocked.pop(address, None)
+                return 0.0
+            return until - now
+
+    def failed(self, address: str) -> None:
+        """A lookup from ``address`` found no live key: one of its failures is spent, and
+        the address waits once none is left."""
+        self.failures.take(address)
+        wait = self.failures.wait(address)
+        if wait > 0.0:
+            with self._lock:
+                self._blocked[address] = self._clock() + wait
+                while len(self._blocked) > MAX_BUCKETS:
+                    self._blocked.pop(next(iter(self._blocked)))
+
+    def succeeded(self, digest: str) -> None:
+        """The key with this digest authenticated."""
+        with self._lock:
+            self._known.pop(digest, None)
+            self._known[digest] = self._clock()
+            while len(self._known) > MAX_KNOWN_KEYS:
+                self._known.popitem(last=False)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.auth.principal import Principal
-from app.auth.service import authenticate
-from app.errors import forbidden, unauthorized
+from app.auth.service import authenticate, hash_key
+from app.errors import DpquantError, forbidden, unauthorized
 from app.pg import run_async
+from app.ratelimit import MAX_TOKEN_LENGTH, AuthFailureGuard
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 
@@ -28,13 +30,33 @@ async def get_principal(
     """
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise unauthorized()
+    raw = credentials.credentials
+    if len(raw) > MAX_TOKEN_LENGTH:
+        raise unauthorized()
+    guard: AuthFailureGuard | None = getattr(request.app.state, "auth_guard", None)
+    address = request.client.host if request.client is not None else ""
+    digest = hash_key(raw)
+    if guard is not None:
+        wait = guard.admit(address, digest)
+        if wait > 0.0:
+            retry_after = max(1, math.ceil(wait))
+            raise DpquantError(
+                429,
+                "rate_limited",
+                f"too many failed authentications from this address; retry after {retry_after} s",
+                headers={"Retry-After": str(retry_after)},
+            )
     principal = await run_async(
         request.app.state.pg_pool,
-        functools.partial(authenticate, raw=credentials.credentials),
+        functools.partial(authenticate, raw=raw),
         idempotent=True,
     )
     if principal is None:
+        if guard is not None:
+            guard.failed(address)
         raise unauthorized()
+    if guard is not None:
+        guard.succeeded(digest)
     return principal
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from app.auth import service
 from app.auth.deps import AdminDep, ReaderDep
@@ -16,6 +16,14 @@ from app.ops.http import DecimalJSONRoute
 router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=DecimalJSONRoute)
 
 
+def _learn(request: Request, raw: str) -> None:
+    """A key this process just made is a known key for the failed-authentication guard (it
+    is let through from an address that has spent its failures; its lookup still decides)."""
+    guard = getattr(request.app.state, "auth_guard", None)
+    if guard is not None:
+        guard.succeeded(service.hash_key(raw))
+
+
 @router.post(
     "",
     status_code=201,
@@ -23,7 +31,9 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=DecimalJSONRout
     responses=error_responses(401, 403, 422, 503),
     summary="Create an API key (the secret is returned once)",
 )
-def create_key(body: KeyCreate, session: SessionDep, principal: AdminDep) -> KeyCreated:
+def create_key(
+    body: KeyCreate, request: Request, session: SessionDep, principal: AdminDep
+) -> KeyCreated:
     """Create a key with a role, optional dataset scope, spending caps and expiry; only its
     hash is stored."""
     key, raw = service.create_key(
@@ -36,6 +46,7 @@ def create_key(body: KeyCreate, session: SessionDep, principal: AdminDep) -> Key
         max_delta=body.max_delta,
         expires_at=body.expires_at,
     )
+    _learn(request, raw)
     return KeyCreated(**KeyPublic.model_validate(key).model_dump(), key=raw)
 
 
@@ -45,9 +56,12 @@ def create_key(body: KeyCreate, session: SessionDep, principal: AdminDep) -> Key
     responses=error_responses(401, 403, 404, 409, 422, 503),
     summary="Rotate an API key: a new secret, returned once; the old one stops working",
 )
-def rotate_key(key_id: uuid.UUID, session: SessionDep, principal: AdminDep) -> KeyCreated:
+def rotate_key(
+    key_id: uuid.UUID, request: Request, session: SessionDep, principal: AdminDep
+) -> KeyCreated:
     """Same id, role, scope, caps and expiry; a new secret (the old one fails at once)."""
     key, raw = service.rotate_key(session, key_id=key_id, actor=principal)
+    _learn(request, raw)
     return KeyCreated(**KeyPublic.model_validate(key).model_dump(), key=raw)
 
 

@@ -125,3 +125,60 @@ def test_token_buckets_refill_and_stay_bounded() -> None:
     for i in range(MAX_BUCKETS + 10):
         buckets.take(f"k{i}")
     assert len(buckets._buckets) == MAX_BUCKETS
+
+
+def test_a_flood_of_random_tokens_costs_one_lookup_per_allowed_failure(
+    make_app: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: every random token was a fresh rate-limit bucket and a database lookup.
+    With 10 failures a minute allowed per address, 200 random tokens cost 10 lookups; the
+    rest are 429 (Retry-After) without one. A key that authenticated before, and a key
+    created during the flood, keep working from the same address; a revoked key still gets
+    401 (the guard only decides whether a lookup runs)."""
+    import secrets
+
+    from tests.support import count_statements
+
+    with make_app(auth_failures_per_minute=10) as client:
+        api = Api(client)
+        _, analyst = api.key("analyst")
+        assert client.get("/v1/keys/me", headers=analyst).status_code == 200
+        log = count_statements(monkeypatch)
+        statuses = [
+            client.get(
+                "/v1/datasets", headers={"Authorization": "Bearer " + secrets.token_urlsafe(32)}
+            ).status_code
+            for _ in range(200)
+        ]
+        lookups = sum(1 for q in log["async"] if "FROM api_key WHERE key_hash" in q)
+        assert statuses[:10] == [401] * 10 and statuses[10:] == [429] * 190, statuses
+        assert lookups == 10
+        r = client.get("/v1/datasets", headers={"Authorization": "Bearer nope" * 5})
+        assert r.status_code == 429 and r.headers["retry-after"].isdigit()
+        assert r.json()["type"] == "rate_limited"
+        assert client.get("/v1/keys/me", headers=analyst).status_code == 200
+        key_id, fresh = api.key("viewer")
+        assert client.get("/v1/keys/me", headers=fresh).status_code == 200
+        assert client.delete(f"/v1/keys/{key_id}", headers=ADMIN).status_code == 204
+        assert client.get("/v1/keys/me", headers=fresh).status_code == 401
+        # an overlong token is refused before it is hashed or looked up
+        long = client.get("/v1/keys/me", headers={"Authorization": "Bearer " + "x" * 600})
+        assert long.status_code == 401
+    report("28 token flood", tokens=200, lookups=lookups, refused_429=190)
+
+
+def test_the_failure_guard_refills_and_remembers_good_keys() -> None:
+    from app.ratelimit import AuthFailureGuard
+
+    now = [0.0]
+    guard = AuthFailureGuard(per_minute=60, burst=3, clock=lambda: now[0])
+    for _ in range(3):
+        assert guard.admit("a", "bad") == 0.0
+        guard.failed("a")
+    guard.failed("a")  # the fourth failure spends what is not there
+    assert guard.admit("a", "bad") > 0.0
+    assert guard.admit("b", "bad") == 0.0  # another address is not affected
+    guard.succeeded("good")
+    assert guard.admit("a", "good") == 0.0
+    now[0] += 2.0  # one failure refilled per second
+    assert guard.admit("a", "bad") == 0.0
