@@ -33,7 +33,8 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=Decimal
 def present(
     session: SessionDep, dataset: Dataset, principal: Principal, figures: Budget | None = None
 ) -> DatasetPublic:
-    """The view of ``dataset`` this key may see (admins get sizes, others do not)."""
+    """The view of ``dataset`` this key may see: admins get the sizes and upload state; other
+    roles get n only under ``swap``, where it is public (issue 28)."""
     if figures is None:
         figures = budget(session, dataset_id=dataset.id)
     remaining = AmountPublic.of(figures.remaining)
@@ -46,6 +47,7 @@ def present(
         neighbors=dataset.neighbors,
         granularity=dataset.granularity,
         size_hint=dataset.size_hint,
+        n=dataset.n if dataset.neighbors == "swap" else None,
         budget_remaining=remaining,
         created_at=dataset.created_at,
         archived_at=dataset.archived_at,
@@ -53,8 +55,7 @@ def present(
     if principal.role != "admin":
         return public
     return DatasetAdmin(
-        **public.model_dump(),
-        n=dataset.n,
+        **(public.model_dump() | {"n": dataset.n}),
         n_outside_bounds=dataset.n_outside,
         n_cells=dataset.n_cells,
         values_skipped=dataset.values_skipped,

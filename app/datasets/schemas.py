@@ -83,7 +83,7 @@ class DatasetUpdate(BaseModel):
 
 
 class DatasetPublic(BaseModel):
-    """What every role may see of a dataset (no size: under add_remove n is private)."""
+    """What every role may see of a dataset: its size only under ``swap``, where it is public."""
 
     id: uuid.UUID
     name: str
@@ -93,6 +93,13 @@ class DatasetPublic(BaseModel):
     neighbors: Neighbors
     granularity: float
     size_hint: int | None = Field(default=None, description=SIZE_HINT_DOC)
+    n: int | None = Field(
+        default=None,
+        description="Number of values. Under `swap` it is public (neighbouring datasets have "
+        "the same n, the mechanisms use it, and a quote's expected error in missed points is "
+        "read against it) and every role sees it; under `add_remove` it is private and only "
+        "admins see it (null for other roles). Null before the first upload.",
+    )
     budget_remaining: AmountPublic
     created_at: datetime
     archived_at: datetime | None = Field(
@@ -102,9 +109,9 @@ class DatasetPublic(BaseModel):
 
 
 class DatasetAdmin(DatasetPublic):
-    """The admin view: adds the size, the count outside the bounds and the upload state."""
+    """The admin view: adds the size under either relation, the count outside the bounds and
+    the upload state."""
 
-    n: int | None
     n_outside_bounds: int | None = Field(
         description="Values outside [lower, upper] before clamping (null: unknown, e.g. after "
         "a histogram upload that did not report it)."

@@ -77,17 +77,26 @@ def test_duplicate_name_is_409(api: Api, client: TestClient) -> None:
     assert r.json()["type"] == "name_taken"
 
 
-def test_admin_sees_sizes_analyst_and_viewer_do_not(api: Api, client: TestClient) -> None:
-    ds = api.dataset(values=[*SAMPLE, -5.0, 500.0, 1000.0])
+@pytest.mark.parametrize("neighbors", ["swap", "add_remove"])
+def test_admin_sees_sizes_others_see_n_only_where_it_is_public(
+    api: Api, client: TestClient, neighbors: str
+) -> None:
+    """Under swap n is public (issue 28: analysts need it to read a quote's missed points);
+    under add_remove only admins see it. The upload state stays the admins'."""
+    ds = api.dataset(values=[*SAMPLE, -5.0, 500.0, 1000.0], neighbors=neighbors)
     admin_view = client.get(f"/v1/datasets/{ds['id']}", headers=ADMIN).json()
     assert admin_view["n"] == 103
     assert admin_view["n_outside_bounds"] == 3
     for role in ("analyst", "viewer"):
-        view = client.get(f"/v1/datasets/{ds['id']}", headers=api.key(role, ds["id"])).json()
+        key = api.key(role, ds["id"])
+        view = client.get(f"/v1/datasets/{ds['id']}", headers=key).json()
         assert set(view) == {
             "id", "name", "description", "lower", "upper", "neighbors", "granularity",
-            "size_hint", "budget_remaining", "created_at", "archived_at",
+            "size_hint", "n", "budget_remaining", "created_at", "archived_at",
         }  # fmt: skip
+        assert view["n"] == (103 if neighbors == "swap" else None)
+        listed = client.get("/v1/datasets", headers=key).json()["items"]
+        assert [d["n"] for d in listed] == [view["n"]]
 
 
 def test_list_datasets_pages_and_respects_scope(api: Api, client: TestClient) -> None:
@@ -98,7 +107,7 @@ def test_list_datasets_pages_and_respects_scope(api: Api, client: TestClient) ->
     assert page2["items"][0]["id"] != page["items"][0]["id"]
     scoped = client.get("/v1/datasets", headers=api.key("analyst", a["id"])).json()
     assert [d["id"] for d in scoped["items"]] == [a["id"]]
-    assert "n" not in scoped["items"][0]
+    assert scoped["items"][0]["n"] is None  # nothing uploaded yet
     assert b["id"] not in {d["id"] for d in scoped["items"]}
 
 
