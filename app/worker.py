@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.sharedctypes import Synchronized
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psycopg
@@ -57,6 +57,7 @@ from app.releases.runner import (
     fail,
     load_job,
     run_job,
+    start_run,
 )
 from app.releases.service import PENDING_CHANNEL
 
@@ -113,31 +114,32 @@ class _Stop:
         self.requested = True
 
 
-def settle(link: Link, work: Callable[[Connection], Any], *, until: float) -> None:
-    """Store a run's outcome, retrying while the database is unreachable (until ``until``).
+T = TypeVar("T")
+
+
+def settle(link: Link, work: Callable[[Connection], T], *, until: float) -> T:
+    """Run ``work`` (store a run's outcome, or start a run), retrying while the database is
+    unreachable (until ``until``).
 
     The run is paid and done; abandoning its output would leave the release pending until
     its lease expires (minutes). Storing is idempotent: it is guarded by the lease token and
     the pending state, so a retry after a commit whose outcome was lost changes nothing.
+    (Starting a run is guarded the same way; a retry after a lost commit may count one
+    attempt twice.)
     """
     while True:
         try:
-            link.run(work)
-            return
+            return link.run(work)
         except (psycopg.Error, CommitOutcomeUnknown) as exc:
             if time.monotonic() > until:
                 raise
-            logger.warning("storing a run's outcome failed (%s); retrying", type(exc).__name__)
+            logger.warning("a release's statement failed (%s); retrying", type(exc).__name__)
             link.close()
             time.sleep(0.5)
 
 
 #: Most releases one worker claims at once (see :func:`process_one`).
 MAX_BATCH = 8
-#: A batch's finished releases are stored (and answered) at the latest this long after the
-#: first of them finished: small runs share one completion statement and one WAL flush,
-#: while a long run's answer is not held back by the runs after it.
-FLUSH_S = 0.01
 
 
 def batch_size(announced: int, workers: int) -> int:
@@ -155,12 +157,15 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
     """Claim up to ``limit`` releases and run them one after the other; returns how many
     releases the claim took (0: nothing to run).
 
-    The claim is one autocommit statement on ``link``'s connection, under one lease token;
-    finished releases are stored together, one statement and one WAL flush per
-    :data:`FLUSH_S` (the completion's statement sets ``synchronous_commit`` for its own
-    implicit transaction, so it is durable whatever the database's default). Before each
-    run the release and its deadline are published to the supervisor, which enforces the
-    time limit of each run.
+    The claim is one autocommit statement on ``link``'s connection, under one lease token.
+    Each run after the first starts with its own lease and attempt (:func:`start_run`), and
+    each result is stored the moment it exists, by one statement that reaches the disk
+    before it returns (the completion sets ``synchronous_commit`` for its own implicit
+    transaction). Before issue 28 the runs that finished within 10 ms of each other were
+    stored together, and a finished release waited for the next run of its batch: a 5 ms
+    release co-claimed with a run that hit the time limit answered after that limit, and
+    ran again. Before each run the release and its deadline are published to the
+    supervisor, which enforces the time limit of each run.
     """
     lease_s = settings.run_timeout_s + settings.lease_margin_s
 
@@ -184,17 +189,19 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
         with suppress(Exception):
             link.run(lambda conn: expire_lease(conn, claim=unknown))
         raise
-    lease_end = time.monotonic() + lease_s - 1.0
-    finished: list[tuple[Claim, list[float]]] = []
-    first_finished = 0.0
-
-    def store() -> None:
-        batch = list(finished)
-        finished.clear()
-        settle(link, lambda conn: complete_batch(conn, batch), until=lease_end)
-
+    claimed_until = time.monotonic() + lease_s - 1.0
     try:
-        for claim in claims:
+        for index, claimed in enumerate(claims):
+            claim: Claim | None = claimed
+            if index > 0:
+                start = functools.partial(
+                    start_run, claim=claimed, lease_s=lease_s, max_runs=settings.max_runs
+                )
+                claim = settle(link, start, until=claimed_until)
+                if claim is None:  # taken over after its lease expired, or out of runs
+                    continue
+            assert claim is not None
+            lease_end = time.monotonic() + lease_s - 1.0
             if slot is not None:
                 slot.set(claim, time.monotonic() + settings.run_timeout_s)
             try:
@@ -211,14 +218,15 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
                 failed = functools.partial(fail, claim=claim, reason=exc.reason)
                 settle(link, failed, until=lease_end)
                 continue
-            if not finished:
-                first_finished = time.monotonic()
-            finished.append((claim, estimates))
-            if time.monotonic() - first_finished >= FLUSH_S:
-                store()
-        if finished:
-            store()
+            store = functools.partial(complete_batch, done=[(claim, estimates)])
+            settle(link, store, until=lease_end)
         return taken
+    except BaseException:
+        # The rest of the batch did not start here: give it back now rather than when its
+        # lease expires (best effort; an unreachable database expires them later).
+        with suppress(Exception):
+            link.run(lambda conn: expire_lease(conn, claim=claims[0]))
+        raise
     finally:
         if slot is not None:
             slot.clear()

@@ -18,7 +18,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -88,7 +88,9 @@ def claim_batch(
 ) -> tuple[list[Claim], int]:
     """Lease up to ``limit`` of the oldest runnable releases (pending, lease free or expired)
     under one lease ``token``: the claims to run, oldest first, and how many releases the
-    statement took in all (0: idle).
+    statement took in all (0: idle). The first (oldest) starts its run now and counts an
+    attempt; each later one counts its attempt, and gets its own lease, when its run starts
+    (:func:`start_run`), so a batch given back unstarted costs no attempt.
 
     One autocommit statement on ``conn`` (a worker with several releases to run claims them
     together). The worker publishes ``token`` to its supervisor *before* claiming, so a
@@ -119,16 +121,19 @@ def claim_batch(
 
 
 _CLAIM = """
+    WITH next AS MATERIALIZED (
+        SELECT id, seq FROM release
+        WHERE status = 'pending'
+          AND (lease_until IS NULL OR lease_until < clock_timestamp())
+        ORDER BY seq
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ), head AS (SELECT min(seq) AS seq FROM next)
     UPDATE release AS r
     SET lease_token = %(token)s,
         lease_until = clock_timestamp() + make_interval(secs => %(lease)s),
-        attempts = r.attempts + 1
-    FROM (SELECT id FROM release
-          WHERE status = 'pending'
-            AND (lease_until IS NULL OR lease_until < clock_timestamp())
-          ORDER BY seq
-          LIMIT %(limit)s
-          FOR UPDATE SKIP LOCKED) AS next,
+        attempts = r.attempts + (r.seq = head.seq)::int
+    FROM next, head,
          dataset AS d,
          (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
     WHERE r.id = next.id AND d.id = r.dataset_id AND cfg.v IS NOT NULL
@@ -137,6 +142,37 @@ _CLAIM = """
               d.granularity, d.neighbors, d.archived_at,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
+
+_START = """
+    UPDATE release AS r
+    SET lease_until = clock_timestamp() + make_interval(secs => %(lease)s),
+        attempts = r.attempts + 1
+    FROM (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
+    WHERE r.id = %(id)s AND r.lease_token = %(token)s AND r.status = 'pending'
+      AND cfg.v IS NOT NULL
+    RETURNING r.attempts
+    """
+
+
+def start_run(conn: Connection, *, claim: Claim, lease_s: float, max_runs: int) -> Claim | None:
+    """Begin the run of a claimed release that was not the first of its batch: its own
+    lease from now (``run_timeout + margin``), and one more attempt (attempts count runs
+    that started). None when it is no longer this worker's (its lease expired and another
+    worker took it) or when it already started ``max_runs`` runs (then marked failed,
+    ``worker_lost``)."""
+    row = conn.execute(
+        _START, {"lease": float(lease_s), "id": claim.release_id, "token": claim.token}
+    ).fetchone()
+    if row is None:
+        return None
+    started = replace(claim, attempts=int(row[0]))
+    if started.attempts > max_runs:
+        logger.warning(
+            "release %s failed: %d runs started, none finished", claim.release_id, max_runs
+        )
+        fail(conn, claim=started, reason=FAILURE_LOST)
+        return None
+    return started
 
 
 #: How many grid histograms a worker keeps between runs (see :func:`load_job`).

@@ -173,7 +173,10 @@ def test_other_scope_lists_only_its_own_dataset(world: World, hclient: TestClien
     assert [d["id"] for d in r.json()["items"]] == [world.dataset_b]
     r = hclient.get("/v1/datasets", headers=world.headers["viewer"])
     assert [d["id"] for d in r.json()["items"]] == [world.dataset_a]
-    assert "n" not in r.json()["items"][0]  # sizes are for admins only
+    view = r.json()["items"][0]
+    # under swap (this dataset's relation) n is public; the upload state is for admins only
+    assert view["neighbors"] == "swap" and view["n"] == 50
+    assert "n_outside_bounds" not in view and "frozen_at" not in view
 
 
 def test_keys_carry_at_least_128_bits_and_are_stored_only_as_hashes(

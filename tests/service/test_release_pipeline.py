@@ -309,15 +309,15 @@ def test_releases_whose_workers_keep_dying_end_failed_with_one_debit(quiet: Quie
     assert quiet.ledger(ds)["debits"] == 1
 
 
-@pytest.mark.parametrize(("flush_s", "stores"), [(60.0, 1), (0.0, 4)])
-def test_a_worker_claims_a_batch_in_one_statement_and_stores_it_together(
-    quiet: Quiet, monkeypatch: pytest.MonkeyPatch, flush_s: float, stores: int
+def test_a_worker_claims_a_batch_in_one_statement_and_stores_each_run_at_once(
+    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under load a worker claims its share of the queue at once and stores the runs that
-    finished within FLUSH_S of each other together: k small releases cost one claim and
-    one completion (one WAL flush); with no window each is stored as soon as it finished.
-    Each release gets exactly its own estimates, one debit, and a byte-identical later
-    read."""
+    """Under load a worker claims its share of the queue in one statement; each run after
+    the first starts with its own lease and attempt, and each result is stored the moment
+    it exists (issue 28: a finished release used to wait for the next run of its batch, and
+    was lost and ran again when that run hit the time limit). When the second run starts,
+    the first release is already done in the database. Each release gets exactly its own
+    estimates, one debit, one attempt, and a byte-identical later read."""
     import app.worker as worker_module
     from app.worker import process_batch
 
@@ -325,14 +325,29 @@ def test_a_worker_claims_a_batch_in_one_statement_and_stores_it_together(
     assert _query(quiet, ds, prefer="respond-async").status_code == 202  # warm-up
     assert quiet.run_one()
     rids = [_query(quiet, ds, prefer="respond-async").json()["id"] for _ in range(5)]
-    monkeypatch.setattr(worker_module, "FLUSH_S", flush_s)
+    seen_before_run: list[list[str]] = []
+    real_run = worker_module.run_job
+
+    def spy(job: Any) -> Any:
+        seen_before_run.append([quiet.release_row(r)["status"] for r in rids[:4]])
+        return real_run(job)
+
+    monkeypatch.setattr(worker_module, "run_job", spy)
     log = count_statements(monkeypatch)
     assert process_batch(quiet.link, quiet.settings, limit=4) == 4
-    claimed = [q for q in log["sync"] if q.startswith("UPDATE release AS r SET lease_token")]
+    claimed = [q for q in log["sync"] if q.startswith("WITH next AS MATERIALIZED")]
+    started = [q for q in log["sync"] if "attempts = r.attempts + 1" in q]
     stored = [q for q in log["sync"] if "SET status = 'done'" in q]
-    assert (len(claimed), len(stored)) == (1, stores), log["sync"]
-    statuses = [quiet.release_row(rid)["status"] for rid in rids]
-    assert statuses == ["done"] * 4 + ["pending"]  # the oldest four, in queue order
+    assert (len(claimed), len(started), len(stored)) == (1, 3, 4), log["sync"]
+    assert seen_before_run == [
+        ["pending"] * 4,
+        ["done"] + ["pending"] * 3,
+        ["done"] * 2 + ["pending"] * 2,
+        ["done"] * 3 + ["pending"],
+    ]
+    rows = [quiet.release_row(rid) for rid in rids]
+    assert [r["status"] for r in rows] == ["done"] * 4 + ["pending"]  # the oldest four
+    assert [r["attempts"] for r in rows] == [1] * 4 + [0]
     assert quiet.run_one() and quiet.release_row(rids[4])["status"] == "done"
     for rid in rids:
         got = quiet.client.get(f"/v1/releases/{rid}", headers=ADMIN)
@@ -345,7 +360,8 @@ def test_a_run_past_its_deadline_in_a_batch_fails_alone_and_the_rest_is_given_ba
 ) -> None:
     """The supervisor knows the release a worker was running and the batch's lease token:
     the late one is failed (charged), the others of the batch go back to the queue at once
-    and run (once) elsewhere."""
+    and run (once) elsewhere, with one attempt each: they never started here (issue 28:
+    attempts count runs that started)."""
     from app.releases.runner import Claim, claim_batch
     from app.worker import Supervisor
 
@@ -366,7 +382,7 @@ def test_a_run_past_its_deadline_in_a_batch_fails_alone_and_the_rest_is_given_ba
     while quiet.run_one():
         pass
     assert [quiet.release_row(r) for r in rids[1:]] == [
-        {"status": "done", "attempts": 2, "failure": None}
+        {"status": "done", "attempts": 1, "failure": None}
     ] * 2
     assert quiet.ledger(ds)["debits"] == 3
 
