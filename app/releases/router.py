@@ -163,6 +163,7 @@ async def create_release(
     mechanism and read no data value.
     """
     settings = request.app.state.settings
+    service.check_min_epsilon(body, settings.min_epsilon)
     hub = request.app.state.completion_hub
     new_id = uuid.uuid4()  # a new release's id, watched before its reservation commits
     with hub.watch(new_id) as watching:
@@ -293,6 +294,7 @@ def quote(
     pricing code), whether it fits the remaining budget (and the key's cap), the expected
     error per quantile in missed points, and the same figures for every eligible method.
     Free: moves no budget, reads no data value, depends on public figures only."""
+    service.check_min_epsilon(body, request.app.state.settings.min_epsilon)
     result = service.quote_query(
         session,
         principal=principal,

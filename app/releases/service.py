@@ -153,6 +153,20 @@ def request_fingerprint(query: QuantileQuery) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
+def check_min_epsilon(query: QuantileQuery, min_epsilon: Decimal) -> None:
+    """422 on ``body.epsilon`` below the service's minimum (``DPQUANT_MIN_EPSILON``).
+
+    Issue 28: releases at ε = 10^-30 cost nothing, so one key could queue runs without end
+    and hold every other tenant's release behind them. With a minimum, a dataset's budget
+    pays for at most budget / minimum releases (see the setting for the default's argument).
+    """
+    if query.epsilon < min_epsilon:
+        raise invalid(
+            "body.epsilon",
+            f"must be at least {min_epsilon.normalize()} (this service's DPQUANT_MIN_EPSILON)",
+        )
+
+
 def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
     """Everything about a query that needs no database: limits, method, cost.
 

@@ -71,6 +71,28 @@ def test_release_response_shape(api: Api) -> None:
     assert rel["quantiles"] == [0.25, 0.5, 0.75]
 
 
+def test_epsilon_below_the_services_minimum_is_refused_and_free(
+    api: Api, client: TestClient
+) -> None:
+    """Issue 28: releases at epsilon = 1e-30 cost nothing, so one key could queue runs
+    without end. Below DPQUANT_MIN_EPSILON (0.001 by default) the quantile endpoint and the
+    quote answer 422 on body.epsilon, reserve nothing and debit nothing; at the minimum the
+    release runs."""
+    ds = api.dataset(values=SAMPLE)
+    for eps in ("1e-30", "0.000999"):
+        for path in ("quantiles", "quote"):
+            r = client.post(
+                f"/v1/datasets/{ds['id']}/{path}",
+                json={"quantiles": [0.5], "epsilon": eps},
+                headers=ADMIN,
+            )
+            assert r.status_code == 422, r.text
+            assert r.json()["detail"].startswith("body.epsilon") and "0.001" in r.json()["detail"]
+    listed = client.get(f"/v1/datasets/{ds['id']}/releases", headers=ADMIN).json()["items"]
+    assert listed == [] and api.budget(ds["id"])["spent"]["epsilon"] == "0"
+    assert api.query(ds["id"], epsilon="0.001").status_code == 201
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
