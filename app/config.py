@@ -102,6 +102,20 @@ class Settings(BaseSettings):
         "data); only datasets of ~10^7 values and more lose a useful range, and their admins "
         "can lower the floor. 0 turns it off.",
     )
+    max_pending_per_key: int = Field(
+        default=64,
+        ge=0,
+        description="Most releases one key may have waiting to run (429 too_many_pending "
+        "above; 0 = no cap). With the workers taking one run of each key and dataset in turn, "
+        "a key's backlog delays another's release by at most one run; the cap bounds the "
+        "queue itself (each pending release is a row every claim ranks).",
+    )
+    max_pending_per_dataset: int = Field(
+        default=256,
+        ge=0,
+        description="Most releases one dataset may have waiting to run, all keys together "
+        "(429 too_many_pending above; 0 = no cap).",
+    )
     auth_failures_per_minute: int = Field(
         default=300,
         ge=0,

@@ -49,6 +49,11 @@ class Release(Base):
         CheckConstraint("(status = 'done') = (estimates IS NOT NULL)", name="estimates_iff_done"),
         CheckConstraint("(status = 'failed') = (failure IS NOT NULL)", name="failure_iff_failed"),
         Index("ix_release_pending", "seq", postgresql_where=text("status = 'pending'")),
+        # the queue caps' counts (migration 0010)
+        Index("ix_release_pending_key", "api_key_id", postgresql_where=text("status = 'pending'")),
+        Index(
+            "ix_release_pending_dataset", "dataset_id", postgresql_where=text("status = 'pending'")
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)

@@ -178,6 +178,9 @@ async def create_release(
                 max_runs=settings.max_runs,
                 release_id=new_id,
                 figures=request.app.state.plan_figures,
+                caps=service.PendingCaps(
+                    settings.max_pending_per_key, settings.max_pending_per_dataset
+                ),
             )
         except CommitOutcomeUnknown:
             raise outcome_unknown(idempotency_key is not None) from None

@@ -378,7 +378,8 @@ _RESERVE = (
     " cap_delta, spent_epsilon, spent_delta, neighbors, public_size"
     " FROM release_reserve(%s::uuid, %s::uuid, %s::uuid, %s::varchar,"
     " %s::double precision[], %s::numeric, %s::numeric, %s::numeric, %s::numeric,"
-    " %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::varchar, %s::bigint, %s::integer)"
+    " %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::varchar, %s::bigint, %s::integer,"
+    " %s::integer, %s::integer)"
 )
 
 #: ``release_reserve()`` outcomes that refuse the query, as (status, type, detail).
@@ -393,6 +394,24 @@ _REFUSALS = {
         "this dataset is archived: its ledger and releases can be read, nothing else",
     ),
     "no_values": ("no_values", "this dataset has no values yet"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCaps:
+    """How many releases a key, and a dataset, may have waiting to run (0: no cap)."""
+
+    key: int = 0
+    dataset: int = 0
+
+
+#: The queue caps' refusals: 429, retry once some of the pending releases have run.
+_QUEUE_FULL = {
+    "too_many_pending_key": "this key already has the most releases waiting to run that "
+    "this service allows (DPQUANT_MAX_PENDING_PER_KEY); retry when some have finished",
+    "too_many_pending_dataset": "this dataset already has the most releases waiting to run "
+    "that this service allows (DPQUANT_MAX_PENDING_PER_DATASET); retry when some have "
+    "finished",
 }
 
 #: Planning rounds before giving up (each ``replan`` means the figures changed meanwhile).
@@ -412,6 +431,7 @@ async def reserve_release(
     max_runs: int,
     release_id: uuid.UUID | None = None,
     figures: FiguresCache | None = None,
+    caps: PendingCaps = PendingCaps(),
 ) -> Outcome:
     """Reserve and pay for a release in one ``release_reserve()`` call (migration 0008).
 
@@ -438,7 +458,7 @@ async def reserve_release(
             None if known is None else plan_query(query, figures=known, max_quantiles=max_quantiles)
         )
         params = _reserve_params(
-            plan, known, new_id, dataset_id, principal, idempotency_key, max_runs
+            plan, known, new_id, dataset_id, principal, idempotency_key, max_runs, caps
         )
 
         row = await run_async(pool, functools.partial(_call_reserve, params=params))
@@ -484,12 +504,13 @@ def _reserve_params(
     principal: Principal,
     idempotency_key: str | None,
     max_runs: int,
+    caps: PendingCaps,
 ) -> tuple[Any, ...]:
     """``release_reserve()``'s arguments; without a plan, figures the function never matches
     (an unknown neighbour relation), so it answers ``replan`` with the dataset's own."""
     if plan is None or known is None:
         return (new_id, dataset_id, principal.key_id, "", [], 0, None, 0, 0, idempotency_key,
-                "", None, None, "", None, max_runs)  # fmt: skip
+                "", None, None, "", None, max_runs, caps.key, caps.dataset)  # fmt: skip
     cost = plan.priced.cost
     return (
         new_id,
@@ -508,6 +529,8 @@ def _reserve_params(
         known.neighbors,
         known.size,
         max_runs,
+        caps.key,
+        caps.dataset,
     )
 
 
@@ -559,6 +582,10 @@ def _outcome(
     if outcome == "key_budget_exhausted":
         cap = KeyCap(epsilon=row["cap_epsilon"], delta=row["cap_delta"])
         raise key_cap_refusal(cap, Amount(row["spent_epsilon"], row["spent_delta"]), cost)
+    if outcome in _QUEUE_FULL:
+        raise DpquantError(
+            429, "too_many_pending", _QUEUE_FULL[outcome], headers={"Retry-After": "1"}
+        )
     refusal = _REFUSALS.get(outcome)
     if refusal is None:  # pragma: no cover - the function has no other outcome
         raise RuntimeError("unknown reservation outcome")

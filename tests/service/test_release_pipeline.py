@@ -335,7 +335,7 @@ def test_a_worker_claims_a_batch_in_one_statement_and_stores_each_run_at_once(
     monkeypatch.setattr(worker_module, "run_job", spy)
     log = count_statements(monkeypatch)
     assert process_batch(quiet.link, quiet.settings, limit=4) == 4
-    claimed = [q for q in log["sync"] if q.startswith("WITH next AS MATERIALIZED")]
+    claimed = [q for q in log["sync"] if q.startswith("WITH queue AS")]
     started = [q for q in log["sync"] if "attempts = r.attempts + 1" in q]
     stored = [q for q in log["sync"] if "SET status = 'done'" in q]
     assert (len(claimed), len(started), len(stored)) == (1, 3, 4), log["sync"]
@@ -872,7 +872,7 @@ def _reserve_by_hand(quiet: Quiet, ds: str, key_id: uuid.UUID, cost: str) -> dic
         row = conn.execute(
             text(
                 "SELECT * FROM release_reserve(:id, :d, :k, 'indexp', '{0.5}', :c, NULL, :c, 0,"
-                " NULL, 'h', NULL, '[]', :nb, :size, 3)"
+                " NULL, 'h', NULL, '[]', :nb, :size, 3, 0, 0)"
             ),
             {"id": uuid.uuid4(), "d": ds, "k": key_id, "c": Decimal(cost), "nb": neighbors,
              "size": size},
