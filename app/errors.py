@@ -39,6 +39,7 @@ ERROR_TYPES = (
     "validation_error",
     "method_not_allowed",
     "rate_limited",
+    "too_many_pending",
     "database_unavailable",
     "outcome_unknown",
     "internal_error",

@@ -98,6 +98,13 @@ QUERY_ERRORS = error_responses(401, 403, 404, 422, 503) | {
         "key_budget_exhausted (the key's cap, spent and requested figures), "
         "idempotency_conflict, no_values, or dataset_archived",
     },
+    429: {
+        "model": ErrorBody,
+        "description": "too_many_pending: the key or the dataset already has the most "
+        "releases waiting to run that the service allows (nothing reserved or debited; "
+        "Retry-After), or rate_limited",
+        "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}},
+    },
 }
 
 
