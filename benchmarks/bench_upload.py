@@ -8,12 +8,21 @@
    stored histograms are identical.
 3. With ``--storage``: compares the compressed-bytea codec with a (cell, count) table at
    d = 10^3 and 10^6 distinct cells (size, load time).
+4. With ``--bombs`` (and nothing else): hostile and large Parquet bodies (issue 28), each
+   to a fresh server: a page bomb (one 512 MiB page of zeros, zstd: 17 kB), a null bomb
+   (10^8 nulls and 3 values with ``?missing=skip``, to a server with
+   ``DPQUANT_MAX_VALUES=10^7``) and an ordinary file of 5·10^7 float64 in ONE row group
+   (400 MB); reports the answer and the server's peak RSS before and after. To measure
+   another checkout's code, put it first on ``PYTHONPATH`` and run this file as a script
+   (the server inherits the path; the table names the code it ran).
 
 Usage (PostgreSQL from ``DPQUANT_DATABASE_URL``; a fresh schema is created and dropped)::
 
     DPQUANT_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test \\
         .venv/bin/python -m benchmarks.bench_upload [--values 30000000] [--repeat 3] \\
         [--ingest-rows 5000000] [--storage]
+    DPQUANT_DATABASE_URL=... [PYTHONPATH=/other/checkout] \\
+        .venv/bin/python benchmarks/bench_upload.py --bombs
 """
 
 from __future__ import annotations
@@ -75,12 +84,15 @@ def values_stream(n: int, seed: int) -> Iterator[bytes]:
         left -= k
 
 
-def start_server(url: str, key: str, port: int) -> subprocess.Popen[bytes]:
+def start_server(
+    url: str, key: str, port: int, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
         DPQUANT_DATABASE_URL=url,
         DPQUANT_BOOTSTRAP_ADMIN_KEY=key,
         DPQUANT_LOG_LEVEL="WARNING",
+        **(extra_env or {}),
     )
     exe = Path(sys.executable).with_name("dpquant")
     proc = subprocess.Popen(
@@ -168,11 +180,17 @@ def main() -> int:
     parser.add_argument(
         "--format-values", type=int, default=0, help="also time JSON, CSV, Parquet uploads"
     )
+    parser.add_argument(
+        "--bombs", action="store_true", help="only the hostile Parquet bodies (issue 28)"
+    )
     args = parser.parse_args()
     base_url = os.environ.get("DPQUANT_DATABASE_URL")
     if not base_url:
         sys.stderr.write("set DPQUANT_DATABASE_URL to a PostgreSQL server\n")
         return 2
+    if args.bombs:
+        bomb_bench(base_url)
+        return 0
     admin = create_engine(normalize_url(base_url), isolation_level="AUTOCOMMIT")
     schema = "dpq_bench_" + uuid.uuid4().hex[:10]
     with admin.connect() as conn:
@@ -368,6 +386,110 @@ def ingest_bench(
         )
         out.append(("ingest: local and spark histograms identical", str(same)))
     return out
+
+
+def write_bombs(root: Path) -> list[tuple[str, Path, str, dict[str, str]]]:
+    """The bodies of ``--bombs``: (label, file, query, server environment)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 1 << 26  # 512 MiB of float64 zeros in one page
+    page = root / "page_bomb.parquet"
+    pq.write_table(
+        pa.table({"x": np.zeros(rows)}),
+        page,
+        compression="zstd",
+        use_dictionary=False,
+        write_statistics=False,
+        data_page_size=1 << 30,
+        max_rows_per_page=rows,
+        write_batch_size=rows,
+        row_group_size=rows,
+    )
+    nulls = root / "null_bomb.parquet"
+    with pq.ParquetWriter(nulls, pa.schema([("x", pa.float64())])) as writer:
+        for _ in range(10):
+            writer.write_table(pa.table({"x": pa.nulls(10**7, pa.float64())}))
+        writer.write_table(pa.table({"x": pa.array([1.0, 2.0, 3.0])}))
+    ordinary = root / "one_row_group.parquet"
+    n = 50_000_000
+    values = np.random.default_rng(5).uniform(0, 100, n)
+    pq.write_table(pa.table({"x": values}), ordinary, row_group_size=n, use_dictionary=False)
+    del values
+    return [
+        ("page bomb: one 512 MiB page of zeros (zstd)", page, "?column=x", {}),
+        (
+            "null bomb: 10^8 nulls + 3 values, ?missing=skip, DPQUANT_MAX_VALUES=10^7",
+            nulls,
+            "?column=x&missing=skip",
+            {"DPQUANT_MAX_VALUES": str(10**7)},
+        ),
+        ("ordinary: 5·10^7 float64 in one row group", ordinary, "?column=x", {}),
+    ]
+
+
+def bomb_bench(base_url: str) -> None:
+    """Each body of :func:`write_bombs` to a fresh server; its peak RSS before and after."""
+    import app
+
+    admin = create_engine(normalize_url(base_url), isolation_level="AUTOCOMMIT")
+    schema = "dpq_bench_" + uuid.uuid4().hex[:10]
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = with_schema(base_url, schema)
+    upgrade_database(url)
+    key = "dpq_bench-" + secrets.token_urlsafe(32)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="dpquant-bombs-") as tmp:
+            for label, path, query, env in write_bombs(Path(tmp)):
+                port = free_port()
+                proc = start_server(url, key, port, env)
+                try:
+                    base = f"http://127.0.0.1:{port}"
+                    h = {"Authorization": f"Bearer {key}"}
+                    with httpx.Client(base_url=base, headers=h, timeout=900) as client:
+                        ds = client.post(
+                            "/v1/datasets",
+                            json={"name": f"{schema}-{port}", "lower": 0, "upper": 100},
+                        ).json()
+                        idle = max(vm_hwm_mb(p) for p in tree(proc.pid))
+                        body = path.read_bytes()
+                        t = time.perf_counter()
+                        r = client.put(
+                            f"/v1/datasets/{ds['id']}/values{query}",
+                            content=(body[i : i + (1 << 20)] for i in range(0, len(body), 1 << 20)),
+                            headers={"content-type": "application/vnd.apache.parquet"},
+                        )
+                        wall = time.perf_counter() - t
+                        peak = max(vm_hwm_mb(p) for p in tree(proc.pid))
+                        answer = (
+                            f"n = {r.json()['n']:,}, skipped = {r.json()['values_skipped']:,}"
+                            if r.status_code == 200
+                            else r.json()["detail"][:60]
+                        )
+                        rows.append(
+                            (
+                                label,
+                                f"{len(body) / 1e6:.2f} MB",
+                                f"{r.status_code} {answer}",
+                                f"{wall:.1f} s",
+                                f"{idle:.0f} MB",
+                                f"{peak:.0f} MB",
+                            )
+                        )
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+    print(f"code: {Path(app.__file__).parent.parent}")
+    print("| body | size | answer | time | server VmHWM idle | server VmHWM after |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,14 @@ from numpy.typing import NDArray
 
 from app.datasets.grid import grid_steps
 from app.datasets.histogram import HistogramBuilder
+from app.datasets.upload import (
+    MAX_PARQUET_PAGE_BYTES,
+    PARQUET_BUFFER_BYTES,
+    ParquetRefused,
+    check_parquet_pages,
+    parquet_leaf,
+    parquet_rows,
+)
 
 IntArray = NDArray[np.int64]
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
@@ -89,17 +97,50 @@ def expand_paths(paths: list[str], *, allow_uris: bool = False) -> tuple[str, li
     return kinds.pop(), files
 
 
-def _batches(kind: str, path: str, column: str) -> Iterator[Any]:
+def _check_parquet(
+    path: str, file: Any, parquet: Any, column: str, *, room: int, limit: int, max_page_bytes: int
+) -> None:
+    """Refuse a Parquet file from its footer and page headers, before any data page is read:
+    more records of ``column`` (missing ones included) than ``room``, or a page above
+    ``max_page_bytes`` (see :func:`app.datasets.upload.check_parquet_pages`)."""
+    leaf = parquet_leaf(parquet, column)
+    if leaf is None:
+        raise IngestError(f"{path}: column {column!r} is not a numeric top-level column")
+    metadata = parquet.metadata
+    if parquet_rows(metadata, leaf) > room:
+        raise IngestError(
+            f"{path}: more than {limit} values in all (column {column!r}, missing values "
+            "included; DPQUANT_MAX_VALUES)"
+        )
+    try:
+        check_parquet_pages(file, metadata, leaf, max_page_bytes=max_page_bytes)
+    except ParquetRefused as exc:
+        raise IngestError(f"{path}: column {column!r}: {exc}") from None
+
+
+def _batches(
+    kind: str, path: str, column: str, *, room: int, limit: int, max_page_bytes: int
+) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
     try:
         if kind == "parquet":
-            parquet = pq.ParquetFile(path)
-            if column not in parquet.schema_arrow.names:
-                raise IngestError(f"{path}: no column {column!r}")
-            yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column])
+            with open(path, "rb") as file:
+                parquet = pq.ParquetFile(file, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
+                if column not in parquet.schema_arrow.names:
+                    raise IngestError(f"{path}: no column {column!r}")
+                _check_parquet(
+                    path,
+                    file,
+                    parquet,
+                    column,
+                    room=room,
+                    limit=limit,
+                    max_page_bytes=max_page_bytes,
+                )
+                yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column])
         else:
             reader = pacsv.open_csv(
                 path,
@@ -116,18 +157,45 @@ def _batches(kind: str, path: str, column: str) -> Iterator[Any]:
         raise IngestError(f"{path}: cannot read column {column!r} ({type(exc).__name__})") from None
 
 
-def count_local(kind: str, files: list[str], column: str, grid: Grid) -> Counted:
+def count_local(
+    kind: str,
+    files: list[str],
+    column: str,
+    grid: Grid,
+    *,
+    max_values: int | None = None,
+    max_page_bytes: int = MAX_PARQUET_PAGE_BYTES,
+) -> Counted:
     """The histogram of ``column`` over ``files``, streamed with pyarrow (memory O(batch + d)).
 
     Nulls (empty CSV cells) are skipped and counted; NaN or infinite values are an error.
+    Values and nulls of all files together count against ``max_values`` (default
+    ``DPQUANT_MAX_VALUES``, as on the server): a Parquet file is refused from its footer
+    before any of it is read, a CSV file as soon as it crosses the limit. A Parquet page
+    above ``max_page_bytes`` is refused from the page headers, before any data page is read
+    (as the server does with uploads: :data:`app.datasets.upload.MAX_PARQUET_PAGE_BYTES`).
     """
     import pyarrow as pa
 
+    if max_values is None:
+        from app.config import get_settings
+
+        max_values = get_settings().max_values
     builder = HistogramBuilder(lower=grid.lower, upper=grid.upper, granularity=grid.granularity)
     skipped = 0
+    read = 0  # values and nulls
     for path in files:
-        for batch in _batches(kind, path, column):
+        room = max_values - read
+        for batch in _batches(
+            kind, path, column, room=room, limit=max_values, max_page_bytes=max_page_bytes
+        ):
             array = batch.column(0)
+            read += len(array)
+            if read > max_values:
+                raise IngestError(
+                    f"{path}: more than {max_values} values in all (column {column!r}, "
+                    "missing values included; DPQUANT_MAX_VALUES)"
+                )
             if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
                 raise IngestError(f"{path}: column {column!r} is not numeric")
             values = array.to_numpy(zero_copy_only=False).astype(np.float64)

@@ -19,11 +19,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app import cli
+from app.datasets import upload
 from app.datasets.grid import cell_of
 from app.ingest import core
 from app.ingest.core import Grid
 
 from .conftest import ADMIN, ADMIN_KEY, Api
+from .test_parquet_bounds import page_bomb
 
 GRIDS = [Grid(0.0, 100.0, 1e-4), Grid(-3.3, 7.7, 1.1), Grid(-1e6, 1e6, 0.3), Grid(0.1, 0.7, 0.1)]
 
@@ -197,3 +199,106 @@ def test_ingest_reports_problems_without_values(
     assert cli.main(["ingest", "--server", "http://x", "--dataset", "nope", "--column", "x",
                      str(tmp_path / "bad.parquet")]) == 2  # fmt: skip
     assert "HTTP 422" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bounds (issue 28)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every ``ParquetFile.iter_batches`` call: the only way data pages are read."""
+    calls: list[str] = []
+    real = pq.ParquetFile.iter_batches
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append("read")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    return calls
+
+
+def test_local_ingest_refuses_page_and_null_bombs_before_reading(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    grid = Grid(0.0, 10.0, 0.5)
+    bound = 1 << 20
+    bomb = tmp_path / "bomb.parquet"
+    bomb.write_bytes(page_bomb(4 * bound // 8))  # one 4 MiB page, a few kB on disk
+    with pytest.raises(core.IngestError) as refused:
+        core.count_local("parquet", [str(bomb)], "x", grid, max_page_bytes=bound)
+    assert str(refused.value).startswith(f"{bomb}: column 'x': Parquet pages are limited to")
+    nulls = tmp_path / "nulls.parquet"
+    column = pa.concat_arrays([pa.nulls(10**6, pa.float64()), pa.array([1.0, 2.0, 3.0])])
+    pq.write_table(pa.table({"x": column}), nulls)
+    with pytest.raises(core.IngestError) as refused:
+        core.count_local("parquet", [str(nulls)], "x", grid, max_values=1000)
+    assert str(refused.value) == (
+        f"{nulls}: more than 1000 values in all (column 'x', missing values included; "
+        "DPQUANT_MAX_VALUES)"
+    )
+    assert reads == []
+    # values and nulls of all files count together: the second file is refused unread
+    parts = []
+    for i in range(2):
+        parts.append(tmp_path / f"part-{i}.parquet")
+        pq.write_table(pa.table({"x": pa.array(np.ones(600), mask=np.arange(600) < 100)}), parts[i])
+    with pytest.raises(core.IngestError, match=r"part-1\.parquet: more than 1000 values"):
+        core.count_local("parquet", [str(p) for p in parts], "x", grid, max_values=1000)
+    assert reads == ["read"]
+    counted = core.count_local("parquet", [str(p) for p in parts], "x", grid, max_values=1200)
+    assert (counted.n, counted.skipped) == (1000, 200)
+    # CSV has no footer: empty cells count as they are read
+    (tmp_path / "empty.csv").write_text("x,y\n" + ",0\n" * 1500 + "1,0\n")
+    with pytest.raises(core.IngestError, match=r"empty\.csv: more than 1000 values"):
+        core.count_local("csv", [str(tmp_path / "empty.csv")], "x", grid, max_values=1000)
+
+
+def test_ingest_command_names_the_file_of_a_null_bomb(
+    tmp_path: Path,
+    api: Api,
+    in_process: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from app.config import get_settings
+
+    nulls = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"x": pa.nulls(5000, pa.float64())}), nulls)
+    monkeypatch.setenv("DPQUANT_MAX_VALUES", "1000")
+    get_settings.cache_clear()
+    try:
+        ds = api.dataset()
+        argv = ["ingest", "--server", "http://x", "--dataset", ds["id"], "--column", "x"]
+        assert cli.main([*argv, str(nulls)]) == 2
+    finally:
+        get_settings.cache_clear()
+    assert f"error: {nulls}: more than 1000 values in all" in capsys.readouterr().err
+    assert in_process == [f"GET /v1/datasets/{ds['id']}"]  # nothing uploaded
+
+
+def test_page_scan_accepts_files_written_by_spark(spark: Any, tmp_path: Path) -> None:
+    """parquet-mr's pages (Spark's writer) pass the header scan, whose sums match its footer."""
+    from pyspark.sql import functions as F
+
+    frame = spark.range(0, 300_000, 1, 1).select(
+        F.when(F.col("id") % 7 == 0, None).otherwise(F.rand(3)).alias("x"),
+        (F.col("id") % 100).cast("int").alias("k"),
+    )
+    frame.write.parquet(str(tmp_path / "out"))
+    _, files = core.expand_paths([str(tmp_path / "out")])
+    for path in files:
+        with open(path, "rb") as file:
+            parquet = pq.ParquetFile(file)
+            assert parquet.metadata.created_by.startswith("parquet-mr")
+            for column in ("x", "k"):
+                leaf = upload.parquet_leaf(parquet, column)
+                assert leaf is not None
+                meta = parquet.metadata
+                scan = upload.check_parquet_pages(file, meta, leaf, max_page_bytes=1 << 20)
+                assert scan.uncompressed == sum(
+                    meta.row_group(g).column(leaf).total_uncompressed_size
+                    for g in range(meta.num_row_groups)
+                )
+    counted = core.count_local("parquet", files, "x", Grid(0.0, 1.0, 0.01), max_values=300_000)
+    assert counted.n + counted.skipped == 300_000
