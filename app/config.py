@@ -192,7 +192,7 @@ class Settings(BaseSettings):
         ):
             raise ValueError(
                 f"must be a random secret of at least {MIN_BOOTSTRAP_KEY_LENGTH} characters "
-                "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+                "(e.g. secrets.token_urlsafe(32) in Python, or openssl rand -base64 32)"
             )
         return value
 

@@ -38,18 +38,24 @@ def reuseport_available() -> bool:
     return hasattr(socket, "SO_REUSEPORT") and sys.platform.startswith("linux")
 
 
-def reuseport_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` with ``SO_REUSEADDR`` and ``SO_REUSEPORT`` set."""
+def _bound_socket(host: str, port: int, *, reuseport: bool) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with ``SO_REUSEADDR`` (and ``SO_REUSEPORT``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with ``SO_REUSEADDR`` and ``SO_REUSEPORT`` set."""
+    return _bound_socket(host, port, reuseport=True)
 
 
 def claim_port(host: str, port: int) -> socket.socket:
@@ -57,15 +63,7 @@ def claim_port(host: str, port: int) -> socket.socket:
     EADDRINUSE while any server listens there (a group of ``SO_REUSEPORT`` sockets
     included, which another one could otherwise join and take a share of the connections).
     ``SO_REUSEADDR`` lets it reuse a port whose old connections are in TIME_WAIT."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return _bound_socket(host, port, reuseport=False)
 
 
 def web_process(host: str, port: int, log_level: str, keepalive_s: int) -> None:
