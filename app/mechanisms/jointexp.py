@@ -1338,7 +1338,29 @@ def _tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) -
     draws tripped at it and at three larger steps before the deficit's 0.875 c)."""
     tries = [chosen, *_larger_tilts(c, chosen)] if chosen > 0.0 else []
     deficit = _deficit_tilts(c, pos, gaps)
-    return sorted({t for t in tries + deficit if not deficit or t >= deficit[0]})
+    return sorted(
+        {
+            t
+            for t in tries + deficit
+            if (not deficit or t >= deficit[0]) and _decay_reach(c, t) <= DECAY_TABLE_MAX
+        }
+    )
+
+
+#: Longest decay table a tilted pass may build (entries; 32 MiB). A tilted row's near part
+#: decays at c - mu, so its table reaches ``750 / (c - mu)`` positions (capped by the data's
+#: last position, which is private under add/remove neighbours: one atom of 5·10^7 records at
+#: epsilon = 0.001 built tables of 5·10^7 entries, 0.4 s and 400 MB, against 2 ms for 10
+#: records). Tilts are speed-only; one whose table would be longer is not tried, and the
+#: pass runs untilted or in log space, so time and memory are bounded by public figures
+#: (issue 28).
+DECAY_TABLE_MAX = 1 << 22
+
+
+def _decay_reach(c: float, mu: float) -> float:
+    """Entries of the near-part decay table of a pass tilted by ``mu``, before the cap by the
+    data's last position: ``750 / (c - mu)`` (see :class:`_Forward`)."""
+    return 750.0 / (c - mu) + 2.0
 
 
 def _forward_pass(

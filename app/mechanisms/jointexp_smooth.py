@@ -15,8 +15,14 @@ The mechanism, on a grid histogram (:meth:`Mechanism.run_grid`, the service's pa
    that the refined support has at most 2^22 cells: unless n <= 2^22 under swap neighbours
    (where n is public), ``K1 R <= 2^22`` (:func:`substep_bits`; public quantities only).
    Each record in cell ``k`` moves to the sub-cell ``k R + o`` with ``o`` uniform on
-   ``{0 .. R - 1}``, independently per record: ``o`` is the top ``b`` bits of one raw
-   generator word (:func:`app.mechanisms.rng.uniform_bits`), exactly uniform.
+   ``{0 .. R - 1}``, independently per record (:func:`jitter_cells`). A cell of at most
+   ``2 R`` records (``LIGHT_FACTOR R``) draws its offsets one by one, each the top ``b`` bits
+   of one raw generator word (:func:`app.mechanisms.rng.uniform_bits`), exactly uniform. A
+   heavier cell draws its refined histogram directly: its count ``c`` is split over the
+   binary tree of its sub-cells, each non-empty node sending ``Binomial(c', 1/2)`` of its
+   ``c'`` records to its lower half (``R - 1`` draws at most, whatever ``c``). That is the law
+   of the histogram of ``c`` independent uniform offsets (each record draws each bit of its
+   offset with probability 1/2), i.e. ``Multinomial(c; 1/R, .., 1/R)``.
 2. Run JointExp (:func:`app.mechanisms.jointexp.jointexp_core`, the exact grid sampler) on the
    refined histogram with grid_points ``K1 R``.
 3. Return ``floor(y / R)`` for every output ``y``: back on the original grid.
@@ -40,18 +46,35 @@ changed record keeps its offset under swap, the extra record under add/remove ge
 For every fixed offset vector the jittered data sets are again neighbours under the same
 relation, with the same public n (swap) and the same public bounds and quantiles, so
 JointExp's guarantee applies: ``P[M(X) in S | u] <= e^ε P[M(X') in S | u]``. Averaging over
-``u`` (independent of the data) gives ``P[M(X) in S] <= e^ε P[M(X') in S]``. The multiset of
-jittered records has the same law whether the offsets are drawn per record or per position
-(they are i.i.d.), so drawing them cell by cell is the same mechanism. Steps 3 and the clip
-are post-processing. The floating-point caveat of JointExp (docs/mechanisms.md, "What
-floating point still does") applies with d the number of distinct refined cells
-(at most ``min(n, d R)``).
+``u`` (independent of the data) gives ``P[M(X) in S] <= e^ε P[M(X') in S]``. JointExp sees
+only the refined histogram, so any way of drawing it with the law of the i.i.d. per-record
+offsets' histogram is the same mechanism: offsets drawn cell by cell in sorted order
+(light cells), or each heavy cell's count vector drawn as ``Multinomial(c; 1/R, .., 1/R)``
+by the binomial tree (cells independent, as their records' offsets are). Which path a cell
+takes depends on its count, but either path draws the same law, so the choice changes
+nothing in the output's law. Steps 3 and the clip are post-processing. Floating point: the
+light path is exact (integer words); the heavy path uses numpy's binomial sampler with
+``p = 1/2`` (exact in binary), which computes in double precision (inversion for
+``c' / 2 <= 30``, which also restarts on the far tail beyond ten standard deviations; BTPE
+rejection above), so the split's law equals the multinomial only in exact arithmetic, as
+JointExp's own sampler (docs/mechanisms.md, "What floating point still does"), whose caveat
+applies with d the number of distinct refined cells (at most ``min(n, d R)``). If the draws
+of one run depart from their exact laws by total variation ``eta`` in all, the guarantee
+becomes ``(ε, (1 + e^ε) eta)``: the refined histogram's law moves by at most ``eta``.
 
-Cost: one raw word per record (O(n), unlike JointExp's O(d)), then JointExp on up to
-``min(n, d R) <= 2^22`` distinct refined cells. The price of the work bound: on a fine grid
-(the service's default, 2·10^6 + 1 points) with more than 2^22 records or add/remove
-neighbours, R = 2 and the smoothing is weak; a grid step equal to the data's resolution
-(e.g. granularity 1 for integers) keeps R = 2^10.
+Cost: the jitter does O(min(n, d R)) work, d the number of distinct cells, and never grows
+with the count of one cell: a light cell takes at most ``2 R`` raw words, a heavy one at
+most ``R - 1`` binomial draws (each O(1) expected time), plus a sort of the at most
+``min(n, d R)`` refined cells; measured with the production generator, one cell of R = 2^10
+sub-cells takes 0.05 ms at n = 10 and 0.8-0.9 ms at n = 5·10^7 and 10^9 (one raw word per
+record before: 2.0 s and 49 s). Then JointExp on up to ``min(n, d R) <= 2^22`` distinct
+refined cells. The bound ``d R <= 2^22`` is public (unless n <= 2^22 is public under swap),
+but the work within it still depends on the data (through d and ``min(n, d R)``), and so
+does JointExp's own run time. The price of the work bound: on a fine grid (the service's
+default, 2·10^6 + 1 points) with more than 2^22 records or add/remove neighbours, R = 2 and
+the smoothing is weak; a grid step equal to the data's resolution (e.g. granularity 1 for
+integers) keeps R = 2^10. The raw-value path (``fn``, experiments only) still draws one
+53-bit word per value: it sorts the n jittered values anyway.
 """
 
 from __future__ import annotations
@@ -72,8 +95,16 @@ SUBSTEP_BITS = 10
 #: Work bound: the refined support has at most min(n, grid_points * 2^b) cells; b is lowered
 #: until that is at most REFINED_MAX (from public quantities only).
 REFINED_MAX = 1 << 22
-#: Records jittered per vectorised chunk (bounds the temporary arrays to a few tens of MB).
+#: Records (light path) or tree nodes (heavy path) per vectorised chunk: bounds the temporary
+#: arrays to a few tens of MB.
 CHUNK = 1 << 21
+#: A cell with at most ``min(LIGHT_FACTOR * 2^bits, CHUNK)`` records is jittered record by
+#: record with exact raw words; a heavier cell is split by at most 2^bits - 1 binomial draws
+#: (:func:`jitter_cells`). 2: where the two paths cost the same (measured with the production
+#: generator, R = 2^10: ~0.17 ms per cell of 2R records either way, the split ~0.2 ms per cell
+#: whatever its count), so no cell costs more than about one split, and the exact path covers
+#: every cell it can without being the slower one.
+LIGHT_FACTOR = 2
 #: Default raw-value width as a fraction of (upper - lower).
 DEFAULT_RELATIVE_WIDTH = 2.0**-20
 
@@ -97,38 +128,17 @@ def substep_bits(grid_points: int, n: int | None = None) -> int:
     return b
 
 
-def jitter_cells(
-    cells: IntArray, counts: IntArray, bits: int, rng: np.random.Generator
-) -> tuple[IntArray, IntArray]:
-    """Move each record of cell ``k`` to ``k * 2^bits + o``, o uniform on [0, 2^bits) per record.
-
-    Returns the refined (cells, counts), cells strictly increasing. One raw generator word per
-    record, drawn in cell order (the law of the refined histogram is that of independent
-    per-record offsets, which is what the privacy argument needs). O(n) words; the result has
-    at most ``min(n, len(cells) * 2^bits)`` cells.
-    """
-    if bits == 0:
-        return cells.astype(np.int64), counts.astype(np.int64)
-    r = np.int64(1 << bits)
+def _jitter_light(
+    cells: IntArray, counts: IntArray, r: np.int64, bits: int, rng: np.random.Generator
+) -> tuple[list[IntArray], list[IntArray]]:
+    """Exact path: one raw word per record (top ``bits`` bits), in cell order, by chunks of at
+    most CHUNK records (a light cell holds at most CHUNK records)."""
     keys: list[IntArray] = []
     cnts: list[IntArray] = []
     i, d = 0, cells.size
     while i < d:
-        c = int(counts[i])
-        if c > CHUNK:  # one heavy cell: histogram of its offsets, in pieces
-            acc = np.zeros(int(r), dtype=np.int64)
-            left = c
-            while left:
-                take = min(left, CHUNK)
-                acc += np.bincount(uniform_bits(bits, take, rng).astype(np.int64), minlength=int(r))
-                left -= take
-            nz = np.flatnonzero(acc)
-            keys.append(np.int64(cells[i]) * r + nz.astype(np.int64))
-            cnts.append(acc[nz])
-            i += 1
-            continue
         j, total = i, 0
-        while j < d and total + int(counts[j]) <= CHUNK:
+        while j < d and (j == i or total + int(counts[j]) <= CHUNK):
             total += int(counts[j])
             j += 1
         rec = np.repeat(cells[i:j].astype(np.int64) * r, counts[i:j])
@@ -137,8 +147,85 @@ def jitter_cells(
         keys.append(u)
         cnts.append(uc.astype(np.int64))
         i = j
-    # chunks cover disjoint, increasing cell ranges: the concatenation is strictly increasing
-    return np.concatenate(keys), np.concatenate(cnts)
+    return keys, cnts
+
+
+def _split_heavy(
+    cells: IntArray, counts: IntArray, bits: int, rng: np.random.Generator
+) -> tuple[list[IntArray], list[IntArray]]:
+    """Binomial path: split each count top-down over the binary tree of its 2^bits sub-cells.
+
+    At level l every non-empty node (a cell with the top l bits of the offset fixed) holding
+    ``c`` records sends ``Binomial(c, 1/2)`` of them to its lower half and the rest to its
+    upper half: the law of ``c`` records each drawing its next offset bit uniformly and
+    independently. One vectorised ``rng.binomial`` call per level and group of cells; empty
+    nodes are dropped, so a cell costs at most ``2^bits - 1`` draws (one per inner node of the
+    tree) whatever its count. Cells are grouped so that a level holds at most about CHUNK
+    nodes (``min(c, 2^bits)`` per cell).
+    """
+    keys: list[IntArray] = []
+    cnts: list[IntArray] = []
+    cap = np.minimum(counts, np.int64(1) << np.int64(min(bits, 62)))  # leaves per cell, at most
+    i, d = 0, cells.size
+    while i < d:
+        j, total = i, 0
+        while j < d and (j == i or total + int(cap[j]) <= CHUNK):
+            total += int(cap[j])
+            j += 1
+        k = cells[i:j].astype(np.int64)
+        c = counts[i:j].astype(np.int64)
+        for _ in range(bits):
+            low = rng.binomial(c, 0.5).astype(np.int64)
+            k = np.stack((2 * k, 2 * k + 1), axis=1).reshape(-1)  # children in key order
+            c = np.stack((low, c - low), axis=1).reshape(-1)
+            live = c > 0
+            k, c = k[live], c[live]
+        keys.append(k)
+        cnts.append(c)
+        i = j
+    return keys, cnts
+
+
+def jitter_cells(
+    cells: IntArray, counts: IntArray, bits: int, rng: np.random.Generator
+) -> tuple[IntArray, IntArray]:
+    """Move each record of cell ``k`` to ``k * 2^bits + o``, o uniform on [0, 2^bits) per record.
+
+    Returns the refined (cells, counts): cells strictly increasing, int64, counts summing per
+    original cell to its count. The law of the refined histogram is that of independent
+    uniform per-record offsets, which is what the privacy argument needs; the work is
+    O(min(n, d 2^bits)) for d = len(cells), never O(count of one cell):
+
+    * a *light* cell (count <= ``min(LIGHT_FACTOR * 2^bits, CHUNK)``) draws one raw generator
+      word per record (the top ``bits`` bits, :func:`app.mechanisms.rng.uniform_bits`; exact),
+      in cell order;
+    * a *heavy* cell's count ``c`` is split over its sub-cells by a top-down tree of
+      ``Binomial(c', 1/2)`` draws (:func:`_split_heavy`; numpy's binomial sampler in double
+      precision: ``Multinomial(c; 2^-bits, ..)``, the law of the offsets' histogram, in exact
+      arithmetic), at most ``2^bits - 1`` draws whatever ``c``.
+
+    The light cells are drawn first, then the heavy ones; the result has at most
+    ``min(n, len(cells) * 2^bits)`` cells.
+    """
+    cells = np.asarray(cells, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if bits == 0:
+        return cells.copy(), counts.copy()
+    r = np.int64(1) << np.int64(bits)
+    # light up to LIGHT_FACTOR * 2^bits records (capped at CHUNK for the temporaries' size)
+    heavy = counts > min(LIGHT_FACTOR << bits, CHUNK)
+    keys, cnts = _jitter_light(cells[~heavy], counts[~heavy], r, bits, rng)
+    if heavy.any():
+        hk, hc = _split_heavy(cells[heavy], counts[heavy], bits, rng)
+        keys += hk
+        cnts += hc
+    if not keys:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    fine, fc = np.concatenate(keys), np.concatenate(cnts)
+    if heavy.any() and not heavy.all():  # two sorted runs over disjoint cells: merge them
+        order = np.argsort(fine, kind="stable")
+        fine, fc = fine[order], fc[order]
+    return fine, fc
 
 
 def jointexp_smooth_core(

@@ -1274,3 +1274,43 @@ def test_a_draw_whose_weights_all_vanish_after_a_deep_fall_goes_to_log_space() -
             )
             got = sample_interval_sequence(logw, pos, gaps, c, np.random.default_rng(seed))
             np.testing.assert_array_equal(got, ref)
+
+
+def test_decay_tables_are_bounded_by_public_figures_not_by_n(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: a pass's decay table reaches 750 / (c - mu) ranks, capped by the data's last
+    rank. With one atom of 5·10^7 records at epsilon = 0.001 the tilted passes built tables of
+    5·10^7 doubles (400 MB, 0.4 s; 10 records: 2 ms), so time and memory told n, which is
+    private under add/remove. Tilts whose reach exceeds DECAY_TABLE_MAX are no longer tried:
+    every table of every pass is at most max(DECAY_TABLE_MAX, 750 / c) + 2 entries (c is
+    public), whatever n, and the draws stay exact (a tilt is speed-only)."""
+    from app.mechanisms import GridHistogram
+    from app.mechanisms import jointexp as je
+
+    sizes: list[int] = []
+    real_init = je._Forward.__init__
+
+    def spy(self: je._Forward, *args: object, **kwargs: object) -> None:
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        sizes.extend([self.pw.size, self.pwf.size])
+
+    monkeypatch.setattr(je._Forward, "__init__", spy)
+    q = np.arange(1, 10) / 10.0
+    eps = 0.001
+    c = eps / (2.0 * jointexp_sensitivity(q, "add_remove"))
+    cap = max(je.DECAY_TABLE_MAX, 750.0 / c) + 3
+    for n in (10, 10**6, 5 * 10**7):
+        sizes.clear()
+        hist = GridHistogram.from_arrays(np.array([50]), np.array([n]), 101)
+        out = MECHANISMS["jointexp"].run_grid(
+            hist, q, epsilon=eps, delta=None, neighbors="add_remove", rng=np.random.default_rng(n)
+        )
+        assert len(out) == q.size
+        assert sizes and max(sizes) <= cap, (n, max(sizes))
+    # the candidates never include a tilt past the cap
+    pos = np.array([0, 5 * 10**7], dtype=np.int64)
+    gaps = np.diff(np.concatenate(([0.0], q, [1.0]))) * 5e7
+    for chosen in (0.0, c * 0.5, c * (1 - 2.0**-8)):
+        for t in je._tilt_candidates(c, chosen, pos, gaps):
+            assert je._decay_reach(c, t) <= je.DECAY_TABLE_MAX

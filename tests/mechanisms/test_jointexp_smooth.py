@@ -68,13 +68,17 @@ def _multinomial_law(c: int, r: int) -> dict[tuple[int, ...], float]:
     return law
 
 
-@pytest.mark.parametrize("chunk", [js.CHUNK, 4], ids=["vectorised", "heavy-cell path"])
+@pytest.mark.parametrize(
+    "light_factor", [1 << 40, 0, 1], ids=["light path", "heavy path", "light and heavy"]
+)
 def test_jitter_is_an_independent_uniform_offset_per_record(
-    chunk: int, monkeypatch: pytest.MonkeyPatch
+    light_factor: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each cell's count is split multinomially (uniform, independent per record) over its
-    own sub-cells; nothing leaves its cell; cells are jittered independently."""
-    monkeypatch.setattr(js, "CHUNK", chunk)
+    own sub-cells; nothing leaves its cell; cells are jittered independently. Every cell on
+    the exact per-record path, every cell on the binomial path, and (LIGHT_FACTOR = 1, R = 4)
+    the 6-record cell on the binomial path with the two small ones on the per-record path."""
+    monkeypatch.setattr(js, "LIGHT_FACTOR", light_factor)
     cells = np.asarray([0, 3, 7], dtype=np.int64)
     counts = np.asarray([6, 1, 2], dtype=np.int64)
     bits, r = 2, 4
@@ -103,6 +107,144 @@ def test_jitter_is_an_independent_uniform_offset_per_record(
     skew = {k: v * (1.5 if k[0] > k[1] else 1.0) for k, v in _multinomial_law(6, r).items()}
     z = sum(skew.values())
     assert chi_square_p(wrong, {k: v / z for k, v in skew.items()}, draws) < 1e-4  # type: ignore[arg-type]
+
+
+class _Spy:
+    """Wraps a generator; counts the raw words and binomial draws that jitter_cells takes.
+
+    Only ``bit_generator.random_raw`` and ``binomial`` exist: any other source of randomness
+    would fail with AttributeError."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.words = 0
+        self.draws = 0
+        self.bit_generator = self
+
+    def random_raw(self, size: int) -> np.ndarray:
+        self.words += int(size)
+        return self.rng.bit_generator.random_raw(size)
+
+    def binomial(self, n: np.ndarray, p: float) -> np.ndarray:
+        self.draws += int(np.size(n))
+        return self.rng.binomial(n, p)
+
+
+def test_light_path_offsets_are_the_top_bits_of_raw_words_in_cell_order() -> None:
+    """Light cells: one raw word per record, its top bits the offset (stand-in generator, which
+    has no binomial: the light path draws nothing else)."""
+    words = [0, 3 << 62, 1 << 62, 2 << 62, (1 << 64) - 1]  # top 2 bits: 0, 3, 1, 2, 3
+    fine, fc = js.jitter_cells(
+        np.asarray([1, 5], dtype=np.int64), np.asarray([2, 3], dtype=np.int64), 2, _Words(words)
+    )
+    # cell 1: offsets {0, 3}; cell 5: offsets {1, 2, 3}
+    assert fine.tolist() == [4, 7, 21, 22, 23] and fc.tolist() == [1, 1, 1, 1, 1]
+    assert fine.dtype == np.int64 and fc.dtype == np.int64
+
+
+@pytest.mark.parametrize(("c", "bits"), [(5, 2), (3, 3)])
+def test_heavy_path_has_the_multinomial_law(
+    c: int, bits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The binomial split of one cell, forced for every count (LIGHT_FACTOR = 0): the law of
+    the sub-cell count vector over 20,000 draws against the exact multinomial pmf."""
+    monkeypatch.setattr(js, "LIGHT_FACTOR", 0)
+    r = 1 << bits
+    cells, counts = np.asarray([9], dtype=np.int64), np.asarray([c], dtype=np.int64)
+    rng = np.random.default_rng(100 + c)
+    draws = 20_000
+    seen: collections.Counter[tuple[int, ...]] = collections.Counter()
+    for _ in range(draws):
+        spy = _Spy(rng)
+        fine, fc = js.jitter_cells(cells, counts, bits, spy)  # type: ignore[arg-type]
+        assert spy.words == 0 and 0 < spy.draws <= r - 1  # the heavy path, and only it
+        split = np.zeros(r, dtype=np.int64)
+        split[fine - 9 * r] = fc
+        seen[tuple(int(v) for v in split)] += 1
+    law = _multinomial_law(c, r)
+    assert chi_square_p(seen, law, draws) >= 1e-3  # type: ignore[arg-type]
+    # negative control: the law of a split biased towards the lower half is rejected
+    skew = {k: v * (1.0 + 0.3 * (sum(k[: r // 2]) > sum(k[r // 2 :]))) for k, v in law.items()}
+    z = sum(skew.values())
+    assert chi_square_p(seen, {k: v / z for k, v in skew.items()}, draws) < 1e-3  # type: ignore[arg-type]
+
+
+def test_heavy_path_large_counts_are_binomial() -> None:
+    """Counts far above the light threshold (numpy's BTPE regime, n p > 30): one cell of 4,000
+    records on R = 2 sub-cells; the lower sub-cell's count against Binomial(4000, 1/2)."""
+    rng = np.random.default_rng(12)
+    c, draws = 4000, 20_000
+    seen: collections.Counter[int] = collections.Counter()
+    for _ in range(draws):
+        spy = _Spy(rng)
+        fine, fc = js.jitter_cells(
+            np.asarray([0], dtype=np.int64),
+            np.asarray([c], dtype=np.int64),
+            1,
+            spy,  # type: ignore[arg-type]
+        )
+        assert spy.words == 0 and spy.draws == 1
+        seen[int(fc[0]) if fine[0] == 0 else 0] += 1
+    law = {k: float(stats.binom.pmf(k, c, 0.5)) for k in range(c + 1)}
+    assert chi_square_p(seen, law, draws) >= 1e-3  # type: ignore[arg-type]
+    shifted = {k: float(stats.binom.pmf(k, c, 0.51)) for k in range(c + 1)}
+    assert chi_square_p(seen, shifted, draws) < 1e-3  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunk", [js.CHUNK, 64], ids=["one chunk", "many chunks"])
+def test_jitter_conserves_counts_and_stays_in_each_cell(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random histograms mixing light and heavy cells (counts 1 .. 10^12), R = 2 .. 2^10:
+    the refined cells are strictly increasing int64 inside [k R, (k + 1) R) of their own cell,
+    every count >= 1, per-cell totals exact, at most min(n, d R) refined cells."""
+    monkeypatch.setattr(js, "CHUNK", chunk)
+    g = np.random.default_rng(2024)
+    for _ in range(60):
+        d = int(g.integers(1, 40))
+        bits = int(g.integers(1, 11))
+        r = 1 << bits
+        cells = np.sort(g.choice(10**6, size=d, replace=False)).astype(np.int64)
+        light = g.integers(1, 2 * r + 1, size=d)
+        heavy = 2 * r + g.integers(1, 10**12, size=d) // g.integers(1, 10**9, size=d)
+        counts = np.where(g.random(d) < 0.5, light, heavy).astype(np.int64)
+        fine, fc = js.jitter_cells(cells, counts, bits, g)
+        assert fine.dtype == np.int64 and fc.dtype == np.int64
+        assert np.all(np.diff(fine) > 0) and np.all(fc >= 1)
+        owner = np.searchsorted(cells, fine >> bits)
+        assert np.array_equal(cells[owner], fine >> bits)  # inside [k R, (k + 1) R) of a cell
+        totals = np.zeros(d, dtype=np.int64)
+        np.add.at(totals, owner, fc)
+        assert np.array_equal(totals, counts)
+        assert fine.size <= min(int(counts.sum()), d * r)
+
+
+def test_work_is_bounded_by_the_refinement_not_the_count() -> None:
+    """No timing: the raw words and binomial draws taken. A cell of 10 records takes 10 words;
+    one of 5*10^7, 10^9 or 10^15 records takes no word and at most R - 1 draws (all R - 1
+    here: every sub-cell is hit); d mixed cells take at most (LIGHT_FACTOR + 1) d R of both."""
+    bits = js.SUBSTEP_BITS
+    r = 1 << bits
+    one = np.asarray([7], dtype=np.int64)
+    spy = _Spy(np.random.default_rng(1))
+    js.jitter_cells(one, np.asarray([10], dtype=np.int64), bits, spy)  # type: ignore[arg-type]
+    assert (spy.words, spy.draws) == (10, 0)
+    for n in (5 * 10**7, 10**9, 10**15):
+        spy = _Spy(np.random.default_rng(n))
+        fine, fc = js.jitter_cells(one, np.asarray([n], dtype=np.int64), bits, spy)  # type: ignore[arg-type]
+        assert (spy.words, spy.draws) == (0, r - 1)
+        assert int(fc.sum()) == n and fine.size == r
+    g = np.random.default_rng(3)
+    d = 1000
+    counts = np.minimum(np.ceil(g.lognormal(np.log(30), 3.0, d)), 10**12).astype(np.int64)
+    counts[::100] = 10**12  # ten very heavy cells
+    spy = _Spy(g)
+    js.jitter_cells(np.arange(d, dtype=np.int64), counts, bits, spy)  # type: ignore[arg-type]
+    light = counts <= js.LIGHT_FACTOR * r
+    assert spy.words == int(counts[light].sum())
+    assert spy.draws <= (r - 1) * int((~light).sum())
+    assert spy.words + spy.draws <= (js.LIGHT_FACTOR + 1) * d * r
+    assert int(counts.sum()) > 100 * (js.LIGHT_FACTOR + 1) * d * r  # n itself is far larger
 
 
 def test_run_grid_is_jointexp_on_the_jittered_histogram() -> None:
