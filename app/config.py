@@ -169,6 +169,15 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a synchronous query waits for its run before answering 202.",
     )
+    publish_scale: float = Field(
+        default=1.0,
+        ge=0,
+        description="Scale of the public run-time bound that decides when a release is "
+        "published (app.releases.schedule): non-admin readers see a release at its run's "
+        "start plus the bound, never its finish time, and a worker starts its next run only "
+        "then (issue 28). Raise it on slower machines (docs/security.md measures how often "
+        "runs outlive the bound); 0 turns publication times off.",
+    )
     worker_poll_s: float = Field(
         default=1.0, gt=0, description="Idle workers look for runnable releases this often."
     )

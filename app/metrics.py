@@ -81,6 +81,18 @@ MECHANISM_SECONDS = Histogram(
     ["method"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0),
 )
+RELEASE_OVERRUNS = Counter(
+    "dpquant_release_overruns",
+    "Runs that outlived their public run-time bound (app.releases.schedule) and were "
+    "published when they finished: each is a timing residue non-admins can see.",
+    ["method"],
+)
+PUBLICATION_HOLD_SECONDS = Histogram(
+    "dpquant_publication_hold_seconds",
+    "Time a worker held its slot after a run, until the run's publication time.",
+    ["method"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0),
+)
 POOL_IN_USE = Gauge(
     "dpquant_db_pool_connections_in_use",
     "Database connections checked out of the pools of live processes, by process kind.",

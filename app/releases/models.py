@@ -78,6 +78,11 @@ class Release(Base):
     lease_token: Mapped[uuid.UUID | None] = mapped_column()
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When the current (last) run started (migration 0011).
+    run_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When the finished release becomes visible to non-admin readers: the later of its
+    #: finish and its run's start plus the public run-time bound (migration 0011).
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: A-priori expected missed points of the method (migration 0006): one
     #: ``{quantile, mean, bound90}`` per quantile, or NULL when unknown. Public figures only.
     expected_error: Mapped[list[dict[str, float]] | None] = mapped_column(JSONB)

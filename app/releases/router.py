@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated
 
 import psycopg
@@ -44,9 +47,17 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute)
 
 
-def present(release: service.ReleaseRecord) -> ReleasePublic:
-    """The public form of a stored release (deterministic: same row, same bytes); validated
-    from plain values in one pass (releases are answered and polled on the hot path)."""
+def present(
+    release: service.ReleaseRecord, principal: Principal, now: datetime | None = None
+) -> ReleasePublic:
+    """The form of a stored release ``principal`` may see at ``now`` (default: the current
+    time): a non-admin sees it finished only from its publication time on
+    (:func:`service.published_view`). Deterministic: same row, same reader, same side of the
+    publication time, same bytes. Validated from plain values in one pass (releases are
+    answered and polled on the hot path)."""
+    release = service.published_view(
+        release, admin=principal.role == "admin", now=now or datetime.now(UTC)
+    )
     return ReleasePublic.model_validate(
         {
             "id": release.id,
@@ -206,11 +217,12 @@ async def _answer(
     settings = request.app.state.settings
     release = outcome.release
     respond_async, wait_s = parse_prefer(prefer)
+    timeout = settings.sync_wait_s if wait_s is None else min(wait_s, settings.sync_wait_s)
+    wait_end = time.monotonic() + timeout
     if not service.is_finished(release) and not respond_async:
         # Paid and queued: wait for the worker holding nothing (no thread, connection, lock
         # or admission slot).
         _release_admission(request)
-        timeout = settings.sync_wait_s if wait_s is None else min(wait_s, settings.sync_wait_s)
         pool = request.app.state.pg_pool
 
         async def read() -> service.ReleaseRecord:
@@ -233,16 +245,43 @@ async def _answer(
             # The release is reserved and paid whatever happens now: say so (202 + Location)
             # rather than a 503 that would invite a retry without the key.
             logger.warning("lost the database while waiting for release %s", release.id)
-    content = json_bytes(present(release))
+    if not respond_async:
+        await _hold_until_published(release, principal, wait_end)
+    content = json_bytes(present(release, principal))
     headers = {"Location": f"/v1/releases/{release.id}", "ETag": etag_of(content)}
     if outcome.replayed:
         headers["Idempotent-Replayed"] = "true"
     if respond_async:
         headers["Preference-Applied"] = "respond-async"
-    status_code = 201 if service.is_finished(release) else 202
+    status_code = (
+        201
+        if service.is_finished(
+            service.published_view(release, admin=principal.role == "admin", now=datetime.now(UTC))
+        )
+        else 202
+    )
     return Response(
         content, status_code=status_code, media_type="application/json", headers=headers
     )
+
+
+async def _hold_until_published(
+    release: service.ReleaseRecord, principal: Principal, wait_end: float
+) -> None:
+    """Hold a finished release's answer until its publication time, if that comes before the
+    synchronous wait ends (issue 28): a non-admin's status (201 or 202) and response time
+    then follow the public bound, not the run. Admins see releases as stored: no hold."""
+    if principal.role == "admin":
+        return
+    published = service.visible_at(release)
+    if published is None:
+        return
+    # asyncio may wake a timer up to its clock's resolution early: sleep until the
+    # publication time has passed by the reader's own clock (the one present() uses)
+    while (left := (published - datetime.now(UTC)).total_seconds()) >= 0.0:
+        if left > wait_end - time.monotonic():
+            return  # the wait ends first: 202, pending
+        await asyncio.sleep(left + 0.001)
 
 
 @router.get(
@@ -256,7 +295,7 @@ async def get_release(release_id: uuid.UUID, request: Request, principal: Reader
     release = await service.get_release(
         request.app.state.pg_pool, principal=principal, release_id=release_id
     )
-    return conditional_json(request, present(release))
+    return conditional_json(request, present(release, principal))
 
 
 @router.get(
@@ -283,7 +322,10 @@ def list_releases(
         limit=limit + 1,
     )
     next_cursor = encode_item_cursor(rows[limit - 1].id) if len(rows) > limit else None
-    page = ReleasePage(items=[present(r) for r in rows[:limit]], next_cursor=next_cursor)
+    now = datetime.now(UTC)
+    page = ReleasePage(
+        items=[present(r, principal, now) for r in rows[:limit]], next_cursor=next_cursor
+    )
     return conditional_json(request, page)
 
 

@@ -157,21 +157,24 @@ _CLAIM = """
     UPDATE release AS r
     SET lease_token = %(token)s,
         lease_until = clock_timestamp() + make_interval(secs => %(lease)s),
-        attempts = r.attempts + (r.id = head.id)::int
+        attempts = r.attempts + (r.id = head.id)::int,
+        run_started_at = CASE WHEN r.id = head.id THEN clock_timestamp()
+                              ELSE r.run_started_at END
     FROM next, head,
          dataset AS d,
          (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
     WHERE r.id = next.id AND d.id = r.dataset_id AND cfg.v IS NOT NULL
     RETURNING r.id, r.seq, next.priority, r.attempts, r.dataset_id, r.method,
               r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
-              d.granularity, d.neighbors, d.archived_at,
+              d.granularity, d.neighbors, d.archived_at, d.size_hint,
+              CASE WHEN d.neighbors = 'swap' THEN d.n END AS public_n,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
 
 _START = """
     UPDATE release AS r
     SET lease_until = clock_timestamp() + make_interval(secs => %(lease)s),
-        attempts = r.attempts + 1
+        attempts = r.attempts + 1, run_started_at = clock_timestamp()
     FROM (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
     WHERE r.id = %(id)s AND r.lease_token = %(token)s AND r.status = 'pending'
       AND cfg.v IS NOT NULL
@@ -292,9 +295,17 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
     return [float(e) for e in estimates]
 
 
-def complete_batch(conn: Connection, done: Sequence[tuple[Claim, list[float]]]) -> int:
+def complete_batch(
+    conn: Connection,
+    done: Sequence[tuple[Claim, list[float]]],
+    bounds: Sequence[float] | None = None,
+) -> int:
     """Store each release's estimates with ``done`` (durably) where the lease is still ours;
     notify the waiters. Returns how many were stored.
+
+    ``bounds`` (seconds, one per release; default 0) are the runs' public run-time bounds
+    (:mod:`app.releases.schedule`): each release is published at the later of now and its
+    run's start plus its bound.
 
     One autocommit statement and one WAL flush for the whole batch. Its commit must reach
     the disk before any answer leaves, whatever the database's default: it also makes the
@@ -311,6 +322,7 @@ def complete_batch(conn: Connection, done: Sequence[tuple[Claim, list[float]]]) 
             "tokens": [claim.token for claim, _ in done],
             # float8[] literals of the doubles' shortest round-trip repr: read back exactly
             "estimates": ["{" + ",".join(map(repr, estimates)) + "}" for _, estimates in done],
+            "bounds": [float(b) for b in bounds] if bounds is not None else [0.0] * len(done),
         },
     ).fetchall()
     for (method,) in rows:
@@ -321,9 +333,13 @@ def complete_batch(conn: Connection, done: Sequence[tuple[Claim, list[float]]]) 
 _COMPLETE = """
     UPDATE release AS r
     SET status = 'done', estimates = v.estimates::double precision[],
-        finished_at = clock_timestamp(), lease_until = NULL
-    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(estimates)s::text[])
-             AS v(id, token, estimates),
+        finished_at = clock_timestamp(), lease_until = NULL,
+        published_at = greatest(
+            clock_timestamp(),
+            coalesce(r.run_started_at, clock_timestamp()) + make_interval(secs => v.bound))
+    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(estimates)s::text[],
+                %(bounds)s::double precision[])
+             AS v(id, token, estimates, bound),
          (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
     WHERE r.id = v.id AND r.lease_token = v.token AND r.status = 'pending'
       AND cfg.v IS NOT NULL
@@ -331,14 +347,18 @@ _COMPLETE = """
     """
 
 
-def fail(conn: Connection, *, claim: Claim, reason: str) -> bool:
-    """Mark the release ``failed`` (it keeps its debit) if the lease is still ``claim``'s."""
+def fail(conn: Connection, *, claim: Claim, reason: str, bound_s: float = 0.0) -> bool:
+    """Mark the release ``failed`` (it keeps its debit; failed is final) if the lease is
+    still ``claim``'s; published, like a finished one, at the later of now and its run's
+    start plus ``bound_s``."""
     row = conn.execute(
         "UPDATE release SET status = 'failed', failure = %(reason)s,"
-        " finished_at = clock_timestamp(), lease_until = NULL"
+        " finished_at = clock_timestamp(), lease_until = NULL,"
+        " published_at = greatest(clock_timestamp(), coalesce(run_started_at,"
+        " clock_timestamp()) + make_interval(secs => %(bound)s))"
         " WHERE id = %(id)s AND lease_token = %(token)s AND status = 'pending'"
         " RETURNING method",
-        {"reason": reason, "id": claim.release_id, "token": claim.token},
+        {"reason": reason, "id": claim.release_id, "token": claim.token, "bound": bound_s},
     ).fetchone()
     if row is None:
         return False

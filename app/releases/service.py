@@ -57,7 +57,7 @@ from app.ledger.service import Amount, dataset_with_budget, mechanism_float, pri
 from app.mechanisms import MECHANISMS, Mechanism, MechanismInputError, get_mechanism
 from app.metrics import RELEASES, RESERVATIONS
 from app.pg import HotPool, run_async
-from app.releases.models import DONE, FAILED, Release
+from app.releases.models import DONE, FAILED, PENDING, Release
 from app.releases.schemas import AUTO, KeyCap, QuantileQuery
 
 #: Channel on which PostgreSQL announces a runnable release (trigger ``release_notify``,
@@ -90,6 +90,9 @@ class ReleaseRecord:
     finished_at: datetime | None
     expected_error: list[dict[str, float]] | None
     warnings: list[str]
+    #: When non-admin readers may see the outcome (None while pending; see
+    #: :mod:`app.releases.schedule`).
+    published_at: datetime | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -569,6 +572,7 @@ def _outcome(
                 finished_at=None,
                 expected_error=plan.expected,
                 warnings=plan.warnings,
+                published_at=None,
             ),
             replayed=False,
         )
@@ -710,6 +714,7 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         if uuid.UUID(str(outcome["id"])) != release.id or outcome["status"] not in (DONE, FAILED):
             return None
         finished_at = datetime.fromisoformat(outcome["finished_at"]).replace(tzinfo=UTC)
+        published_at = datetime.fromisoformat(outcome["published_at"]).replace(tzinfo=UTC)
         raw: Sequence[Any] | None = outcome["estimates"]
         estimates = None if raw is None else [float(x) for x in raw]
         failure = outcome["failure"]
@@ -721,12 +726,37 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         failure=None if failure is None else str(failure),
         finished_at=finished_at,
         estimates=estimates,
+        published_at=published_at,
     )
 
 
 def is_finished(release: ReleaseRecord) -> bool:
-    """True once the release is ``done`` or ``failed`` (for now: it may be resumed)."""
+    """True once the release is ``done`` or ``failed`` (both final since migration 0011)."""
     return release.status in (DONE, FAILED)
+
+
+def published_view(release: ReleaseRecord, *, admin: bool, now: datetime) -> ReleaseRecord:
+    """The release as a reader sees it at ``now`` (issue 28; :mod:`app.releases.schedule`).
+
+    Admins see it as stored. Everyone else sees a finished release only from its publication
+    time on, with that time as ``finished_at`` (never the run's finish time); before it, as
+    pending (no estimates, no failure). A finished release without a publication time (none
+    is stored only by hand) is published at its finish time."""
+    if admin or release.status not in (DONE, FAILED):
+        return release
+    published = release.published_at or release.finished_at
+    if published is None or now < published:
+        return dataclasses.replace(
+            release, status=PENDING, estimates=None, failure=None, finished_at=None
+        )
+    return dataclasses.replace(release, finished_at=published)
+
+
+def visible_at(release: ReleaseRecord) -> datetime | None:
+    """When a non-admin reader first sees ``release`` finished (None while pending)."""
+    if release.status not in (DONE, FAILED):
+        return None
+    return release.published_at or release.finished_at
 
 
 __all__ = [
@@ -744,8 +774,10 @@ __all__ = [
     "list_releases",
     "plan_query",
     "price_query",
+    "published_view",
     "quote",
     "quote_query",
     "request_fingerprint",
     "reserve_release",
+    "visible_at",
 ]

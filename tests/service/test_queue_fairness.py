@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
@@ -141,3 +142,80 @@ def test_the_caps_are_settings(make_schema: Callable[[], str]) -> None:
         _, a = q.api.new_key("analyst")
         assert all(q.submit(ds, a).status_code == 202 for _ in range(70))
         q.link.close()
+
+
+def test_a_small_release_is_not_held_behind_a_run_that_times_out(
+    make_schema: Callable[[], str],
+) -> None:
+    """Issue 28, batch coupling: a worker once claimed several releases together, so a 5 ms
+    release co-claimed behind a run that hit the time limit answered after that limit and ran
+    twice. Now a worker claims one release at a time: with two real workers, a run that is
+    killed at its 2 s limit holds one of them, and another key's small release on another
+    dataset, asked right after, answers in well under a second with one attempt."""
+    import time
+
+    from tests.support import release_workers
+
+    url = make_schema()
+    upgrade_database(url)
+    settings = app_settings(url, admin_key=ADMIN_KEY)
+    with (
+        release_workers(url, concurrency=2, run_timeout_s=2),
+        TestClient(create_app(settings), raise_server_exceptions=False) as client,
+    ):
+        api = ApiBase(client, ADMIN, "coupling")
+        # JointExp with m = 999 quantiles on ~700 distinct values (20,000 values rounded to
+        # 0.1) keeps up to m repeat levels a row: ~17 s, far past the 2 s limit
+        rng = np.random.default_rng(1)
+        slow_values = np.clip(np.round(rng.normal(50.0, 10.0, 20_000), 1), 0.0, 100.0)
+        slow_ds = api.dataset(values=[float(v) for v in slow_values], epsilon="10")["id"]
+        fast_ds = api.dataset(values=SAMPLE, epsilon="10")["id"]
+        slow_key = api.new_key("analyst", slow_ds)[1]
+        fast_key = api.new_key("analyst", fast_ds)[1]
+        # the workers' kernels are warm (their first run compiles nothing from here on)
+        warm = client.post(
+            f"/v1/datasets/{fast_ds}/quantiles",
+            json={"quantiles": [0.5], "epsilon": "0.01", "method": "indexp"},
+            headers=fast_key,
+        )
+        assert warm.status_code == 201, warm.text
+        slow = client.post(
+            f"/v1/datasets/{slow_ds}/quantiles",
+            json={
+                "quantiles": [(j + 1) / 1000 for j in range(999)],
+                "epsilon": "1",
+                "method": "jointexp",
+            },
+            headers=slow_key | {"Prefer": "respond-async"},
+        )
+        assert slow.status_code == 202, slow.text
+        time.sleep(0.3)  # the slow run has started on one worker
+        t0 = time.monotonic()
+        fast = client.post(
+            f"/v1/datasets/{fast_ds}/quantiles",
+            json={"quantiles": [0.5], "epsilon": "0.01", "method": "indexp"},
+            headers=fast_key,
+        )
+        took = time.monotonic() - t0
+        assert fast.status_code == 201 and fast.json()["status"] == "done", fast.text
+        assert took < 1.0, took
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                attempts = conn.execute(
+                    text("SELECT attempts FROM release WHERE id = :i"), {"i": fast.json()["id"]}
+                ).scalar_one()
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    row = conn.execute(
+                        text("SELECT status, failure FROM release WHERE id = :i"),
+                        {"i": slow.json()["id"]},
+                    ).one()
+                    if row[0] != "pending":
+                        break
+                    conn.commit()
+                    time.sleep(0.2)
+        finally:
+            engine.dispose()
+        assert attempts == 1
+        assert tuple(row) == ("failed", "timeout")  # the slow run did hit its limit

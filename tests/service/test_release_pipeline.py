@@ -191,9 +191,12 @@ def test_a_synchronous_query_without_a_worker_answers_202_after_its_wait(quiet: 
     assert quiet.ledger(ds)["debits"] == 1
 
 
-def test_a_failed_run_keeps_its_debit_and_a_retry_resumes_it_without_a_new_one(
+def test_a_failed_run_keeps_its_debit_and_a_replay_returns_it_failed_without_a_rerun(
     quiet: Quiet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A failed release is final (issue 28, migration 0011): resuming it until a run finishes
+    in time would release an output conditioned on its own run time. A replay with the same
+    key returns it as it stands, runs nothing and debits nothing."""
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
     key = "fails-once-" + uuid.uuid4().hex
 
@@ -212,12 +215,10 @@ def test_a_failed_run_keeps_its_debit_and_a_retry_resumes_it_without_a_new_one(
 
     monkeypatch.undo()
     retry = _query(quiet, ds, key=key, prefer="respond-async")
-    assert retry.status_code == 202 and retry.headers["idempotent-replayed"] == "true"
-    assert retry.json()["id"] == first.json()["id"] and retry.json()["status"] == "pending"
-    assert quiet.run_one()
-    done = quiet.client.get(f"/v1/releases/{first.json()['id']}", headers=ADMIN).json()
-    assert done["status"] == "done" and len(done["estimates"]) == 3
-    assert quiet.release_row(first.json()["id"])["attempts"] == 2
+    assert retry.headers["idempotent-replayed"] == "true"
+    assert retry.json()["id"] == first.json()["id"] and retry.json()["status"] == "failed"
+    assert not quiet.run_one()  # nothing was queued again
+    assert quiet.release_row(first.json()["id"])["attempts"] == 1
     assert quiet.ledger(ds)["debits"] == 1 and quiet.ledger(ds)["spent"] == Decimal("0.1")
     # A different body with the same key is still refused.
     assert _query(quiet, ds, key=key, epsilon="0.2").json()["type"] == "idempotency_conflict"
@@ -255,29 +256,6 @@ def test_a_synchronous_failure_is_answered_from_its_announcement_byte_identicall
     assert created.json()["failure"] == "mechanism_error" and created.json()["estimates"] is None
     again = quiet.client.get(f"/v1/releases/{created.json()['id']}", headers=ADMIN)
     assert again.content == created.content
-
-
-def test_runs_per_release_are_bounded_by_max_runs(
-    quiet: Quiet, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
-    key = "always-fails-" + uuid.uuid4().hex
-
-    def boom(*args: Any, **kwargs: Any) -> Any:
-        raise MemoryError
-
-    monkeypatch.setitem(MECHANISMS, "indexp", broken_indexp(boom))
-    rid = _query(quiet, ds, key=key, prefer="respond-async").json()["id"]
-    for _ in range(quiet.settings.max_runs):
-        assert quiet.run_one()
-        _query(quiet, ds, key=key, prefer="respond-async")  # resumes while runs remain
-    assert quiet.release_row(rid) == {
-        "status": "failed",
-        "attempts": quiet.settings.max_runs,
-        "failure": "mechanism_error",
-    }
-    assert quiet.run_one() is False  # no further run: the last retry did not resume it
-    assert quiet.ledger(ds)["debits"] == 1
 
 
 def test_a_lost_lease_is_claimed_again_and_attempts_are_capped(quiet: Quiet) -> None:
@@ -836,10 +814,10 @@ def test_the_completion_is_on_disk_when_its_autocommit_statement_returns(
     lsn: list[str] = []
     real = worker_module.complete_batch
 
-    def marked(conn: Any, done: Any) -> int:
+    def marked(conn: Any, done: Any, bounds: Any = None) -> int:
         with quiet.engine.connect() as other:  # the WAL position just before the completion
             lsn.append(other.execute(text("SELECT pg_current_wal_insert_lsn()")).scalar_one())
-        return real(conn, done)
+        return real(conn, done, bounds)
 
     monkeypatch.setattr(worker_module, "complete_batch", marked)
     try:

@@ -123,9 +123,11 @@ def test_settings_read_limits_from_the_environment(monkeypatch: pytest.MonkeyPat
     assert settings.max_upload_bytes == 1234 and settings.max_quantiles == 7
 
 
-def test_a_worker_claims_its_share_of_the_announced_releases() -> None:
+def test_a_worker_claims_one_release_at_a_time() -> None:
     from app.worker import MAX_BATCH, batch_size
 
-    assert [batch_size(n, 2) for n in (0, 1, 2, 3, 4, 16)] == [1, 1, 1, 2, 2, 8]
+    # one release a claim: a release is never leased to a worker busy with another run
+    assert MAX_BATCH == 1
+    assert [batch_size(n, 2) for n in (0, 1, 2, 3, 4, 16)] == [1] * 6
     assert batch_size(10**6, 2) == MAX_BATCH
-    assert batch_size(5, 1) == 5 and batch_size(5, 0) == 5
+    assert batch_size(5, 1) == 1 and batch_size(5, 0) == 1

@@ -1,0 +1,172 @@
+"""When a release is published: a run-time bound from public figures only (issue 28).
+
+A release's run time depends on the data (the number of distinct cells, their shape, the
+path JointExp's sampler takes), so its finish time is a data-dependent observable. The
+service therefore publishes every release at ``run start + bound``, where the bound is
+computed from public figures alone — the method, the number of quantiles m, the grid, the
+dataset's public size (n under swap neighbours, the admin-declared ``size_hint`` under
+add/remove) and the service's limits (``DPQUANT_MAX_CELLS``) — and is meant to exceed the
+run time on every input those figures allow:
+
+* non-admin readers see a finished release as ``pending`` until its publication time, and
+  that time in place of its finish time (:func:`app.releases.router.present`);
+* a synchronous ``POST`` holds its answer until then (or answers 202 when its wait ends
+  first), so the status and the response time are functions of the bound too;
+* the worker that ran it holds its slot until then before claiming its next release, so the
+  queue moves at the pace of the bounds, not of the runs: another release's start time (and
+  through it its publication time) does not reveal how long this one took.
+
+A run that outlives its bound is published when it finishes (``published_at`` is the later
+of the two): the residue, counted by ``dpquant_release_overruns_total`` and measured in
+docs/security.md. Admins see the real finish time; operators the real run times in
+``/metrics`` (``dpquant_mechanism_seconds``).
+
+The model is ``scale * (FLOOR_S + cells * (PER_CELL_S + PER_CELL_QUANTILE_S * m))``, capped at
+the hard time limit, with ``cells`` the most distinct cells the dataset can have. Its
+constants were set from the worst of the measured shapes (normal data and 10 %-clamped data
+on grids of 10 to 10^6 cells, m = 1 to 999, every method; ``benchmarks/bench_timing_leak.py``
+reports how often a run outlives its bound) with a factor of ~3 above them on the machine the
+benchmarks run on. ``DPQUANT_PUBLISH_SCALE`` scales the bound for slower or faster
+machines; ``0`` turns publication times off (releases are visible when they finish, as
+before issue 28).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from app.datasets.grid import grid_size
+from app.mechanisms.jointexp_smooth import REFINED_MAX, substep_bits
+
+#: Every run's bound includes this much: loading the job, the database round trips and the
+#: smallest runs (a JointExp run on 10 cells takes ~1 ms; a claim, load and store ~3 ms).
+FLOOR_S = 0.01
+#: Per distinct cell: loading and validating the histogram, building the support.
+PER_CELL_S = 4e-7
+#: Per distinct cell and quantile: JointExp's forward pass (tied and clamped shapes take the
+#: tilted or log-space path: ~1.3e-8 s on the benchmark's 10 %-clamped data, up to ~6e-8 on
+#: grids with ties of ~10 records a cell and 12.5 % at each bound); the exponential-mechanism
+#: methods' weights (IndExp: ~5e-8 at m = 999).
+PER_CELL_QUANTILE_S = {"jointexp": 1e-7, "smooth": 5e-8, "other": 5e-8}
+#: Per quantile (Python work per row or node; smooth sensitivity's per-quantile search,
+#: ~9 ms, plus its O(n) pass over the ranks, n public under swap, the only relation it
+#: runs on) and, for JointExp, per quantile squared: many quantiles in few cells keep up to
+#: m repeat levels a row (10 cells, m = 999: ~2.8 s).
+PER_QUANTILE_S = {"jointexp": 1e-4, "smooth": 2e-2, "other": 1e-4}
+PER_QUANTILE_RECORD_S = {"jointexp": 0.0, "smooth": 2e-7, "other": 0.0}
+PER_QUANTILE_SQ_S = {"jointexp": 3e-6, "smooth": 0.0, "other": 0.0}
+#: JointExp per quantile and cell within the kernel's reach (~3000 / epsilon ranks, so at
+#: most that many cells): small epsilon widens every row (10^5 values, m = 99, epsilon =
+#: 0.01: ~3 s on rows that take 0.05 s at epsilon = 1; the smoothed variant on its refined
+#: cells up to ~8 s).
+PER_QUANTILE_RANK_S = 1e-6
+#: JointExp's decay tables: ``750 / c`` entries (c >= epsilon / 4), capped by the data's last
+#: rank (private under add/remove, so its public bound is used), built by each of up to
+#: ``TABLE_PASSES`` passes, plus the log pass's scaled tables of at most 2^20 entries.
+TABLE_PASSES = 6
+PER_TABLE_ENTRY_S = 3e-8
+SCALED_TABLE_MAX = 1 << 20
+#: The exponential mechanism's decay tables: ``693 / c_j`` ranks per quantile, c_j =
+#: epsilon / (4 m) for IndExp's split budget, in steps of 64 (exponential.fill_weights).
+PER_NODE_RANK_S = 1.5e-8 / 64.0
+
+
+def cells_bound(
+    *, grid_points: int, neighbors: str, n: int | None, size_hint: int | None, max_cells: int
+) -> int:
+    """The most distinct cells the run can see, from public figures: the grid's points, the
+    service's cell limit, and the public size (n under swap, where it is public; the
+    declared size hint under add/remove, which is the admin's promise, not a limit)."""
+    bound = min(int(grid_points), int(max_cells))
+    size = n if neighbors == "swap" else size_hint
+    if size is not None:
+        bound = min(bound, max(1, int(size)))
+    return max(1, bound)
+
+
+def run_bound_s(
+    *,
+    m: int,
+    cells: int,
+    scale: float,
+    cap_s: float,
+    method: str = "jointexp",
+    epsilon: float = 1.0,
+    size: int | None = None,
+) -> float:
+    """The publication delay of a run of ``method`` with ``m`` quantiles at ``epsilon`` on at
+    most ``cells`` cells and ``size`` records (public bounds; ``size`` None: ``cells``), 0.0
+    when ``scale`` is 0 (publication times off). At most ``cap_s``."""
+    if scale <= 0.0:
+        return 0.0
+    records = float(cells if size is None else max(size, 1))
+    eps = max(float(epsilon), 1e-300)
+    family = _family(method)
+    raw = (
+        FLOOR_S
+        + cells * (PER_CELL_S + PER_CELL_QUANTILE_S[family] * m)
+        + m * (PER_QUANTILE_S[family] + PER_QUANTILE_RECORD_S[family] * records)
+        + PER_QUANTILE_SQ_S[family] * m * m
+    )
+    if family == "jointexp":
+        reach = min(records, 3000.0 / eps + 2.0)
+        raw += TABLE_PASSES * PER_TABLE_ENTRY_S * (reach + min(records, SCALED_TABLE_MAX))
+        raw += PER_QUANTILE_RANK_S * m * min(float(cells), reach)
+    else:
+        raw += m * PER_NODE_RANK_S * min(records, 2800.0 * m / eps)
+    bound = scale * raw
+    return min(bound, cap_s) if math.isfinite(bound) else cap_s
+
+
+def _family(method: str) -> str:
+    if method.startswith("jointexp"):
+        return "jointexp"
+    return "smooth" if method in ("smooth", "csmooth") else "other"
+
+
+def bound_of_claim(
+    row: Mapping[str, Any],
+    *,
+    scale: float,
+    max_cells: int,
+    max_values: int,
+    cap_s: float,
+) -> float:
+    """The bound of a claimed release, from the public figures the claim read: the method,
+    m, epsilon, the grid, n under swap, the size hint under add/remove, and the service's
+    limits (``max_values`` stands for n where it is private and no hint is declared)."""
+    lower, upper, granularity = row["lower"], row["upper"], row["granularity"]
+    try:
+        points = grid_size(lower, upper, granularity)
+    except (TypeError, ValueError, OverflowError):
+        points = max_cells
+    neighbors = str(row["neighbors"])
+    public_n = row.get("public_n") if neighbors == "swap" else None
+    hint = row.get("size_hint")
+    size = int(public_n if public_n is not None else hint if hint is not None else max_values)
+    cells = cells_bound(
+        grid_points=points,
+        neighbors=neighbors,
+        n=public_n,
+        size_hint=hint,
+        max_cells=max_cells,
+    )
+    method = str(row["method"])
+    if method == "jointexp_smooth":  # JointExp on the refined grid
+        b = substep_bits(points, public_n)
+        cells = max(1, min(cells << b, size, REFINED_MAX if public_n is None else cells << b))
+    m = len(row["quantiles"]) if row.get("quantiles") is not None else 1
+    return run_bound_s(
+        m=m,
+        cells=cells,
+        scale=scale,
+        cap_s=cap_s,
+        method=method,
+        epsilon=float(row["epsilon"]),
+        size=size,
+    )
+
+
+__all__ = ["bound_of_claim", "cells_bound", "run_bound_s"]
