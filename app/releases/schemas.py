@@ -89,8 +89,12 @@ class ReleasePublic(BaseModel):
     delta: DecimalText | None
     cost: AmountPublic
     remaining: AmountPublic
-    created_at: datetime
-    finished_at: datetime | None
+    created_at: datetime = Field(description="When the release was reserved (and paid).")
+    finished_at: datetime | None = Field(
+        description="When the release was published: its run's start plus a run-time bound "
+        "computed from public figures (or its finish, if the run took longer); until then "
+        "non-admin readers see the release as pending. Admins see the run's finish time."
+    )
     expected_error: list[ExpectedError] | None = Field(
         default=None,
         description="A-priori expected error of the method (computed at reservation from "
