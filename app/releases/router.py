@@ -279,8 +279,13 @@ async def _hold_until_published(
     # asyncio may wake a timer up to its clock's resolution early: sleep until the
     # publication time has passed by the reader's own clock (the one present() uses)
     while (left := (published - datetime.now(UTC)).total_seconds()) >= 0.0:
-        if left > wait_end - time.monotonic():
-            return  # the wait ends first: 202, pending
+        rest = wait_end - time.monotonic()
+        if left > rest:
+            # the wait ends first: answer 202 (pending) when it ends, as for a run that is
+            # still going — answering at once would tell that the run has finished
+            if rest > 0.0:
+                await asyncio.sleep(rest)
+            return
         await asyncio.sleep(left + 0.001)
 
 
