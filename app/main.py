@@ -63,7 +63,9 @@ Releases are reserved, then sampled: a query is first stored as `pending` togeth
 debit of its full cost (refusals read no data and run nothing), then a worker runs the
 mechanism and the release becomes `done` (with `estimates`) or `failed` (with `failure`).
 A failed release keeps its debit, because whether and when a run fails may depend on the
-data; a retry with the same `Idempotency-Key` resumes it without a new debit. Send
+data; it is final (a retry with the same `Idempotency-Key` returns it). Analysts and
+viewers see a release finished only from its publication time on: its run's start plus a
+bound computed from public figures (`finished_at`), never the run's own finish time. Send
 `Prefer: respond-async` to get `202 Accepted` with `Location: /v1/releases/{id}` at once and
 poll it (ETag / If-None-Match); without it the call waits and answers `201` with the
 finished release (or `202` if the wait runs out).

@@ -161,8 +161,8 @@ async def create_release(
         Header(
             min_length=1,
             max_length=255,
-            description="Retry-safe key: the same key and body return (or resume) the original "
-            "release without a new debit.",
+            description="Retry-safe key: the same key and body return (or wait for) the "
+            "original release without a new debit; a failed release is final.",
         ),
     ] = None,
     prefer: Annotated[

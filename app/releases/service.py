@@ -15,9 +15,11 @@ A release is a small state machine stored in PostgreSQL: ``pending -> done | fai
 
 Every mechanism run is therefore paid before it starts, refusals never start one, and a
 failure keeps its debit: whether a run fails, and when, may depend on the data, so a failure
-is itself an observable outcome of the mechanism and is charged like one. A retry with the
-same key resumes a ``pending`` or ``failed`` release without a new debit (no output of it was
-ever released), up to ``max_runs`` runs in all.
+is itself an observable outcome of the mechanism and is charged like one. A failed release
+is final: a retry with the same key returns it (migration 0011; resuming it until a run
+finished in time would release an output conditioned on its own run time). A ``pending``
+release whose worker died runs again, up to ``max_runs`` runs in all. Non-admin readers see
+a release finished from its publication time on (:mod:`app.releases.schedule`).
 
 The ledger cannot be overspent even by code that forgets the lock: the balance row's CHECK
 constraint refuses an overdraft inside PostgreSQL (migration 0003). Per-key caps are checked
@@ -439,7 +441,7 @@ async def reserve_release(
     """Reserve and pay for a release in one ``release_reserve()`` call (migration 0008).
 
     Returns the new ``pending`` release, or the earlier release with the same key and body
-    (resumed when it failed and may still run). ``release_id`` is the id a *new* release gets
+    (as it stands: a failed release is final). ``release_id`` is the id a *new* release gets
     (a fresh random one when None): a caller that wants to hear of its completion can listen
     for it before the reservation commits. Reads no data value.
 
