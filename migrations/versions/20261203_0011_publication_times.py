@@ -58,34 +58,19 @@ _NO_RESUME = """            -- A replay is free and returns the release as it st
             -- final (migration 0011).
 """
 
-_NOTIFY = """
-CREATE OR REPLACE FUNCTION release_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    payload text;
-BEGIN
-    IF NEW.status = 'pending' AND (TG_OP = 'INSERT' OR OLD.status <> 'pending') THEN
-        PERFORM pg_notify('dpquant_release_pending', NEW.id::text);
-    ELSIF NEW.status <> 'pending' AND TG_OP = 'UPDATE' AND OLD.status = 'pending' THEN
-        payload := json_build_object(
-            'id', NEW.id,
-            'status', NEW.status,
-            'failure', NEW.failure,
-            'finished_at',
+_FINISHED_AT = """            'finished_at',
             to_char(NEW.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
-            'published_at',
-            to_char(NEW.published_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
-            'estimates', NEW.estimates
-        )::text;
-        IF octet_length(payload) >= 8000 THEN
-            payload := NEW.id::text;
-        END IF;
-        PERFORM pg_notify('dpquant_release_finished', payload);
-    END IF;
-    RETURN NULL;
-END;
-$$
 """
+_PUBLISHED_AT = """            'published_at',
+            to_char(NEW.published_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'),
+"""
+
+
+def _notify() -> tuple[str, str]:
+    """(migration 0007's ``release_notify()``, this one's: the payload adds published_at)."""
+    old = _load("dpquant_migration_0007", "20261130_0007_finished_payload.py")._WITH_OUTCOME
+    assert old.count(_FINISHED_AT) == 1
+    return old, old.replace(_FINISHED_AT, _FINISHED_AT + _PUBLISHED_AT)
 
 
 def _functions() -> tuple[str, str, str]:
@@ -101,7 +86,7 @@ def upgrade() -> None:
     op.add_column("release", sa.Column("run_started_at", sa.DateTime(timezone=True)))
     op.add_column("release", sa.Column("published_at", sa.DateTime(timezone=True)))
     op.execute("UPDATE release SET published_at = finished_at WHERE finished_at IS NOT NULL")
-    op.execute(_NOTIFY)
+    op.execute(_notify()[1])
     _, new, signature = _functions()
     op.execute(f"DROP FUNCTION {signature}")
     op.execute(new)
@@ -111,6 +96,6 @@ def downgrade() -> None:
     old, _, signature = _functions()
     op.execute(f"DROP FUNCTION {signature}")
     op.execute(old)
-    op.execute(_load("dpquant_migration_0007", "20261130_0007_finished_payload.py")._WITH_OUTCOME)
+    op.execute(_notify()[0])
     op.drop_column("release", "published_at")
     op.drop_column("release", "run_started_at")
