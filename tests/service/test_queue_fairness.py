@@ -158,9 +158,9 @@ def test_a_small_release_is_not_held_behind_a_run_that_times_out(
 
     url = make_schema()
     upgrade_database(url)
-    settings = app_settings(url, admin_key=ADMIN_KEY)
+    settings = app_settings(url, admin_key=ADMIN_KEY, publish_scale=1.0)  # as served
     with (
-        release_workers(url, concurrency=2, run_timeout_s=2),
+        release_workers(url, concurrency=2, run_timeout_s=2, publish_scale=1),
         TestClient(create_app(settings), raise_server_exceptions=False) as client,
     ):
         api = ApiBase(client, ADMIN, "coupling")
