@@ -193,20 +193,32 @@ def migrate(database_url: str, code: Path | None) -> None:
 
 
 def start_server(
-    database_url: str, admin_key: str, port: int, code: Path | None, values_cache: bool = True
+    database_url: str,
+    admin_key: str,
+    port: int,
+    code: Path | None,
+    values_cache: bool = True,
+    *,
+    defaults: bool = False,
 ) -> subprocess.Popen[str]:
-    env = (
-        os.environ
-        | code_env(code)
-        | {
-            "DPQUANT_DATABASE_URL": database_url,
-            "DPQUANT_BOOTSTRAP_ADMIN_KEY": admin_key,
-            "DPQUANT_LOG_LEVEL": "WARNING",
-            "DPQUANT_MAX_UPLOAD_BYTES": str(128 * 1024 * 1024),
-            "DPQUANT_MAX_VALUES": str(10**7),
-        }
-        | ({} if values_cache else {"DPQUANT_VALUES_CACHE_BYTES": "0"})
-    )
+    """``dpquant serve --workers 2`` on ``port``, once ready. ``defaults``: the service's own
+    settings (no inherited ``DPQUANT_*`` variable, none of this benchmark's limits)."""
+    base = {"DPQUANT_DATABASE_URL": database_url, "DPQUANT_BOOTSTRAP_ADMIN_KEY": admin_key,
+            "DPQUANT_LOG_LEVEL": "WARNING"}  # fmt: skip
+    if defaults:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPQUANT_")}
+        env |= code_env(code) | base
+    else:
+        env = (
+            os.environ
+            | code_env(code)
+            | base
+            | {
+                "DPQUANT_MAX_UPLOAD_BYTES": str(128 * 1024 * 1024),
+                "DPQUANT_MAX_VALUES": str(10**7),
+            }
+            | ({} if values_cache else {"DPQUANT_VALUES_CACHE_BYTES": "0"})
+        )
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
         env=env,

@@ -31,8 +31,8 @@ answers noise, n = 5·10^7 answers the cell); that is not a side channel.
 The server is ``dpquant serve --workers 2`` (two web processes and the default two release
 workers) with default settings: only ``DPQUANT_DATABASE_URL``, ``DPQUANT_BOOTSTRAP_ADMIN_KEY``
 and ``DPQUANT_LOG_LEVEL=WARNING`` are set, every other inherited ``DPQUANT_*`` variable is
-removed (``bench_service.start_server`` also sets ``DPQUANT_MAX_VALUES=10^7``, which would
-refuse the 5·10^7-value dataset, so it is not used). The database is a fresh one
+removed (``bench_service.start_server(..., defaults=True)``; without it that benchmark's
+``DPQUANT_MAX_VALUES=10^7`` would refuse the 5·10^7-value dataset). The database is a fresh one
 (``CREATE DATABASE bench_timing_<random>``) on ``DPQUANT_BENCH_DATABASE_URL``'s server or on
 an embedded pgserver, dropped at the end. ``--code DIR`` serves another checkout.
 
@@ -54,7 +54,6 @@ import re
 import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -68,7 +67,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.bench_service import code_env, free_port, migrate
+from benchmarks.bench_service import free_port, migrate, start_server
 
 DECILES = [round(0.1 * k, 1) for k in range(1, 10)]
 LOWER, UPPER, GRANULARITY, CELL = 0.0, 100.0, 1.0, 50
@@ -125,36 +124,6 @@ def _fresh_database(server_url: str) -> tuple[str, Callable[[], None]]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     return url.set(database=name).render_as_string(hide_password=False), drop
-
-
-def start_default_server(
-    database_url: str, admin_key: str, port: int, code: Path | None
-) -> subprocess.Popen[str]:
-    """``dpquant serve --workers 2`` with default settings (no inherited ``DPQUANT_*``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DPQUANT_")}
-    env |= code_env(code) | {
-        "DPQUANT_DATABASE_URL": database_url,
-        "DPQUANT_BOOTSTRAP_ADMIN_KEY": admin_key,
-        "DPQUANT_LOG_LEVEL": "WARNING",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
-        env=env,
-        cwd=code,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    proc.terminate()
-    raise RuntimeError("server did not become ready")
 
 
 # --------------------------------------------------------------------------- collection
@@ -793,7 +762,7 @@ def main() -> int:
         migrate(url, code)
         admin = "dpq_bench-" + secrets.token_urlsafe(32)
         port = free_port()
-        proc = start_default_server(url, admin, port, code)
+        proc = start_server(url, admin, port, code, defaults=True)
         t0 = time.monotonic()
         collection = collect(
             f"http://127.0.0.1:{port}",
