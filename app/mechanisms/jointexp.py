@@ -36,7 +36,10 @@ without the O(m^2 n) table:
   truncation floor, grown per row, to stay 2^-52 below the current row's maximum (and below
   each backward draw's largest weight). A linear row that breaks it sends the pass to log
   space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
-  and widened until every row and draw has enough.
+  and widened until every row and draw has enough. Untilted passes are also held, at each
+  draw, to a sound bound on the error the rows carry into it, which charges every width
+  where it lies (:mod:`app.mechanisms.jointexp_errors`); the median-width rule alone is not
+  a worst-case bound (docs/mechanisms.md, "Range rule").
   Log rows are stored as logs; their transition sums are formed in scaled linear
   arithmetic (a double mantissa times e^(350 k), ``jointexp_kernels.transition_scaled``;
   the row's exp and log are vectorised numpy calls), ~5x faster than a logaddexp per
@@ -68,6 +71,7 @@ from numpy.typing import ArrayLike, NDArray
 from app.mechanisms import jointexp_kernels as K
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.jointexp_errors import ErrorBound, width_blocks
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
 from app.mechanisms.sampling import pick_weights
@@ -123,6 +127,12 @@ def quantile_gaps(quantiles: FloatArray, n: int) -> FloatArray:
 
 class _LinearGuardTripped(Exception):
     """A linear-space row lost too much range; the log-space pass must be used."""
+
+
+class _SoundGuardTripped(_LinearGuardTripped):
+    """An untilted linear pass's draw met the median-width rule but not the sound error bound
+    (jointexp_errors): the retry is the log pass, not a tilted one (tilted passes are held to
+    the median-width rule alone, which this input has just shown to be too weak)."""
 
 
 class _LogGuardTripped(Exception):
@@ -374,6 +384,13 @@ class _Inputs:
     def scaled_w(self) -> tuple[FloatArray, IntArray]:
         return _to_scaled(self.logw)
 
+    @functools.cached_property
+    def width_blocks(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """The widths' block maxima and the blocks' first and last positions, what the sound
+        error bound reads of the widths (:func:`~app.mechanisms.jointexp_errors.
+        width_blocks`)."""
+        return width_blocks(self.logw, self.pos)
+
 
 #: The :class:`_Inputs` properties that depend on the widths alone (shared when collapsed).
 _WIDTH_ONLY = ("lw_ref", "w", "narrow", "live_idx", "suf_logw", "scaled_w")
@@ -470,6 +487,11 @@ class _Forward:
         self.headroom = _headroom(self.m)
         self.linear_floor = _linear_floor(self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
+        # each row's truncation floor (log, common scale) and, from the first draw on, the
+        # sound bound on the error they carry into the draws (jointexp_errors)
+        self.floors = np.full(self.m + 1, -math.inf)
+        self._errors: ErrorBound | None = None
+        self._norms: FloatArray | None = None
         # each row's maximum (common log scale) and where it is (a position), for _choose_tilt
         self.gmaxes = np.zeros(self.m)
         self.modes = np.zeros(self.m)
@@ -562,12 +584,14 @@ class _Forward:
             lrow -= lrow.max()
             a, b = _span(lrow >= -self.keep)
             peak = -self.keep - self.log_growth
+            self.floors[1] = -self.keep
             self._profile(1, i0 + a, lrow[a:b], 0.0, True)
             return _Row(i0 + a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
         row = np.empty(i1 - i0)
         K.exp_normalise(lrow, row)
         a, b = _span(row)
         peak = -self.linear_floor - self.log_growth
+        self.floors[1] = -self.linear_floor
         self._profile(1, i0 + a, row[a:b], 0.0, False)
         return _Row(i0 + a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
 
@@ -582,6 +606,18 @@ class _Forward:
         that the earlier rows' truncation no longer has).
         """
         return peak + j * self.log_growth <= gmax - self.headroom
+
+    def error_at_draw(self, j: int, t: float, i_end: int) -> float:
+        """log of a sound bound on the total error of a draw's weights from row j at
+        ``t = P_next - n_{j+1}`` over the intervals below ``i_end``, on the pass's common
+        scale (:mod:`~app.mechanisms.jointexp_errors`; formed from the rows' floors at the
+        first draw)."""
+        if self._errors is None or self._norms is None:
+            self._errors = ErrorBound(
+                self.logw, self.pos, self.gaps, self.c, self.mu, self.inputs.width_blocks
+            )
+            self._norms = self._errors.norms(self.floors)
+        return self._errors.at_draw(self._norms[j], j, t, i_end)
 
     def step(self, prev: _Row, j: int) -> _Row:
         """Row j (1-based, j >= 2) from row j - 1."""
@@ -626,6 +662,7 @@ class _Forward:
         gmax = prev.gmax + math.log(top)  # values are in units of the previous row's max
         trunc = max(prev.gmax, gmax) - self.linear_floor  # this row's truncation floor
         peak = max(prev.peak, trunc - j * self.log_growth)
+        self.floors[j] = trunc
         if not self.probing and not self._range_ok(peak, gmax, j):
             raise _LinearGuardTripped
         self.gmaxes[j - 1] = gmax
@@ -769,6 +806,7 @@ class _Forward:
         )
         self._profile(j, prev.lo + a, tot if tot.size else out[0], gmax, True)
         peak = max(prev.peak, gmax - self.keep - j * self.log_growth)
+        self.floors[j] = gmax - self.keep
         if not self._range_ok(peak, gmax, j):
             # this row needs the earlier rows' floors lower by the shortfall
             short = peak + j * self.log_growth - (gmax - self.headroom)
@@ -978,11 +1016,22 @@ def _draw_block(
             ltop = K.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk  # g_draw - log(max kernel factor)
-    if not fwd._range_ok(row.peak, g_rel, j):
+    # The sound bound on the weights' total error (jointexp_errors) must be 2^-52 m below
+    # the largest weight, and so must the median-width rule's (_range_ok: the rule the
+    # forward rows were built to; it only ever asks for more range). Tilted passes are
+    # held to the median-width rule alone: the bound's rates are limited by c - mu there
+    # and it asks several times more range than they have on clamped data (see
+    # docs/mechanisms.md, "Range rule").
+    short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
+    sound = -math.inf
+    if not fwd.mu:
+        sound = fwd.error_at_draw(j, pos_ref - nj, i_end) - (g_draw - fwd.headroom)
+    if short > 0.0 or sound > 0.0:
         if not fwd.log_space:
-            raise _LinearGuardTripped
-        short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
-        raise _LogGuardTripped(fwd.keep + short)
+            # the sound bound alone rejected it: the median rule, which tilted passes
+            # answer to, is too weak here, so the retry is the log pass
+            raise _SoundGuardTripped if short <= 0.0 else _LinearGuardTripped
+        raise _LogGuardTripped(fwd.keep + max(short, sound))
     # Two raw 64-bit words per block, always (so passes that keep different numbers of
     # levels stay in step, and the generator advances as two rng.random() calls would): the
     # interval from its weight summed over repeat counts, then the count from that
@@ -1474,11 +1523,12 @@ def _sample_interval_sequence(
         while j > 0:
             try:
                 i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
-            except _LinearGuardTripped:
+            except _LinearGuardTripped as trip:
                 # a larger tilt while one is worth it (as the forward pass retries; never
-                # with tilt=False), then the log pass; either way the same step with exact
-                # weights: nothing was drawn
-                retilted = _retilted(fwd, budget, inputs) if tilt is not False else None
+                # with tilt=False, nor after the sound bound tripped), then the log pass;
+                # either way the same step with exact weights: nothing was drawn
+                retry_tilt = tilt is not False and not isinstance(trip, _SoundGuardTripped)
+                retilted = _retilted(fwd, budget, inputs) if retry_tilt else None
                 fwd = retilted or _run_log_space(
                     logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs
                 )

@@ -376,11 +376,10 @@ class _Walk:
             try:
                 i, k = jx._draw_block(fwd, j, i_end, pos_ref, nj, source)
                 return fwd, i, k
-            except jx._LinearGuardTripped:
+            except jx._LinearGuardTripped as trip:
                 self._no_uniform_drawn(source)
-                retilted = (
-                    jx._retilted(fwd, self.budget, self.inputs) if self.tilt is not False else None
-                )
+                retry_tilt = self.tilt is not False and not isinstance(trip, jx._SoundGuardTripped)
+                retilted = jx._retilted(fwd, self.budget, self.inputs) if retry_tilt else None
                 fwd = retilted or self._log_pass(None)
             except jx._LogGuardTripped as trip:
                 self._no_uniform_drawn(source)

@@ -1,0 +1,236 @@
+"""A sound bound on the error JointExp's truncated forward rows carry into each draw.
+
+Every forward row drops what lies below its truncation floor (a linear row: the terms
+below the smallest normal double of its scale; a log row: the entries more than ``keep``
+e-folds below its maximum). Each entry of row j then errs by at most ``e^{t_j}`` (its floor
+on the pass's common log scale) plus what the earlier rows' errors became through the
+recursion, which multiplies an error landing on interval i by i's width. The draws read the
+rows through a kernel, so what matters is the error *near the sampled position*, relative
+to the draw's largest weight. This module bounds it without assuming anything about the
+widths (the speed rule in :meth:`~app.mechanisms.jointexp._Forward._range_ok` charges the
+median width, which is not a worst-case bound).
+
+**The weighted norm.** For a region ``Z_j = [T_j - R - D, T_j + R]`` around row j's target
+position ``T_j = n_1 + ... + n_j`` (it moves by exactly ``n_j`` per row; ``D`` the heavy-atom
+cut's deficit or 0) and the weight ``psi_j(p) = j dl (left_j - p)+ + j dr (p - right_j)+``
+with ``m dl = f (c + mu)`` and ``m dr = f (c - mu)``, ``0 < f < 1``, let
+
+    N_j = max_{0 < i < d} e_j(i) exp(-psi_j(P_i)),
+
+``e_j(i)`` the absolute error of row j's entry i summed over its repeat levels, in the
+row's own (tilted, for a tilt ``mu``) units. The single-copy transition sums
+``w_i K(x) e_{j-1}(i')`` with ``x = P_i - P_i' - n_j`` and ``K(x) = e^{-c|x| - mu x}``; since
+``Z_{j-1} = Z_j - n_j``, moving the source by ``x`` changes the previous row's weight by at
+most ``dl x`` (source to the left) or ``dr |x|`` (to the right), and a repeat by ``dr n_j``
+with a factor ``<= w_i e^{-(c - mu) n_j} / 2``. Summing the geometric series over distinct
+integer positions (each term ``<= 1``, at most ``d + 1`` of them):
+
+    N_j <= N_{j-1} (k_{j-1} + e^{-(c - mu - (j-1) dr) n_j} / 2) W_j + (end terms) + e^{t_j},
+    k_j = min(1/(1 - e^{-(c + mu - j dl)}) + 1/(1 - e^{-(c - mu - j dr)}), d + 1),
+    W_j = max_{0 < i < d} w_i exp(-dl (left_j - P_i)+ - dr (P_i - right_j)+),
+
+and ``N_1 = e^{t_1}`` (row 1 is formed from its closed form). The maximum runs over the
+inner intervals ``1 .. d - 1``; the two end intervals (the gaps to loose bounds, typically
+the widest by far) are tracked on their own, since interval 0 receives no transition
+(only repeats) and the last one passes its error only to itself and to the draws
+(:class:`ErrorBound`; docs/mechanisms.md has the recursions). ``W_j`` is the largest width
+*discounted by its distance from where the row's mass is meant to be*: a wide interval far
+from every target (the gaps to loose bounds, a continuous sample's tails) costs little, and
+one at the target costs its full width, as it should.
+
+**At a draw** over the weights ``row_j(i) K(t - P_i)``, ``t = P_next - n_{j+1}``, the
+weights' total error is at most
+
+    N_j exp(psi_j(t)) k_j + (the end intervals' errors times their kernel factors),
+
+and the draw goes ahead only if that is ``e^{-H}`` below its largest weight (``H`` the
+headroom of :func:`~app.mechanisms.jointexp._headroom`). Any ``(R, D, f)`` gives a valid
+bound; a few are tracked side by side and the smallest is used. ``W_j`` is read from the
+widths' block maxima (:func:`width_blocks`): a block that meets the region counts at its
+widest interval, one that does not at its widest discounted from its nearest end, an upper
+bound either way. The bound is linear in the
+floors' ``e^{t_l}``: a log pass that widens ``keep`` by ``s`` e-folds lowers it by ``s``.
+
+JointExp holds its untilted passes (linear and log) to this bound at every draw; tilted
+linear passes are held to the median-width rule alone, because with rates limited by
+``c - mu`` the bound asks more range than tilted rows have on clamped data (measured in
+docs/mechanisms.md).
+
+What it does not cover (bounded elsewhere, docs/mechanisms.md): repeat levels pruned below
+2^-60 of level 1 (a relative loss at the same interval), the rows' relative rounding, and
+the draws' own weights below the smallest normal double (``TINY_DRAW``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from app.mechanisms import jointexp_kernels as K
+from app.mechanisms.validation import FloatArray, IntArray
+
+#: The norms tracked side by side: (radius as a multiple of the largest gap, the rates'
+#: final values as a fraction f of their limits, whether the region reaches down by the
+#: heavy-atom cut's deficit). Radius 0 discounts every width off the targets; a radius of
+#: one gap leaves sampled positions that miss their target undiscounted; the deficit covers
+#: sequences that the cut pushes below their targets; a larger f discounts more and lets the
+#: kernel's sum grow more in the last rows (9/10 holds a 5 % point mass at epsilon = 0.1,
+#: m = 99, where 1/2 asks ~100 e-folds more range than the linear rows have).
+CONFIGS: tuple[tuple[float, float, bool], ...] = (
+    (0.0, 0.5, False),
+    (1.0, 0.5, True),
+    (0.0, 0.9, True),
+)
+#: intervals per block of the widths' block maxima (:func:`~app.mechanisms.
+#: jointexp_kernels.block_maxima`): a block that meets a row's region counts at its widest
+#: interval, one that does not is discounted exactly
+BLOCK = 64
+_U = 2.0**-52
+
+
+def width_blocks(logw: FloatArray, pos: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """The block maxima of the inner intervals' widths (1 .. d - 1; the two end intervals
+    are tracked on their own), with each block's first and last position: what
+    :class:`ErrorBound` reads of the widths. They depend on the intervals alone, so a
+    histogram keeps them (``_Inputs``)."""
+    inner = max(0, logw.size - 2)
+    nb = -(-inner // BLOCK)
+    bmax, bfirst, blast = np.empty(nb), np.empty(nb), np.empty(nb)
+    if nb:
+        K.block_maxima(logw[: logw.size - 1], pos, 1, BLOCK, bmax, bfirst, blast)
+    return bmax, bfirst, blast
+
+
+def _lae(a: float, b: float) -> float:
+    """log(e^a + e^b) on Python floats (numpy's logaddexp costs ~1 us a call here)."""
+    if a < b:
+        a, b = b, a
+    if b == -math.inf:
+        return a
+    return a + math.log1p(math.exp(b - a))
+
+
+class ErrorBound:
+    """The norms of the module docstring for one forward pass: ``N_j`` over the inner
+    intervals (one per entry of :data:`CONFIGS`) and the errors of the two end intervals,
+    which are tracked on their own (interval 0 receives no transition, only repeats; the
+    last one passes its error only to itself and to the draws), so that the gaps to loose
+    bounds, typically the widest intervals by far, are never charged to the others.
+
+    The pass calls :meth:`norms` once its rows' log floors are known and :meth:`at_draw`
+    before each draw. O(m + d / BLOCK) per norm from :func:`width_blocks`.
+    """
+
+    def __init__(
+        self,
+        logw: FloatArray,
+        pos: IntArray,
+        gaps: FloatArray,
+        c: float,
+        mu: float,
+        blocks: tuple[FloatArray, FloatArray, FloatArray] | None = None,
+    ) -> None:
+        """``blocks``: :func:`width_blocks` of ``logw`` and ``pos`` (formed here if None)."""
+        m = gaps.size - 1
+        n1 = logw.size
+        self.m, self.c, self.mu = m, c, mu
+        self.p0, self.pd = float(pos[0]), float(pos[-1])
+        self.lw0, self.lwd = float(logw[0]), float(logw[-1])
+        self.last = n1 - 1
+        self.gaps = gaps
+        centers = np.cumsum(gaps[:m])  # T_1..T_m
+        deficit = max(0.0, float(gaps.sum()) - float(pos[-1]))
+        big_gap = float(gaps.max())
+        count = len(CONFIGS)
+        self.lefts = np.empty((count, m))
+        self.rights = np.empty((count, m))
+        self.d_left = np.array([frac * (c + mu) / m for _, frac, _ in CONFIGS])
+        self.d_right = np.array([frac * (c - mu) / m for _, frac, _ in CONFIGS])
+        self.hop = np.full((count, m + 1), -math.inf)  # log W_j
+        self.draw_k = np.full((count, m + 1), math.inf)  # log k_j
+        bmax, bfirst, blast = width_blocks(logw, pos) if blocks is None else blocks
+        finite = bmax[bmax > -math.inf]
+        lwmag = float(np.max(np.abs(finite))) if finite.size else 0.0
+        self.inner_top = float(finite.max()) if finite.size else -math.inf
+        reach = float(pos[-1]) + float(gaps.sum()) + deficit
+        self.margin = np.empty(count)
+        hop = np.empty(m)
+        rows = np.arange(1, m + 1, dtype=np.float64)
+        for s, (rad, _, below) in enumerate(CONFIGS):
+            radius = rad * big_gap
+            dl, dr = float(self.d_left[s]), float(self.d_right[s])
+            self.lefts[s] = centers - radius - (deficit if below else 0.0)
+            self.rights[s] = centers + radius
+            if bmax.size:
+                K.discounted_max_blocks(
+                    bmax, bfirst, blast, self.lefts[s], self.rights[s], dl, dr, hop
+                )
+                self.hop[s, 1:] = hop
+            self.margin[s] = 8.0 * _U * (max(dl, dr) * (reach + radius) + lwmag) + 1e-9
+            ka, kb = c + mu - rows * dl, c - mu - rows * dr  # both > 0: frac < 1
+            kern = -1.0 / np.expm1(-ka) - 1.0 / np.expm1(-kb)
+            self.draw_k[s, 1:] = np.log(np.minimum(kern, float(n1)))
+
+    def _psi(self, s: int, j: int, p: float) -> float:
+        """log weight ``psi_j(p)`` of norm s."""
+        below = max(float(self.lefts[s, j - 1]) - p, 0.0)
+        above = max(p - float(self.rights[s, j - 1]), 0.0)
+        return j * (float(self.d_left[s]) * below + float(self.d_right[s]) * above)
+
+    def _log_k(self, x: float) -> float:
+        """log of the (tilted) kernel ``e^{-c |x| - mu x}``."""
+        return -self.c * abs(x) - self.mu * x
+
+    def norms(self, floors: FloatArray) -> FloatArray:
+        """For j = 1..m (row 0 unused): ``log N_j`` of each norm, then the log errors of
+        interval 0 and of the last interval as bounded with that norm (columns ``s``,
+        ``count + s`` and ``2 count + s``)."""
+        count = len(CONFIGS)
+        m, c, mu = self.m, self.c, self.mu
+        rows = [[-math.inf] * (3 * count) for _ in range(m + 1)]
+        rows[1] = [float(floors[1])] * (3 * count)
+        hop = self.hop.tolist()
+        draw_k = self.draw_k.tolist()
+        d_right = self.d_right.tolist()
+        margin = self.margin.tolist()
+        half = math.log(0.5)
+        for j in range(2, m + 1):
+            nj = float(self.gaps[j - 1])
+            fl = float(floors[j])
+            prev = rows[j - 1]
+            cur = rows[j]
+            stay = half - (c - mu) * nj  # a repeat's kernel factor, before its width
+            e0 = _lae(prev[count] + self.lw0 + stay, fl)
+            for s in range(count):
+                n_prev, e0_prev, ed_prev = prev[s], prev[count + s], prev[2 * count + s]
+                dr = d_right[s]
+                k_prev = draw_k[s][j - 1]
+                # inner intervals: transitions and repeats of inner errors, and transitions
+                # from interval 0 (one source, each target's kernel factor <= 1)
+                rep = half - (c - mu - (j - 1) * dr) * nj
+                inner = n_prev + _lae(k_prev, rep) + hop[s][j]
+                inner = _lae(inner, e0_prev + self.inner_top)
+                cur[s] = _lae(inner, fl) + margin[s]
+                cur[count + s] = e0
+                # the last interval: transitions from the inner ones (their weighted sum
+                # at the target n - n_j) and from interval 0, and its own repeats
+                into = n_prev + self._psi(s, j - 1, self.pd - nj) + k_prev
+                into = _lae(into, e0_prev + self._log_k(self.pd - self.p0 - nj))
+                into = _lae(into, ed_prev + stay)
+                cur[2 * count + s] = _lae(self.lwd + into, fl)
+        return np.array(rows, dtype=np.float64)
+
+    def at_draw(self, norms: FloatArray, j: int, t: float, i_end: int) -> float:
+        """log of the bound on the total weight error of a draw from row j at ``t = P_next -
+        n_{j+1}`` over the intervals below ``i_end`` (the smallest over the norms; ``norms``
+        is row j of :meth:`norms`)."""
+        count = len(CONFIGS)
+        best = math.inf
+        for s in range(count):
+            v = float(norms[s]) + self._psi(s, j, t) + float(self.draw_k[s, j])
+            v = _lae(v, float(norms[count + s]) + self._log_k(t - self.p0))
+            if i_end > self.last:
+                v = _lae(v, float(norms[2 * count + s]) + self._log_k(t - self.pd))
+            best = min(best, v)
+        return best
