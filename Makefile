@@ -37,6 +37,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy app
+	$(BIN)/lint-imports
 
 openapi: $(VENV)/.installed
 	$(BIN)/dpquant openapi
