@@ -1024,7 +1024,7 @@ def _draw_block(
     # docs/mechanisms.md, "Range rule").
     short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
     sound = -math.inf
-    if not fwd.mu:
+    if not fwd.mu and (fwd.log_space or short <= 0.0):  # (a linear pass trips anyway)
         sound = fwd.error_at_draw(j, pos_ref - nj, i_end) - (g_draw - fwd.headroom)
     if short > 0.0 or sound > 0.0:
         if not fwd.log_space:

@@ -84,7 +84,7 @@ CONFIGS: tuple[tuple[float, float, bool], ...] = (
 )
 #: intervals per block of the widths' block maxima (:func:`~app.mechanisms.
 #: jointexp_kernels.block_maxima`): a block that meets a row's region counts at its widest
-#: interval, one that does not is discounted exactly
+#: interval, one that does not at its widest discounted from its nearest end
 BLOCK = 64
 _U = 2.0**-52
 
@@ -183,13 +183,13 @@ class ErrorBound:
         return -self.c * abs(x) - self.mu * x
 
     def norms(self, floors: FloatArray) -> FloatArray:
-        """For j = 1..m (row 0 unused): ``log N_j`` of each norm, then the log errors of
-        interval 0 and of the last interval as bounded with that norm (columns ``s``,
-        ``count + s`` and ``2 count + s``)."""
+        """For j = 1..m (row 0 unused): ``log N_j`` of each norm (columns ``0 .. count -
+        1``), the log error of interval 0 (column ``count``: the same for every norm) and
+        that of the last interval as bounded with each norm (columns ``count + 1 + s``)."""
         count = len(CONFIGS)
         m, c, mu = self.m, self.c, self.mu
-        rows = [[-math.inf] * (3 * count) for _ in range(m + 1)]
-        rows[1] = [float(floors[1])] * (3 * count)
+        rows = [[-math.inf] * (2 * count + 1) for _ in range(m + 1)]
+        rows[1] = [float(floors[1])] * (2 * count + 1)
         hop = self.hop.tolist()
         draw_k = self.draw_k.tolist()
         d_right = self.d_right.tolist()
@@ -201,9 +201,10 @@ class ErrorBound:
             prev = rows[j - 1]
             cur = rows[j]
             stay = half - (c - mu) * nj  # a repeat's kernel factor, before its width
-            e0 = _lae(prev[count] + self.lw0 + stay, fl)
+            e0_prev = prev[count]
+            cur[count] = _lae(e0_prev + self.lw0 + stay, fl)
             for s in range(count):
-                n_prev, e0_prev, ed_prev = prev[s], prev[count + s], prev[2 * count + s]
+                n_prev, ed_prev = prev[s], prev[count + 1 + s]
                 dr = d_right[s]
                 k_prev = draw_k[s][j - 1]
                 # inner intervals: transitions and repeats of inner errors, and transitions
@@ -212,13 +213,12 @@ class ErrorBound:
                 inner = n_prev + _lae(k_prev, rep) + hop[s][j]
                 inner = _lae(inner, e0_prev + self.inner_top)
                 cur[s] = _lae(inner, fl) + margin[s]
-                cur[count + s] = e0
                 # the last interval: transitions from the inner ones (their weighted sum
                 # at the target n - n_j) and from interval 0, and its own repeats
                 into = n_prev + self._psi(s, j - 1, self.pd - nj) + k_prev
                 into = _lae(into, e0_prev + self._log_k(self.pd - self.p0 - nj))
                 into = _lae(into, ed_prev + stay)
-                cur[2 * count + s] = _lae(self.lwd + into, fl)
+                cur[count + 1 + s] = _lae(self.lwd + into, fl)
         return np.array(rows, dtype=np.float64)
 
     def at_draw(self, norms: FloatArray, j: int, t: float, i_end: int) -> float:
@@ -226,11 +226,12 @@ class ErrorBound:
         n_{j+1}`` over the intervals below ``i_end`` (the smallest over the norms; ``norms``
         is row j of :meth:`norms`)."""
         count = len(CONFIGS)
+        edge0 = float(norms[count]) + self._log_k(t - self.p0)
         best = math.inf
         for s in range(count):
             v = float(norms[s]) + self._psi(s, j, t) + float(self.draw_k[s, j])
-            v = _lae(v, float(norms[count + s]) + self._log_k(t - self.p0))
+            v = _lae(v, edge0)
             if i_end > self.last:
-                v = _lae(v, float(norms[2 * count + s]) + self._log_k(t - self.pd))
+                v = _lae(v, float(norms[count + 1 + s]) + self._log_k(t - self.pd))
             best = min(best, v)
         return best
