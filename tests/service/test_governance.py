@@ -362,9 +362,18 @@ def test_the_audit_log_records_who_did_what_without_any_value(api: Api, client: 
         "name": {"from": name, "to": name + "-renamed"}
     }
     dump = json.dumps(events)
+    # Timestamps, ids and key prefixes are random digits that can contain a value's
+    # digits by chance; the values could only leak through the other fields.
+    random_fields = {"id", "created_at", "actor_key_id", "actor_prefix", "target_id"}
+    scrubbed = [{k: v for k, v in e.items() if k not in random_fields} for e in events]
+    scrubbed_dump = json.dumps(scrubbed).replace(key["key"][:12], "")
+    for e in events:
+        for field in ("prefix", "old_prefix"):
+            if isinstance(e["details"], dict) and field in e["details"]:
+                scrubbed_dump = scrubbed_dump.replace(e["details"][field], "")
     for v in secret_values:
         for text_form in (repr(v), f"{v:.1f}", str(int(v))):
-            assert text_form not in dump
+            assert text_form not in scrubbed_dump
     assert '"n"' not in dump and '"n_cells"' not in dump and '"n_outside' not in dump
     assert key["key"] not in dump and key["key"][12:] not in dump
 
