@@ -90,7 +90,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from app.webprocs import claim_port, reuseport_available, run_web_processes
 
     # The port first: a server that cannot listen (another one has it) starts nothing and
-    # changes nothing, the bootstrap key included (issue 28).
+    # changes nothing, the bootstrap key included.
     try:
         claim = claim_port(args.host, args.port)
     except OSError as exc:

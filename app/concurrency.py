@@ -5,15 +5,15 @@ thread (anyio's default limiter: 40 per process) *and*, from authentication on, 
 connection (``pool_size + max_overflow``). Acquired one after the other, the two pools can
 starve each other: under a burst, every thread waits for a connection while every
 connection belongs to a request that waits for a thread. Nothing moves until the pool
-timeout fires and a wave of requests fails with 503 (found by the 200-client load test of
-issue 5). Admitting at most ``min(threads, connections)`` requests at once makes both
+timeout fires and a wave of requests fails with 503 (the 200-client load test shows
+it). Admitting at most ``min(threads, connections)`` requests at once makes both
 resources always sufficient for everyone admitted; the others wait here, asynchronously,
 holding neither. A request that cannot be admitted within ``queue_timeout_s`` gets 503.
 
 ``/healthz`` bypasses the gate (it touches no database and must answer under load).
 
 A request that goes on to wait without holding a thread or a connection (a release waiting
-for its worker, issue 8) gives its slot back early through ``scope[ADMISSION_RELEASE]()``.
+for its worker) gives its slot back early through ``scope[ADMISSION_RELEASE]()``.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class Settings(BaseSettings):
         ge=0,
         description="Smallest epsilon a release may spend (422 below). A release below it "
         "costs next to nothing yet takes a worker's time, so without a floor one key can queue "
-        "runs without end (issue 28). At 0.001 a budget of 1 pays for at most 1,000 releases. "
+        "runs without end. At 0.001 a budget of 1 pays for at most 1,000 releases. "
         "What it takes from analysts: one quantile by the exponential mechanism misses by "
         "~2 ln(d) / epsilon ranks at best, so an epsilon below 0.001 misses by more than "
         "~28,000 ranks on 10^6 distinct values (over 2 % of n = 10^6; pure noise on smaller "
@@ -145,7 +145,7 @@ class Settings(BaseSettings):
         description="Longest statement or lock wait before a 503 (0 = unbounded).",
     )
 
-    # Release workers (issue 8).
+    # Release workers.
     workers: int = Field(
         default=2,
         ge=0,
@@ -175,7 +175,7 @@ class Settings(BaseSettings):
         description="Scale of the public run-time bound that decides when a release is "
         "published (app.releases.schedule): non-admin readers see a release at its run's "
         "start plus the bound, never its finish time, and a worker starts its next run only "
-        "then (issue 28). Raise it on slower machines (docs/security.md measures how often "
+        "then. Raise it on slower machines (docs/security.md measures how often "
         "runs outlive the bound); 0 turns publication times off.",
     )
     worker_poll_s: float = Field(

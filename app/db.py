@@ -7,7 +7,7 @@ response instead of a success that was never stored. The release path (authentic
 reservation, the workers' queue) does not use sessions: see :mod:`app.pg`.
 
 Isolation: every connection the service opens runs its transactions at READ COMMITTED,
-whatever ``default_transaction_isolation`` the database or role sets (issue 8). The ledger's
+whatever ``default_transaction_isolation`` the database or role sets. The ledger's
 locking protocol (lock the dataset row, then read the balance) relies on each statement
 seeing what was committed before it; under REPEATABLE READ a read after the lock would see
 the transaction's older snapshot. The balance row's CHECK constraint holds at any level.
@@ -114,7 +114,7 @@ def make_engine(
     SQLAlchemy then discards the pool, and the worker's loop tries again). ``process``
     labels the pool in the ``dpquant_db_pool_*`` metrics."""
     connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout_s}
-    hide_result_rows()  # issue 5: no data value in logs, even with SQL logging at DEBUG
+    hide_result_rows()  # no data value in logs, even with SQL logging at DEBUG
     engine = create_engine(
         normalize_url(url),
         isolation_level=ISOLATION_LEVEL,
@@ -143,7 +143,7 @@ def session_statements(statement_timeout_ms: int) -> list[str]:
     * timestamps in UTC, whatever the server's ``TimeZone``: a response built in memory
       (an announced finish time) and a later read of the same row serialise to the same
       bytes;
-    * bounded statements and lock waits (issue 5: no statement or lock wait may hang a
+    * bounded statements and lock waits (no statement or lock wait may hang a
       request; past the bound the statement fails and the service answers 503).
     """
     statements = [

@@ -4,8 +4,8 @@ Starlette answers an unhandled exception through its outermost ``ServerErrorMidd
 (the ``Exception`` handler in :mod:`app.errors` builds the 503 body) but then *re-raises*
 it; uvicorn logs the full traceback with the exception message — which may quote SQL
 parameters or, in principle, a data value — and closes the keep-alive connection, so the
-client's next request on it fails with a read error (found by the database-outage test of
-issue 5: 385 dropped connections in 8 s of outage).
+client's next request on it fails with a read error (the database-outage test counts
+such dropped connections).
 
 ``GuardMiddleware`` sits just inside it and catches everything the routers let through:
 it sends the same JSON error body (503, ``Retry-After: 1``), keeps the connection usable,

@@ -199,7 +199,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     install_dashboard(app)
     install_openapi(app)
-    # Hardening (issue 5): admission control against thread/connection-pool starvation,
+    # Hardening: admission control against thread/connection-pool starvation,
     # uniform timing of quantile queries, the request body limit, then the per-key rate
     # limit (app/concurrency.py, app/timing.py, app/bodylimit.py, app/ratelimit.py).
     settings = app.state.settings

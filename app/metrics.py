@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 12), correct across any number of processes.
+"""Prometheus metrics, correct across any number of processes.
 
 Two sources, both exact across processes:
 

@@ -13,7 +13,7 @@ made six of them in the web process and two in the worker.
 Every connection opened here gets the same session settings as the SQLAlchemy engine's
 (:func:`app.db.session_statements`): READ COMMITTED pinned whatever
 ``default_transaction_isolation`` the database or role sets (the ledger's locking protocol
-relies on each statement seeing what was committed before it, issue 8), timestamps in UTC,
+relies on each statement seeing what was committed before it), timestamps in UTC,
 and bounded statements and lock waits. Connections run in autocommit: each hot-path
 operation is one statement, so there is no BEGIN or COMMIT round trip, and PostgreSQL runs
 the statement as its own transaction.

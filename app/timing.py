@@ -5,9 +5,9 @@ query failed early (validation, budget) or late (after sampling) is visible in i
 too. With ``min_release_ms > 0`` every answer of ``POST /v1/datasets/{id}/quantiles`` —
 success or error — is held back until that many milliseconds after the request arrived.
 The wait is asynchronous and happens after the commit, outside admission control: it holds
-no lock, no database connection, no thread and no admission slot (issue 8; before it, the
-endpoint slept inside its transaction, so a grant during a padded release waited for the
-pad and a flood of padded refusals stalled every endpoint).
+no lock, no database connection, no thread and no admission slot (an endpoint that slept
+inside its transaction would make a grant during a padded release wait for the pad, and
+a flood of padded refusals would stall every endpoint).
 """
 
 from __future__ import annotations

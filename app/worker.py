@@ -141,7 +141,7 @@ def settle(link: Link, work: Callable[[Connection], T], *, until: float) -> T:
             time.sleep(0.5)
 
 
-#: Most releases one worker claims at once (see :func:`process_one`). One (issue 28): a
+#: Most releases one worker claims at once (see :func:`process_one`). One: a
 #: release claimed with others waits, leased to this worker, for the runs before it — and,
 #: with publication times, for their bounds — while another worker may be idle; a 5 ms
 #: release co-claimed behind a run that hit the time limit answered after that limit. A
@@ -168,10 +168,9 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
     Each run after the first starts with its own lease and attempt (:func:`start_run`), and
     each result is stored the moment it exists, by one statement that reaches the disk
     before it returns (the completion sets ``synchronous_commit`` for its own implicit
-    transaction). Before issue 28 the runs that finished within 10 ms of each other were
-    stored together, and a finished release waited for the next run of its batch: a 5 ms
-    release co-claimed with a run that hit the time limit answered after that limit, and
-    ran again. Before each run the release and its deadline are published to the
+    transaction), so a finished release never waits for the next run of its batch (a 5 ms
+    release co-claimed with a run that hits the time limit would otherwise answer after
+    that limit). Before each run the release and its deadline are published to the
     supervisor, which enforces the time limit of each run.
 
     Each run has a public run-time bound (:mod:`app.releases.schedule`): its release is
@@ -277,7 +276,7 @@ def _hold(claim: Claim, run_start: float, bound: float, method: str | None = Non
 
 #: Scheduling niceness added to release workers: on a host shared with the API, a run's CPU
 #: load slowed the API's answers to other requests (a viewer polling while JointExp ran
-#: 0.5 s on 5·10^7 records got ~10 % fewer answers than while it ran 2 ms on 10: issue 28's
+#: 0.5 s on 5·10^7 records got ~10 % fewer answers than while it ran 2 ms on 10, in the
 #: timing benchmark). At +10 the API's processes get ~10x the CPU share of a busy worker
 #: under contention, and the workers lose nothing when the API is idle.
 WORKER_NICENESS = 10
@@ -331,8 +330,8 @@ def _heard(
 
 
 def configure_cache(settings: Settings) -> None:
-    """This process's values cache as ``DPQUANT_VALUES_CACHE_BYTES`` says (before issue 28
-    only the web processes, which load no values, read it: workers always kept 256 MiB)."""
+    """This process's values cache as ``DPQUANT_VALUES_CACHE_BYTES`` says, in workers
+    as in web processes."""
     VALUES_CACHE.max_bytes = settings.values_cache_bytes
     VALUES_CACHE_CAPACITY.labels("release_worker").set(settings.values_cache_bytes)
     _report_cache()

@@ -34,7 +34,7 @@ def present(
     session: SessionDep, dataset: Dataset, principal: Principal, figures: Budget | None = None
 ) -> DatasetPublic:
     """The view of ``dataset`` this key may see: admins get the sizes and upload state; other
-    roles get n only under ``swap``, where it is public (issue 28)."""
+    roles get n only under ``swap``, where it is public."""
     if figures is None:
         figures = budget(session, dataset_id=dataset.id)
     remaining = AmountPublic.of(figures.remaining)

@@ -1,4 +1,4 @@
-"""The error map (issue 10): mean missed points per quantile over (shape, n, m, ε, method).
+"""The error map: mean missed points per quantile over (shape, n, m, ε, method).
 
 ``dpquant experiments map`` runs every registered method (pure and approximate; methods
 registered later are picked up from :data:`app.mechanisms.MECHANISMS` automatically) on the
@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpquant experiments map",
         description="Error map: mean missed points per quantile of every registered method "
-        "over shapes x n x m x epsilon (defaults: the full grid of issue 10).",
+        "over shapes x n x m x epsilon (defaults: the full grid).",
     )
     p.add_argument("--out", type=Path, default=Path("error-map"), help="output directory")
     p.add_argument("--shapes", type=_str_list, default=tuple(SHAPES), help=",".join(SHAPES))

@@ -5,7 +5,7 @@ approximate queries, three shapes), each run ``T`` times with every eligible met
 same samples. For each cell it reports the method ``auto`` picks (``app.planner.recommend``),
 its predicted and measured mean missed points per quantile, and the best measured method.
 
-Acceptance (issue 10): the prediction for auto's method within a factor 2 of the measured
+Acceptance: the prediction for auto's method within a factor 2 of the measured
 mean on at least 5 of 6 cells, and auto's measured error within 1.25x of the best measured
 method on at least 5 of 6.
 """

@@ -118,7 +118,7 @@ class GridHistogram:
         # The exact total without wrap-around: a float64 sum first (within a relative
         # size * 2^-53 of it, so below 2^55 when it is at most 2^54), then the exact uint64
         # sum, which cannot wrap below 2^64. Summing in uint64 alone wrapped: 4,096 counts of
-        # 2^52 summed to 0 and passed (issue 28).
+        # 2^52 would sum to 0 and pass.
         approx = float(counts.sum(dtype=np.float64))
         total = int(counts.sum(dtype=np.uint64)) if approx <= 2.0 * N_MAX else N_MAX + 1
         if total > N_MAX:

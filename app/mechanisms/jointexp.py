@@ -297,7 +297,7 @@ class _Inputs:
         The log widths are ``log(width / max)`` where that quotient is a normal double, and
         ``log(width) - log(max)`` where it is not: a positive width is never lost however
         small its ratio to the largest (the quotient underflows to 0.0 below ~10^-308 and
-        made a positive-width interval a zero-width one that is never output, issue 27).
+        made a positive-width interval a zero-width one that is never output).
         The normalised widths are the quotients themselves (more accurate than the logs
         exponentiated back, and an exp over every interval less); inputs with a quotient
         that is not a normal double run the log pass (:attr:`narrow`).
@@ -1401,8 +1401,7 @@ def _tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) -
 #: last position, which is private under add/remove neighbours: one atom of 5·10^7 records at
 #: epsilon = 0.001 built tables of 5·10^7 entries, 0.4 s and 400 MB, against 2 ms for 10
 #: records). Tilts are speed-only; one whose table would be longer is not tried, and the
-#: pass runs untilted or in log space, so time and memory are bounded by public figures
-#: (issue 28).
+#: pass runs untilted or in log space, so time and memory are bounded by public figures.
 DECAY_TABLE_MAX = 1 << 22
 
 

@@ -992,7 +992,7 @@ def step_weights_linear(
     0.0, ~745 e-folds down), else from its exponent directly. Forming it as table entry times
     ``e^lscale`` alone dropped every factor deeper than the table, however large the scale
     made it: with ``lscale`` = 300 a factor of e^-445 after scaling became 0.0, and the
-    interval it belonged to could be the dominant one (issue 27).
+    interval it belonged to could be the dominant one.
     """
     L = int(math.floor(nj))
     f = nj - L

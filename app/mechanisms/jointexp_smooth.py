@@ -1,6 +1,6 @@
 """Smoothed JointExp: JointExp on data jittered upward inside one public resolution step.
 
-Why (issue 10 item 6; Lalanne, Garivier, Gribonval, "Private quantiles estimation in the
+Why (Lalanne, Garivier, Gribonval, "Private quantiles estimation in the
 presence of atoms", 2022). On data with atoms (integers, ratings, points clamped to a bound)
 JointExp's utility ``-sum_j |P_{i_j} - P_{i_{j-1}} - n_j|`` is flat: when the atoms are
 larger than the target gaps ``n_j``, every sequence whose non-zero steps are all ``>= n_j``

@@ -110,9 +110,8 @@ _ITEM_TAG = "i1"
 
 def encode_item_cursor(item_id: uuid.UUID) -> str:
     """A cursor that names the last item of a page by the id the page already shows: it
-    reveals nothing the caller did not receive (issue 28: release-list cursors were the
-    global release sequence, so a key scoped to one dataset could count other datasets'
-    releases between two pages)."""
+    reveals nothing the caller did not receive (a cursor on the global release sequence would
+    let a key scoped to one dataset count other datasets' releases between two pages)."""
     return base64.urlsafe_b64encode(f"{_ITEM_TAG}:{item_id.hex}".encode()).decode().rstrip("=")
 
 

@@ -1,4 +1,4 @@
-"""The planner (issue 10): expected error of a query per method, and the method to use.
+"""The planner: expected error of a query per method, and the method to use.
 
 Pure: numpy and the mechanism registry only (no database, no web). It never looks at data:
 its inputs are the method, a size ``n`` that is *public* (the dataset's n under ``swap``

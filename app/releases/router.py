@@ -269,7 +269,7 @@ async def _hold_until_published(
     release: service.ReleaseRecord, principal: Principal, wait_end: float
 ) -> None:
     """Hold a finished release's answer until its publication time, if that comes before the
-    synchronous wait ends (issue 28): a non-admin's status (201 or 202) and response time
+    synchronous wait ends: a non-admin's status (201 or 202) and response time
     then follow the public bound, not the run. Admins see releases as stored: no hold."""
     if principal.role == "admin":
         return

@@ -91,8 +91,8 @@ def claim_batch(
     its first turns, then its waiting releases oldest first; the claim takes the lowest
     turns, and among equal turns the pairs with the fewest releases in the queue, then the
     oldest. So one key's backlog delays another key's release by at most the runs already
-    in flight (issue 28: one global FIFO let six queued runs of one key hold a victim's
-    8 ms release for 3.9 s). Returns the claims to run, in that order,
+    in flight (one global FIFO would let six queued runs of one key hold a victim's
+    8 ms release for seconds). Returns the claims to run, in that order,
     and how many releases the statement took in all (0: idle). The first starts its run
     now and counts an
     attempt; each later one counts its attempt, and gets its own lease, when its run starts
@@ -135,7 +135,7 @@ _CLAIM = """
         FROM release
         WHERE status = 'pending'
     ), ranked AS (
-        -- issue 28: a (key, dataset)'s runs in flight take its first turns and its waiting
+        -- a (key, dataset)'s runs in flight take its first turns and its waiting
         -- releases the next ones; among equal turns the pair with fewer releases in the
         -- queue goes first, so a backlog waits behind everyone else's next release
         SELECT id, seq, leased,

@@ -1,4 +1,4 @@
-"""When a release is published: a run-time bound from public figures only (issue 28).
+"""When a release is published: a run-time bound from public figures only .
 
 A release's run time depends on the data (the number of distinct cells, their shape, the
 path JointExp's sampler takes), so its finish time is a data-dependent observable. The
@@ -27,8 +27,7 @@ constants were set from the worst of the measured shapes (normal data and 10 %-c
 on grids of 10 to 10^6 cells, m = 1 to 999, every method; ``benchmarks/bench_timing_leak.py``
 reports how often a run outlives its bound) with a factor of ~3 above them on the machine the
 benchmarks run on. ``DPQUANT_PUBLISH_SCALE`` scales the bound for slower or faster
-machines; ``0`` turns publication times off (releases are visible when they finish, as
-before issue 28).
+machines; ``0`` turns publication times off (releases are visible when they finish).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Releases: reserve, then sample (issue 8; DESIGN.md section 3).
+"""Releases: reserve, then sample (DESIGN.md section 3).
 
 A release is a small state machine stored in PostgreSQL: ``pending -> done | failed``.
 
@@ -161,7 +161,7 @@ def request_fingerprint(query: QuantileQuery) -> str:
 def check_min_epsilon(query: QuantileQuery, min_epsilon: Decimal) -> None:
     """422 on ``body.epsilon`` below the service's minimum (``DPQUANT_MIN_EPSILON``).
 
-    Issue 28: releases at ε = 10^-30 cost nothing, so one key could queue runs without end
+    Why: releases at ε = 10^-30 cost nothing, so one key could queue runs without end
     and hold every other tenant's release behind them. With a minimum, a dataset's budget
     pays for at most budget / minimum releases (see the setting for the default's argument).
     """
@@ -738,7 +738,7 @@ def is_finished(release: ReleaseRecord) -> bool:
 
 
 def published_view(release: ReleaseRecord, *, admin: bool, now: datetime) -> ReleaseRecord:
-    """The release as a reader sees it at ``now`` (issue 28; :mod:`app.releases.schedule`).
+    """The release as a reader sees it at ``now`` (:mod:`app.releases.schedule`).
 
     Admins see it as stored. Everyone else sees a finished release only from its publication
     time on, with that time as ``finished_at`` (never the run's finish time); before it, as

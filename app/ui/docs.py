@@ -66,8 +66,8 @@ def docs_policy(html: bytes) -> str:
 
 
 def _secured(page: HTMLResponse) -> HTMLResponse:
-    """``page`` with the dashboard's security headers and :func:`docs_policy` (issue 28:
-    /docs and /redoc had none)."""
+    """``page`` with the dashboard's security headers and :func:`docs_policy`, on
+    /docs and /redoc as on the dashboard."""
     page.headers.update(SECURITY_HEADERS)
     page.headers["Content-Security-Policy"] = docs_policy(bytes(page.body))
     return page

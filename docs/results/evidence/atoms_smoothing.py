@@ -1,4 +1,4 @@
-"""Does smoothing fix JointExp on atoms? The service's path (run_grid), issue 10 item 6.
+"""Does smoothing fix JointExp on atoms? The service's path (run_grid).
 
 Run from the repository root (takes ~10 min on 2 cores):
 ``nice -n 19 .venv/bin/python docs/results/evidence/atoms_smoothing.py [trials] [workers]``.
