@@ -30,6 +30,7 @@ from app.mechanisms.jointexp import JOINTEXP
 from app.mechanisms.jointexp_smooth import JOINTEXP_SMOOTH
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.smooth import SMOOTH
+from app.mechanisms.validation import check_epsilon_share
 
 MECHANISMS: dict[str, Mechanism] = {
     m.name: m for m in (JOINTEXP, INDEXP, APPINDEXP, SMOOTH, CSMOOTH, AQ, JOINTEXP_SMOOTH)
@@ -53,5 +54,6 @@ __all__ = [
     "Mechanism",
     "MechanismInputError",
     "PrivacyNotion",
+    "check_epsilon_share",
     "get_mechanism",
 ]

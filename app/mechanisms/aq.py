@@ -40,8 +40,9 @@ Complexity: the sort is O(n log n); every level touches each point at most once 
 index ranges), so the recursion is O(n D) = O(n log m) time and O(n) extra memory (one weight
 buffer). Per point there is no transcendental call: the factors ``e^{-c d}`` come from two
 small tables per node, and points whose factor is below ``2**-1000`` are not visited at all
-(see :func:`_fill_weights`), which makes a level cost O(min(k, 700 / c)) per node. The
-inverse CDF sums blocks of 64 weights and scans only the blocks and one block's weights.
+(see :func:`app.mechanisms.exponential.fill_weights`), which makes a level cost
+O(min(k, 700 / c)) per node. The inverse CDF sums blocks of 64 weights and scans only the
+blocks and one block's weights.
 """
 
 from __future__ import annotations
@@ -108,9 +109,8 @@ def aq_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
             else:
                 c = eps_level / (4.0 * sens)
             k = hi - lo
-            count = int(cum[hi - 1] - cum[lo - 1])
             if right > left:
-                j = node_pick(edges, cum, lo, hi, left, right, rel * count, c, rng, buf)
+                j = node_pick(edges, cum, lo, hi, left, right, rel, c, rng, buf)
                 if j < 0:
                     raise FloatingPointError("exponential-mechanism weights are all zero")
                 a_j = left if j == 0 else float(edges[lo + j - 1])

@@ -39,6 +39,7 @@ from app.mechanisms.validation import (
     check_bounds,
     check_data,
     check_epsilon,
+    check_epsilon_share,
     check_neighbors,
     check_quantiles,
 )
@@ -236,7 +237,9 @@ def _common(
 ) -> tuple[FloatArray, float, Neighbors]:
     eps = check_epsilon(epsilon)
     nb = check_neighbors(neighbors)
-    return check_quantiles(quantiles), eps, nb
+    q = check_quantiles(quantiles)
+    check_epsilon_share(eps, q.size)
+    return q, eps, nb
 
 
 def support_from_values(
@@ -253,6 +256,7 @@ def support_from_values(
     lo, hi = check_bounds(lower, upper)
     nb = check_neighbors(neighbors)
     q = check_quantiles(quantiles)
+    check_epsilon_share(eps, q.size)
     x = check_data(data)
     xs = np.clip(x, lo, hi)
     xs.sort(kind="quicksort")

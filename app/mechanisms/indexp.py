@@ -26,11 +26,10 @@ def independent_exponential(
     bounded-range composition bound). O(m (log d + min(d, 700 / c))) time on the support.
     """
     buf = np.empty(sup.d + 1, dtype=np.float64)
-    n = sup.n
     idx = np.empty(sup.quantiles.size, dtype=np.int64)
     for j, q in enumerate(sup.quantiles):
         c = per_quantile_epsilon / (2.0 * indexp_sensitivity(float(q), sup.neighbors))
-        idx[j] = exponential_mechanism_interval(sup.edges, sup.cum, float(q) * n, c, rng, buf)
+        idx[j] = exponential_mechanism_interval(sup.edges, sup.cum, float(q), c, rng, buf)
     return sup.points_in(idx, rng)
 
 

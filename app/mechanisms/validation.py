@@ -20,9 +20,18 @@ NEIGHBORS: tuple[str, ...] = ("swap", "add_remove")
 #: mechanism samplers (docs/mechanisms.md, "What floating point does") hold up to it: with
 #: c = epsilon / (2 sensitivity) <= 100 every kernel factor of one position step, e^-c, is a
 #: normal double far from underflow, and the log kernels' mantissa factors e^-(c f) never
-#: leave the range their exponent bookkeeping assumes (they did from c ~ 700 on, issue 27).
+#: leave the range their exponent bookkeeping assumes (they do from c ~ 700 on).
 #: Beyond ~20 an epsilon offers no meaningful privacy; 100 leaves room for tests and demos.
 EPSILON_MAX = 100.0
+#: Smallest epsilon any method accepts. The single-quantile picks run at a parameter lowered
+#: by their floating-point slack (~10^-12, ``exponential.run_parameter``); at 10^-7 split
+#: over 1,000 quantiles each pick's ``c`` is still 5·10^-11, above it. Far below any
+#: useful epsilon (the service's own floor is 0.001 by default).
+EPSILON_MIN = 1e-7
+#: Smallest epsilon per quantile: a method that splits epsilon over m quantiles gives each
+#: pick at least ``epsilon / (2 m sensitivity)``, and at 10^-10 per quantile that is still
+#: above the picks' slack. It binds only past 1,000 quantiles at EPSILON_MIN.
+EPSILON_PER_QUANTILE_MIN = EPSILON_MIN / 1000
 
 
 def check_epsilon(epsilon: float) -> float:
@@ -32,6 +41,12 @@ def check_epsilon(epsilon: float) -> float:
         raise MechanismInputError("epsilon", "must be a number") from None
     if not math.isfinite(eps) or eps <= 0.0:
         raise MechanismInputError("epsilon", f"must be finite and > 0 (got {epsilon!r})")
+    if eps < EPSILON_MIN:
+        raise MechanismInputError(
+            "epsilon",
+            f"must be at least {EPSILON_MIN:g} (got {epsilon!r}): below it the samplers' "
+            "floating-point guarantee cannot be given",
+        )
     if eps > EPSILON_MAX:
         raise MechanismInputError(
             "epsilon",
@@ -39,6 +54,17 @@ def check_epsilon(epsilon: float) -> float:
             "proven up to that value",
         )
     return eps
+
+
+def check_epsilon_share(epsilon: float, quantiles: int) -> None:
+    """Refuse an epsilon below :data:`EPSILON_PER_QUANTILE_MIN` per quantile."""
+    if quantiles > 0 and epsilon / quantiles < EPSILON_PER_QUANTILE_MIN:
+        raise MechanismInputError(
+            "epsilon",
+            f"must be at least {EPSILON_PER_QUANTILE_MIN:g} per quantile "
+            f"({quantiles} quantiles need at least {quantiles * EPSILON_PER_QUANTILE_MIN:g}): "
+            "below it the samplers' floating-point guarantee cannot be given",
+        )
 
 
 def check_delta(delta: float | None) -> float:

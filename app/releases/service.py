@@ -56,7 +56,13 @@ from app.datasets.service import ensure_live, get_visible
 from app.errors import DpquantError, invalid, not_found
 from app.ledger.schemas import AmountPublic
 from app.ledger.service import Amount, dataset_with_budget, mechanism_float, price
-from app.mechanisms import MECHANISMS, Mechanism, MechanismInputError, get_mechanism
+from app.mechanisms import (
+    MECHANISMS,
+    Mechanism,
+    MechanismInputError,
+    check_epsilon_share,
+    get_mechanism,
+)
 from app.metrics import RELEASES, RESERVATIONS
 from app.pg import HotPool, run_async
 from app.releases.models import DONE, FAILED, PENDING, Release
@@ -140,6 +146,7 @@ def quote(mech: Mechanism, query: QuantileQuery) -> Amount:
             epsilon=mechanism_float(query.epsilon),
             delta=None if query.delta is None else mechanism_float(query.delta),
         )
+        check_epsilon_share(mechanism_float(query.epsilon), len(query.quantiles))
         return Amount(price(query.epsilon, eps_cost), price(query.delta, delta_cost))
     except MechanismInputError as exc:
         raise _parameter_error(exc) from None

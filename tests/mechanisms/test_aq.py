@@ -15,7 +15,15 @@ from scipy import stats
 import app.mechanisms.aq as aqmod
 from app.mechanisms import MECHANISMS, PrivacyNotion
 from app.mechanisms.aq import aq, recursion_depth
-from app.mechanisms.exponential import fill_weights, fill_weights_log, node_pick, node_weights
+from app.mechanisms.exponential import (
+    fill_weights,
+    fill_weights_log,
+    min_top,
+    node_pick,
+    node_weights,
+    run_parameter,
+    split_target,
+)
 from app.mechanisms.sampling import inverse_cdf_pick
 from app.mechanisms.smooth import support_of_dense
 from tests.mechanisms.exact import assert_rejects, dense_edges
@@ -199,10 +207,12 @@ def test_fast_weights_are_exact_to_2_pow_minus_50() -> None:
         target = float(rng.uniform(0, 1)) * float(cum[hi - 1] - cum[lo - 1])
         c = float(10 ** rng.uniform(-5, 1.5))
         buf = np.empty(d + 1)
-        j0, cnt, top = fill_weights(edges, cum, lo, hi, left, right, target, c, buf)
+        ti = math.floor(target)
+        fl = target - ti  # exact for a double
+        j0, cnt, top = fill_weights(edges, cum, lo, hi, left, right, ti, fl, c, buf)
         want = exact_weights(edges, cum, lo, hi, left, right, target, c)
-        if top < 2.0**-900:
-            j0, cnt, top = fill_weights_log(edges, cum, lo, hi, left, right, target, c, buf)
+        if top < min_top(c):
+            j0, cnt, top = fill_weights_log(edges, cum, lo, hi, left, right, ti, fl, c, buf)
         got = np.zeros(k + 1)
         got[j0 : j0 + cnt] = buf[:cnt] / top
         assert np.max(np.abs(got - want)) <= 2.0**-50
@@ -251,7 +261,8 @@ def test_node_pick_is_the_exact_share_of_its_weights() -> None:
     checked = 0
     for c in (1e-4, 0.05, 2.0, 40.0):
         target = 0.37 * int(cum[-1])
-        j0, cnt = node_weights(edges, cum, 1, n + 1, 0.0, 3.0, target, c, buf)
+        ti, fl = split_target(0.37, int(cum[-1]))
+        j0, cnt = node_weights(edges, cum, 1, n + 1, 0.0, 3.0, ti, fl, run_parameter(c), buf)
         weights = buf[:cnt].copy()
         want_law = exact_weights(edges, cum, 1, n + 1, 0.0, 3.0, target, c)
         assert np.all(want_law[:j0] <= 2.0**-90) and np.all(want_law[j0 + cnt :] <= 2.0**-90)
@@ -262,7 +273,7 @@ def test_node_pick_is_the_exact_share_of_its_weights() -> None:
             at = int(cut / total * 2**64)  # the total itself where only zeros follow
             words += [min(max(x, 0), 2**64 - 1) for x in (at - 1, at, at + 1)]
         for word in words:
-            got = node_pick(edges, cum, 1, n + 1, 0.0, 3.0, target, c, _Words(word), buf)
+            got = node_pick(edges, cum, 1, n + 1, 0.0, 3.0, 0.37, c, _Words(word), buf)
             assert weights[got - j0] > 0.0
             want = _exact_pick(weights, word)
             if want is not None:
@@ -277,13 +288,13 @@ def test_node_pick_gives_a_tiny_weight_its_share() -> None:
     edges = np.array([-1.0, 0.0, 1e-18, 1.0])  # middle interval 1e-18 wide
     cum = np.array([0, 1, 2, 3], dtype=np.int64)
     buf = np.empty(3)
-    j0, cnt = node_weights(edges, cum, 1, 3, -1.0, 1.0, 1.5, 1e-9, buf)
+    j0, cnt = node_weights(edges, cum, 1, 3, -1.0, 1.0, 1, 0.5, run_parameter(1e-9), buf)
     weights = buf[:cnt].copy()
     assert cnt == 3 and 0.0 < weights[1] < 1e-17 * weights.sum()
     cut = Fraction(float(weights[0])) / sum(Fraction(float(w)) for w in weights)
     word = int(cut * 2**64) + 1  # U just above the first cut: inside the tiny interval
     assert _exact_pick(weights, word) == 1
-    got = node_pick(edges, cum, 1, 3, -1.0, 1.0, 1.5, 1e-9, _Words(word), buf)
+    got = node_pick(edges, cum, 1, 3, -1.0, 1.0, 0.75, 1e-9, _Words(word), buf)  # 1.5 of 2
     assert got == j0 + 1
     # The 53-bit inverse CDF it replaces cannot reach it from any uniform near that point.
     u53 = (word >> 11) * 2.0**-53
@@ -462,7 +473,7 @@ def test_sampler_uses_the_calibrated_node_parameters(
     order = [(0.2, 0.0, 1.0), (0.1, 0.0, 0.2), (0.5, 0.2, 1.0), (0.9, 0.5, 1.0)]
     levels = [0, 1, 1, 2]
     assert len(seen) == len(qs)
-    for (k, target, c), (q, qlo, qhi), lev in zip(seen, order, levels, strict=True):
+    for (_k, target, c), (q, qlo, qhi), lev in zip(seen, order, levels, strict=True):
         rel = (q - qlo) / (qhi - qlo)
         sens = max(rel, 1 - rel)
         if relation == "add_remove":
@@ -472,7 +483,7 @@ def test_sampler_uses_the_calibrated_node_parameters(
         else:
             want = eps_l / (4 * sens)
         assert c == pytest.approx(want, rel=1e-12)
-        assert target == pytest.approx(rel * k, rel=1e-12)
+        assert target == pytest.approx(rel, rel=1e-12)  # the fraction of the node's count
     assert np.all(np.diff(out) >= 0)
 
 

@@ -153,3 +153,28 @@ def test_release_workers_run_below_the_apis_priority() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     before = os.nice(0)
     assert int(out.stdout) == min(WORKER_NICENESS, 19 - before)
+
+
+@pytest.mark.parametrize("method", ["indexp", "aq", "jointexp", "jointexp_smooth"])
+def test_a_quote_refuses_less_than_the_smallest_epsilon_per_quantile(method: str) -> None:
+    """Past 1,000 quantiles the smallest epsilon a method accepts is not enough for the picks'
+    floating-point guarantee: the quote (which runs before anything is reserved) answers 422
+    on body.epsilon, and the mechanisms refuse the same split at run time."""
+    from app.mechanisms import get_mechanism
+    from app.mechanisms.errors import MechanismInputError
+    from app.releases.schemas import QuantileQuery
+    from app.releases.service import quote
+
+    mech = get_mechanism(method)
+    qs = [(i + 1) / 2002 for i in range(2001)]
+    query = QuantileQuery(method=method, quantiles=qs, epsilon=Decimal("2e-7"))
+    with pytest.raises(DpquantError) as caught:
+        quote(mech, query)
+    assert caught.value.status_code == 422 and caught.value.detail.startswith("body.epsilon")
+    assert "per quantile" in caught.value.detail
+    with pytest.raises(MechanismInputError) as refused:
+        mech.run(np.linspace(0.0, 1.0, 50), qs, epsilon=2e-7, delta=None, lower=0.0, upper=1.0)
+    assert refused.value.parameter == "epsilon"
+    # At 10^-10 per quantile the quote passes: the rule binds exactly at its threshold.
+    ok = QuantileQuery(method=method, quantiles=qs[:1000], epsilon=Decimal("1e-7"))
+    assert quote(mech, ok).epsilon > 0
