@@ -31,7 +31,7 @@ chromium:
 	  || echo "note: chromium is not installed; tests/ui will be skipped (apt-get install chromium)"
 
 test: $(VENV)/.installed-test chromium
-	$(BIN)/python -m pytest tests $(ARGS)
+	$(BIN)/python -m pytest tests -n auto --dist loadgroup $(ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

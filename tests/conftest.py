@@ -21,6 +21,20 @@ from sqlalchemy.engine import make_url
 
 from app.db import normalize_url
 
+#: Suites that touch no database and start no process.
+PURE_SUITES = frozenset({"mechanisms", "planner", "experiments"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``) every test outside
+    the pure suites joins one group, so they run on one worker, in order, with one embedded
+    PostgreSQL and one set of session fixtures; the pure suites spread over the workers."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = Path(item.path).relative_to(root).parts
+        if len(parts) < 2 or parts[0] not in PURE_SUITES:
+            item.add_marker(pytest.mark.xdist_group("database"))
+
 
 def with_schema(url: str, schema: str) -> str:
     """``url`` with ``search_path`` set to ``schema`` through libpq's ``options``."""

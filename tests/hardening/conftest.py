@@ -53,7 +53,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "processes: starts real server processes and a throwaway PostgreSQL (issue 5, 1-3)",
+        "processes: starts real server processes (and some a throwaway PostgreSQL)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "own_cluster: runs on a throwaway PostgreSQL cluster of its own, whatever "
+        "DPQUANT_TEST_DATABASE_URL says (so a pass against another server adds nothing)",
     )
 
 

@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, text
 from .conftest import report
 from .procs import DpquantServer, ThrowawayPostgres, migrate
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.own_cluster]
 
 ADMIN_KEY = "dpq_iso-admin-" + secrets.token_urlsafe(32)
 LEVELS = ["read committed", "repeatable read", "serializable"]

@@ -37,7 +37,7 @@ from sqlalchemy import Engine, create_engine, text
 from .conftest import report
 from .procs import DpquantServer, ThrowawayPostgres, migrate
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.own_cluster]
 
 ADMIN_KEY = "dpq_proc-admin-" + secrets.token_urlsafe(32)
 
