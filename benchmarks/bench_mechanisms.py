@@ -26,7 +26,7 @@ small input, then times ``--runs`` calls (default 5) and reports the median. Tim
 shared 2-core machine are noisy: compare medians from one run of this script.
 
 ``--worker-malloc`` runs each case under the release workers' allocator settings
-(``app.worker.keep_freed_memory``). By default a case runs in a plain process, whose glibc
+(``app.runtime.worker.keep_freed_memory``). By default a case runs in a plain process, whose glibc
 gives the rows' memory back to the OS after every call and faults it in again on the next
 (on 5 %-clamped data ~40,000 page faults, ~60 ms, per call); the service's workers keep it.
 
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--worker-malloc",
         action="store_true",
-        help="run each case under the release workers' glibc settings (app.worker."
+        help="run each case under the release workers' glibc settings (app.runtime.worker."
         "keep_freed_memory: freed rows stay in the heap, not faulted in again per run)",
     )
     parser.add_argument(
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.child_case:
         if args.worker_malloc:
-            from app.worker import keep_freed_memory
+            from app.runtime.worker import keep_freed_memory
 
             keep_freed_memory()
         print(json.dumps(_child_case(args.child_case, args.runs, seed=12345)))

@@ -72,7 +72,7 @@ def main() -> int:
     if url is None:
         import pgserver
 
-        from app.db import normalize_url
+        from app.core.db import normalize_url
 
         pg = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
         url = normalize_url(pg.get_uri())

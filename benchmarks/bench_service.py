@@ -176,7 +176,7 @@ def run_load(
 
 
 def code_env(code: Path | None) -> dict[str, str]:
-    """Environment that makes ``python -m app.cli`` import the checkout ``code``."""
+    """Environment that makes ``python -m app.runtime.cli`` import the checkout ``code``."""
     if code is None:
         return {}
     return {"PYTHONPATH": str(code)}
@@ -184,7 +184,7 @@ def code_env(code: Path | None) -> dict[str, str]:
 
 def migrate(database_url: str, code: Path | None) -> None:
     subprocess.run(
-        [sys.executable, "-m", "app.cli", "migrate"],
+        [sys.executable, "-m", "app.runtime.cli", "migrate"],
         env=os.environ | code_env(code) | {"DPQUANT_DATABASE_URL": database_url},
         cwd=code,
         check=True,
@@ -220,7 +220,7 @@ def start_server(
             | ({} if values_cache else {"DPQUANT_VALUES_CACHE_BYTES": "0"})
         )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
+        [sys.executable, "-m", "app.runtime.cli", "serve", "--port", str(port), "--workers", "2"],
         env=env,
         cwd=code,
         stdout=subprocess.DEVNULL,
@@ -264,7 +264,7 @@ def runs_for(n: int, runs: int) -> int:
 
 def grid_histogram(values: np.ndarray) -> object:
     """The dataset's stored form, as the service builds it at upload (bounds -100..200)."""
-    from app.datasets.grid import cell_of, grid_size
+    from app.codec.grid import cell_of, grid_size
     from app.datasets.service import default_granularity
     from app.mechanisms import GridHistogram
 
@@ -280,12 +280,12 @@ def grid_histogram(values: np.ndarray) -> object:
 def mechanism_time(histogram: object, runs: int) -> float:
     """In-process time of what a release worker computes: JointExp on the stored histogram.
 
-    Under the workers' allocator settings (``app.worker.keep_freed_memory``): otherwise
+    Under the workers' allocator settings (``app.runtime.worker.keep_freed_memory``): otherwise
     this long-lived process would fault the DP rows in again on every run, and the
     reference would be slower than the worker it is compared with.
     """
     from app.mechanisms import GridHistogram, get_mechanism
-    from app.worker import keep_freed_memory
+    from app.runtime.worker import keep_freed_memory
 
     keep_freed_memory()
 
@@ -364,7 +364,7 @@ def main() -> int:
         if database_url is None:
             import pgserver
 
-            from app.db import normalize_url
+            from app.core.db import normalize_url
 
             server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
             database_url = normalize_url(server.get_uri())

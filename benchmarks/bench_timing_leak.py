@@ -111,7 +111,7 @@ def _fresh_database(server_url: str) -> tuple[str, Callable[[], None]]:
     import psycopg
     from sqlalchemy.engine import make_url
 
-    from app.db import normalize_url
+    from app.core.db import normalize_url
 
     url = make_url(normalize_url(server_url))
     name = "bench_timing_" + secrets.token_hex(6)
@@ -752,7 +752,7 @@ def main() -> int:
         if server_url is None:
             import pgserver
 
-            from app.db import normalize_url
+            from app.core.db import normalize_url
 
             pg = pgserver.get_server(  # type: ignore[attr-defined]
                 Path(tmp) / "pgdata", cleanup_mode="stop"

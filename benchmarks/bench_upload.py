@@ -45,8 +45,8 @@ import httpx
 import numpy as np
 from sqlalchemy import create_engine, text
 
-from app.datasets.histogram import decode_histogram, encode_histogram
-from app.db import normalize_url, upgrade_database
+from app.codec.histogram import decode_histogram, encode_histogram
+from app.core.db import normalize_url, upgrade_database
 from tests.conftest import with_schema
 
 CHUNK_VALUES = 1 << 17

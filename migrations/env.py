@@ -1,12 +1,13 @@
-"""Alembic environment: URL from ``Config.attributes`` (set by app.db) or from Settings."""
+"""Alembic environment: URL from ``Config.attributes`` (set by app.core.db) or from Settings."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from app.config import Settings
-from app.db import load_models, normalize_url, resolve_database_url
+from app.core.config import Settings
+from app.core.db import normalize_url, resolve_database_url
+from app.models import load_models
 
 config = context.config
 target_metadata = load_models()

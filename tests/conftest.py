@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from app.db import normalize_url
+from app.core.db import normalize_url
 
 #: Suites that touch no database and start no process.
 PURE_SUITES = frozenset({"mechanisms", "planner", "experiments"})

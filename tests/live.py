@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from app.main import create_app
+from app.api.factory import create_app
 from tests.support import app_settings, release_workers
 
 

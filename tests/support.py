@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.config import Settings
+from app.core.config import Settings
 
 
 def app_settings(database_url: str, *, admin_key: str, **overrides: Any) -> Settings:
@@ -55,7 +55,7 @@ def release_workers(
     for name, value in env.items():
         environ[f"DPQUANT_{name.upper()}"] = str(value)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency)],
+        [sys.executable, "-m", "app.runtime.cli", "worker", "--concurrency", str(concurrency)],
         env=environ,
         start_new_session=True,
     )
@@ -85,7 +85,7 @@ def wait_for(predicate: Any, *, timeout: float = 30.0, interval: float = 0.05) -
 
 def count_statements(monkeypatch: Any) -> dict[str, list[str]]:
     """Record the statements psycopg sends in this process from now on (whitespace folded):
-    ``"async"`` (the web process's hot paths, app/pg.py) and ``"sync"`` (release workers'
+    ``"async"`` (the web process's hot paths, app/core/pg.py) and ``"sync"`` (release workers'
     connections, and SQLAlchemy's)."""
     import psycopg
 
@@ -110,7 +110,7 @@ def serving(app: Any, **kwargs: Any) -> Iterator[TestClient]:
     """``with serving(app) as client``: the app's lifespan started; its requests, and those
     of :func:`client_of`, run on the app's own event loop, as under uvicorn (one loop per
     process). A plain ``TestClient(app)`` outside a ``with`` runs each request on a new loop,
-    where the hot paths' pool is not shared (app/pg.py) and every request connects anew."""
+    where the hot paths' pool is not shared (app/core/pg.py) and every request connects anew."""
     with TestClient(app, **kwargs) as client:
         app.state.test_portal = client.portal
         try:

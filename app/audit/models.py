@@ -10,7 +10,7 @@ from sqlalchemy import BigInteger, DateTime, ForeignKey, Identity, String, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base
+from app.core.db import Base
 
 
 class AuditEvent(Base):

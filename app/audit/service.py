@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.audit.models import AuditEvent
-from app.auth.principal import Principal
+from app.core.principal import Principal
 
 
 def record(

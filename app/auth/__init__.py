@@ -1,1 +1,1 @@
-"""API keys (stored as SHA-256 hashes), roles and the FastAPI dependencies that enforce them."""
+"""API keys (stored as SHA-256 hashes) and roles; the FastAPI dependencies live in app.api.deps."""

@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from app.ledger.schemas import BudgetDecimal, DecimalText
-from app.text import StorableText
+from app.core.amounts import BudgetDecimal, DecimalText
+from app.core.text import StorableText
 
 Role = Literal["admin", "analyst", "viewer"]
 

@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 
 from app.audit.service import record
 from app.auth.models import ApiKey
-from app.auth.principal import Principal
+from app.core.errors import DpquantError, invalid, not_found
+from app.core.principal import Principal
 from app.datasets.models import Dataset
-from app.errors import DpquantError, invalid, not_found
 
 KEY_PREFIX = "dpq_"
 #: Characters of a key shown in listings (``dpq_`` plus 8 of the random part).
@@ -63,7 +63,7 @@ async def authenticate(
     """The caller of the live key matching ``raw``, or None; the hash comparison runs in
     constant time.
 
-    One indexed lookup on a pooled connection of the hot path (:mod:`app.pg`): every
+    One indexed lookup on a pooled connection of the hot path (:mod:`app.core.pg`): every
     authenticated request pays it. Revoked and expired keys are None. ``last_used_at`` is
     refreshed when it is older than :data:`LAST_USED_RESOLUTION`: at most one write per key
     and minute, whatever the request rate and the number of processes (the UPDATE re-checks

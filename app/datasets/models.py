@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base
+from app.core.db import Base
 
 
 class Dataset(Base):
@@ -73,7 +73,7 @@ class Dataset(Base):
 class DatasetData(Base):
     """The values of one dataset as a grid histogram, compressed in one ``bytea``.
 
-    ``data`` is :func:`app.datasets.histogram.encode_histogram` output: a 32-byte header
+    ``data`` is :func:`app.codec.histogram.encode_histogram` output: a 32-byte header
     (magic ``DPQH``, version 1, widths, distinct cells d, first cell, total count) and zlib
     of the byte-shuffled cell gaps and counts; O(d) bytes, independent of n. The column's
     storage is EXTERNAL (no second compression by PostgreSQL).

@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.ledger.schemas import AmountPublic, BudgetDecimal
-from app.text import StorableText
+from app.core.amounts import AmountPublic, BudgetDecimal
+from app.core.text import StorableText
 
 Neighbors = Literal["swap", "add_remove"]
 SizeHint = Annotated[int, Field(gt=0, le=10**15)]

@@ -18,17 +18,17 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
-from app.auth.principal import Principal
-from app.datasets.histogram import (
+from app.codec.histogram import (
     HistogramBuilder,
     IntArray,
     decode_histogram,
     encode_histogram,
     merge_histograms,
 )
+from app.core.errors import DpquantError, invalid, not_found
+from app.core.principal import Principal
 from app.datasets.models import Dataset, DatasetData
 from app.datasets.schemas import DatasetCreate
-from app.errors import DpquantError, invalid, not_found
 
 FloatArray = NDArray[np.float64]
 

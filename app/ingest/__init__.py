@@ -5,7 +5,7 @@ The grid (public bounds and granularity) is read from the server; the files are 
 the executors, only the (cell, count) rows come back to the driver). Either way the only
 thing sent to the server is the histogram: int64 (cell, count) pairs plus the figures
 ``n_outside`` and ``values_skipped``. Both engines compute the cell with the same IEEE double
-expression (:func:`app.datasets.grid.cell_of`), so their histograms are identical.
+expression (:func:`app.codec.grid.cell_of`), so their histograms are identical.
 """
 
 from app.ingest.core import Counted, Grid, IngestError, count_local, expand_paths

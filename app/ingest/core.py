@@ -10,16 +10,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from app.datasets.grid import grid_steps
-from app.datasets.histogram import HistogramBuilder
-from app.datasets.upload import (
-    MAX_PARQUET_PAGE_BYTES,
-    PARQUET_BUFFER_BYTES,
+from app.codec.grid import grid_steps
+from app.codec.histogram import HistogramBuilder
+from app.datasets.parquet_scan import (
     ParquetRefused,
     check_parquet_pages,
     parquet_leaf,
     parquet_rows,
 )
+from app.datasets.upload import MAX_PARQUET_PAGE_BYTES, PARQUET_BUFFER_BYTES
 
 IntArray = NDArray[np.int64]
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
@@ -102,7 +101,7 @@ def _check_parquet(
 ) -> None:
     """Refuse a Parquet file from its footer and page headers, before any data page is read:
     more records of ``column`` (missing ones included) than ``room``, or a page above
-    ``max_page_bytes`` (see :func:`app.datasets.upload.check_parquet_pages`)."""
+    ``max_page_bytes`` (see :func:`app.datasets.parquet_scan.check_parquet_pages`)."""
     leaf = parquet_leaf(parquet, column)
     if leaf is None:
         raise IngestError(f"{path}: column {column!r} is not a numeric top-level column")
@@ -178,7 +177,7 @@ def count_local(
     import pyarrow as pa
 
     if max_values is None:
-        from app.config import get_settings
+        from app.core.config import get_settings
 
         max_values = get_settings().max_values
     builder = HistogramBuilder(lower=grid.lower, upper=grid.upper, granularity=grid.granularity)

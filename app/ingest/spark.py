@@ -1,7 +1,7 @@
 """The Spark engine: the grid histogram as one GROUP BY, computed where the data lives.
 
 The executors read the files, compute each row's cell with the same IEEE double expression as
-:func:`app.datasets.grid.cell_of` — ``floor((least(greatest(x, lower), upper) - lower) / g
+:func:`app.codec.grid.cell_of` — ``floor((least(greatest(x, lower), upper) - lower) / g
 + 0.5)``, clipped to [0, K] — and count rows per cell. Only the (cell, count) rows (one per
 distinct cell) and four totals reach the driver; no value does.
 """

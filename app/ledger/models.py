@@ -9,7 +9,7 @@ from decimal import Decimal
 from sqlalchemy import BigInteger, CheckConstraint, DateTime, ForeignKey, Identity, Numeric, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base
+from app.core.db import Base
 
 
 class LedgerEntry(Base):

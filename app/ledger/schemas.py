@@ -5,48 +5,12 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.ledger.service import Amount, Budget
-from app.text import StorableText
-
-#: A non-negative budget figure: at most 40 digits, 30 of them after the point.
-BudgetDecimal = Annotated[Decimal, Field(ge=0, max_digits=40, decimal_places=30)]
-
-
-def plain_decimal(value: Decimal) -> str:
-    """The one way budget figures are written: plain decimal, no exponent, no trailing zeros.
-
-    ``Decimal("0E-12")`` -> ``"0"``, ``Decimal("5.000000000000")`` -> ``"5"``,
-    ``Decimal("0.10")`` -> ``"0.1"``, ``Decimal("1E-7")`` -> ``"0.0000001"``,
-    ``Decimal("5E+2")`` -> ``"500"``. Exact: only the notation changes, never the value.
-    """
-    if value == 0:
-        return "0"  # also for -0 and 0E-12
-    return format(value.normalize(), "f")
-
-
-#: A budget figure in a response (epsilon, delta, costs, ledger rows): an exact decimal
-#: written as a JSON string by :func:`plain_decimal`.
-DecimalText = Annotated[
-    Decimal,
-    PlainSerializer(plain_decimal, return_type=str, when_used="json"),
-    Field(json_schema_extra={"pattern": r"^(0|[1-9][0-9]*)(\.[0-9]*[1-9])?$"}),
-]
-
-
-class AmountPublic(BaseModel):
-    """An (epsilon, delta) pair; both are exact decimals written as plain decimal strings."""
-
-    epsilon: DecimalText
-    delta: DecimalText
-
-    @classmethod
-    def of(cls, amount: Amount) -> AmountPublic:
-        """From the service-level amount."""
-        return cls(epsilon=amount.epsilon, delta=amount.delta)
+from app.core.amounts import AmountPublic, Budget, BudgetDecimal, DecimalText
+from app.core.text import StorableText
 
 
 class BudgetPublic(BaseModel):

@@ -12,9 +12,8 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_CEILING, Decimal, localcontext
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 import psycopg
@@ -22,44 +21,14 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
-from app.auth.principal import Principal
+from app.core.amounts import Amount, Budget
+from app.core.principal import Principal
 from app.datasets.models import Dataset
 from app.ledger.models import BudgetBalance, LedgerEntry
 
 #: Costs computed in floating point (e.g. a zCDP conversion) are rounded UP to this quantum.
 COST_QUANTUM = Decimal("1e-12")
 ZERO = Decimal(0)
-
-
-@dataclass(frozen=True)
-class Amount:
-    """An (epsilon, delta) pair of exact decimals."""
-
-    epsilon: Decimal
-    delta: Decimal
-
-    def covers(self, other: Amount) -> bool:
-        """True when both components of ``other`` fit inside this amount."""
-        return other.epsilon <= self.epsilon and other.delta <= self.delta
-
-    def minus(self, other: Amount) -> Amount:
-        """Exact difference (no rounding, whatever the number of digits)."""
-        with localcontext() as ctx:
-            ctx.prec = 200
-            return Amount(self.epsilon - other.epsilon, self.delta - other.delta)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Granted, spent and remaining budget of one dataset."""
-
-    granted: Amount
-    spent: Amount
-
-    @property
-    def remaining(self) -> Amount:
-        """``granted - spent`` for epsilon and delta."""
-        return self.granted.minus(self.spent)
 
 
 #: One dataset's balance; psycopg's parameter style, run by both readers below.

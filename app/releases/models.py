@@ -23,7 +23,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base
+from app.core.db import Base
 
 #: The states of a release (migration 0003): reserved and paid, answered, or failed (paid).
 PENDING, DONE, FAILED = "pending", "done", "failed"

@@ -27,11 +27,11 @@ import psycopg
 from numpy.typing import NDArray
 from psycopg.rows import dict_row
 
-from app.datasets.grid import grid_size, grid_values
+from app.codec.grid import grid_size, grid_values
+from app.core.metrics import RELEASES
 from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
-from app.metrics import RELEASES
 from app.releases.service import PENDING_CHANNEL
 
 Connection = psycopg.Connection[Any]

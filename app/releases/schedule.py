@@ -9,7 +9,7 @@ add/remove) and the service's limits (``DPQUANT_MAX_CELLS``) — and is meant to
 run time on every input those figures allow:
 
 * non-admin readers see a finished release as ``pending`` until its publication time, and
-  that time in place of its finish time (:func:`app.releases.router.present`);
+  that time in place of its finish time (:func:`app.api.routes.releases.present`);
 * a synchronous ``POST`` holds its answer until then (or answers 202 when its wait ends
   first), so the status and the response time are functions of the bound too;
 * the worker that ran it holds its slot until then before claiming its next release, so the
@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from app.datasets.grid import grid_size
+from app.codec.grid import grid_size
 from app.mechanisms.jointexp_smooth import REFINED_MAX, substep_bits
 
 #: Every run's bound includes this much: loading the job, the database round trips and the

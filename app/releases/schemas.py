@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.ledger.schemas import AmountPublic, DecimalText
+from app.core.amounts import AmountPublic, DecimalText
 from app.mechanisms import MECHANISMS
 
 #: ``method: "auto"``: the planner picks the eligible method with the lowest expected error.

@@ -32,14 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import uuid
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal, localcontext
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -48,24 +45,14 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import planner
-from app.auth.models import ApiKey
-from app.auth.principal import Principal
-from app.datasets.models import Dataset
-from app.datasets.service import ensure_live, get_visible
-from app.errors import DpquantError, invalid, not_found
-from app.ledger.schemas import AmountPublic
-from app.ledger.service import Amount, dataset_with_budget, mechanism_float, price
-from app.mechanisms import (
-    MECHANISMS,
-    Mechanism,
-    MechanismInputError,
-    check_epsilon_share,
-    get_mechanism,
-)
-from app.metrics import RELEASES, RESERVATIONS
-from app.pg import HotPool, run_async
+from app.core.amounts import Amount, AmountPublic
+from app.core.errors import DpquantError, invalid, not_found
+from app.core.metrics import RELEASES, RESERVATIONS
+from app.core.pg import HotPool, run_async
+from app.core.principal import Principal
+from app.datasets.service import get_visible
 from app.releases.models import DONE, FAILED, PENDING, Release
+from app.releases.planning import FiguresCache, Plan, PublicFigures, plan_query, price_query
 from app.releases.schemas import AUTO, KeyCap, QuantileQuery
 
 #: Channel on which PostgreSQL announces a runnable release (trigger ``release_notify``,
@@ -123,196 +110,6 @@ class Outcome:
     replayed: bool
 
 
-@dataclass(frozen=True)
-class Priced:
-    """A validated query: its mechanism and exact cost."""
-
-    mechanism: Mechanism
-    cost: Amount
-
-
-def _parameter_error(exc: MechanismInputError) -> DpquantError:
-    return invalid(f"body.{exc.parameter}", exc.problem)
-
-
-def quote(mech: Mechanism, query: QuantileQuery) -> Amount:
-    """Validate the privacy parameters with the mechanism and price the release exactly.
-
-    The mechanism will run with :func:`~app.ledger.service.mechanism_float` of the requested
-    figures (never above them); its declared cost at those floats is what is priced.
-    """
-    try:
-        eps_cost, delta_cost = mech.dp_cost(
-            epsilon=mechanism_float(query.epsilon),
-            delta=None if query.delta is None else mechanism_float(query.delta),
-        )
-        check_epsilon_share(mechanism_float(query.epsilon), len(query.quantiles))
-        return Amount(price(query.epsilon, eps_cost), price(query.delta, delta_cost))
-    except MechanismInputError as exc:
-        raise _parameter_error(exc) from None
-    except ValueError:
-        raise invalid("body.epsilon", "these privacy parameters have no finite cost") from None
-
-
-def request_fingerprint(query: QuantileQuery) -> str:
-    """SHA-256 of the canonical query; equal bodies (after parsing) give equal fingerprints."""
-    canonical = {
-        "method": query.method,
-        "quantiles": [float(q).hex() for q in query.quantiles],
-        "epsilon": str(query.epsilon.normalize()),
-        "delta": None if query.delta is None else str(query.delta.normalize()),
-    }
-    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
-
-
-def check_min_epsilon(query: QuantileQuery, min_epsilon: Decimal) -> None:
-    """422 on ``body.epsilon`` below the service's minimum (``DPQUANT_MIN_EPSILON``).
-
-    Why: releases at ε = 10^-30 cost nothing, so one key could queue runs without end
-    and hold every other tenant's release behind them. With a minimum, a dataset's budget
-    pays for at most budget / minimum releases (see the setting for the default's argument).
-    """
-    if query.epsilon < min_epsilon:
-        raise invalid(
-            "body.epsilon",
-            f"must be at least {min_epsilon.normalize()} (this service's DPQUANT_MIN_EPSILON)",
-        )
-
-
-def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
-    """Everything about a query that needs no database: limits, method, cost.
-
-    ``auto`` must be resolved first (:func:`plan_query`), since it depends on the dataset.
-    """
-    if len(query.quantiles) > max_quantiles:
-        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
-    try:
-        mech = get_mechanism(query.method)
-    except MechanismInputError as exc:
-        raise invalid("body.method", exc.problem) from None
-    return Priced(mech, quote(mech, query))
-
-
-#: A release warns when its expected error is at least this share of the ranks.
-WARN_SHARE = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class PublicFigures:
-    """What the planner may know of a dataset: its neighbour relation and its public size
-    (n under swap, where n is public; otherwise only the admin-declared size hint)."""
-
-    neighbors: str
-    size: int | None
-
-    @classmethod
-    def of(cls, dataset: Dataset) -> PublicFigures:
-        """The figures of a dataset row (``release_reserve()`` computes the same in SQL)."""
-        if dataset.neighbors == "swap" and dataset.n is not None:
-            return cls(dataset.neighbors, dataset.n)
-        return cls(dataset.neighbors, dataset.size_hint)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A query resolved against a dataset's public figures: method, price, expected error.
-
-    ``query`` is the query as it will run (``auto`` resolved; δ dropped when the method chosen
-    is pure ε-DP); ``fingerprint`` is that of the query as sent, so an idempotent replay
-    matches whatever the planner would choose today.
-    """
-
-    query: QuantileQuery
-    priced: Priced
-    fingerprint: str
-    expected: list[dict[str, float]] | None
-    warnings: list[str]
-
-
-def resolve(
-    query: QuantileQuery, *, figures: PublicFigures, method: str | None = None
-) -> QuantileQuery:
-    """The query with ``method`` (default: the query's, ``auto`` through the planner).
-
-    A pure ε-DP method is always allowed: given one, a δ in the query is dropped (it buys
-    nothing and is not charged) rather than refused.
-    """
-    name = method or query.method
-    if name == AUTO:
-        name = planner.recommend(
-            figures.size,
-            query.quantiles,
-            float(query.epsilon),
-            None if query.delta is None else float(query.delta),
-            figures.neighbors,
-        )
-    elif method is None:
-        return query
-    mech = MECHANISMS.get(name)
-    delta = query.delta if mech is not None and mech.uses_delta else None
-    return query.model_copy(update={"method": name, "delta": delta})
-
-
-def _figures(value: float) -> float:
-    return float(f"{value:.4g}")
-
-
-def expectation(
-    query: QuantileQuery, *, figures: PublicFigures
-) -> tuple[list[dict[str, float]] | None, list[str]]:
-    """A-priori expected error per quantile (missed points) and warnings; public figures only."""
-    size = figures.size
-    if size is None:
-        if figures.neighbors == "add_remove":
-            why = "the dataset declares no size_hint (n is private under add_remove neighbours)"
-        else:
-            why = "the dataset has no values yet"
-        return None, [f"expected error unknown: {why}"]
-    err = planner.expected_error(
-        query.method,
-        size,
-        query.quantiles,
-        float(query.epsilon),
-        None if query.delta is None else float(query.delta),
-        figures.neighbors,
-    )
-    if err is None:
-        return None, [f"expected error unknown: no error model for method {query.method!r}"]
-    mean, bound = _figures(err[0]), _figures(err[1])
-    expected = [{"quantile": q, "mean": mean, "bound90": bound} for q in query.quantiles]
-    warnings: list[str] = []
-    share = mean / size
-    m = len(query.quantiles)
-    if share >= WARN_SHARE:
-        warnings.append(
-            f"this ε is too small for {m} quantile{'s' if m > 1 else ''} with method "
-            f"{query.method!r}: expected error is {100 * share:.0f} % of the ranks"
-        )
-    return expected, warnings
-
-
-def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: int) -> Plan:
-    """Resolve, validate and price ``query`` for a dataset's public figures; the one path of
-    quotes and reservations (so a quote's cost is the debit of the release that follows).
-    Reads no data value: only the dataset's public description (and n under swap)."""
-    resolved = resolve(query, figures=figures)
-    priced = price_query(resolved, max_quantiles=max_quantiles)
-    check_runs_on(priced.mechanism, neighbors=figures.neighbors)
-    expected, warnings = expectation(resolved, figures=figures)
-    return Plan(resolved, priced, request_fingerprint(query), expected, warnings)
-
-
-def check_runs_on(mech: Mechanism, *, neighbors: str) -> None:
-    """Refuse (422, before anything is paid) a method whose analysis does not cover the
-    dataset's neighbour relation (e.g. smooth sensitivity is for fixed-size datasets)."""
-    if neighbors not in mech.neighbors:
-        raise invalid(
-            "body.method",
-            f"method {mech.name!r} supports only {' and '.join(mech.neighbors)} neighbours; "
-            f"this dataset uses {neighbors!r}",
-        )
-
-
 def budget_refusal(remaining: Amount, cost: Amount) -> DpquantError:
     """409 ``budget_exhausted`` with the budget figures and nothing else."""
     return DpquantError(
@@ -338,51 +135,6 @@ def key_cap_refusal(cap: KeyCap, spent: Amount, cost: Amount) -> DpquantError:
             "requested": AmountPublic.of(cost).model_dump(mode="json"),
         },
     )
-
-
-def _calling_key(session: Session, principal: Principal) -> ApiKey | None:
-    return session.scalars(
-        select(ApiKey)
-        .where(ApiKey.id == principal.key_id)
-        .execution_options(populate_existing=True)
-    ).first()
-
-
-def _within_cap(key: ApiKey | None, cost: Amount) -> bool:
-    """True when ``cost`` keeps the key within its cap (or it has none)."""
-    if key is None or (key.max_epsilon is None and key.max_delta is None):
-        return True
-    with localcontext() as ctx:
-        ctx.prec = 200  # exact: budget figures have at most 40 digits
-        after = Amount(key.spent_epsilon + cost.epsilon, key.spent_delta + cost.delta)
-    return (key.max_epsilon is None or after.epsilon <= key.max_epsilon) and (
-        key.max_delta is None or after.delta <= key.max_delta
-    )
-
-
-class FiguresCache:
-    """The public figures each dataset was last planned with, per web process.
-
-    Only a guess: ``release_reserve()`` compares the figures a query was planned with against
-    the locked dataset row and answers ``replan`` (with the row's figures) when they differ,
-    so a stale entry costs one more round trip and never a wrong price. Bounded (LRU).
-    """
-
-    def __init__(self, max_items: int = 10_000) -> None:
-        self.max_items = max_items
-        self._items: OrderedDict[uuid.UUID, PublicFigures] = OrderedDict()
-
-    def get(self, dataset_id: uuid.UUID) -> PublicFigures | None:
-        figures = self._items.get(dataset_id)
-        if figures is not None:
-            self._items.move_to_end(dataset_id)
-        return figures
-
-    def put(self, dataset_id: uuid.UUID, figures: PublicFigures) -> None:
-        self._items[dataset_id] = figures
-        self._items.move_to_end(dataset_id)
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
 
 
 _RESERVE = (
@@ -605,77 +357,6 @@ def _outcome(
     raise DpquantError(409, *refusal)
 
 
-@dataclass(frozen=True)
-class QuoteLine:
-    """One method's figures in a quote."""
-
-    method: str
-    cost: Amount
-    remaining_after: Amount | None
-    affordable: bool
-    expected: list[dict[str, float]] | None
-
-
-@dataclass(frozen=True)
-class Quote:
-    """The quote of a query: the resolved method's figures, warnings, every alternative."""
-
-    chosen: QuoteLine
-    warnings: list[str]
-    alternatives: list[QuoteLine]
-
-
-def quote_query(
-    session: Session,
-    *,
-    principal: Principal,
-    dataset_id: uuid.UUID,
-    query: QuantileQuery,
-    max_quantiles: int,
-) -> Quote:
-    """What :func:`reserve_release` would debit for ``query`` (same :func:`plan_query`
-    path), whether it is affordable, and the expected error of every eligible method.
-
-    Free: writes nothing, takes no lock, reads no data value; the answer depends only on the
-    query, the dataset's public description, its budget and the calling key's cap.
-    """
-    if not principal.can_see(dataset_id):
-        raise not_found("dataset")
-    if len(query.quantiles) > max_quantiles:
-        raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
-    found = dataset_with_budget(session, dataset_id=dataset_id)
-    if found is None:
-        raise not_found("dataset")
-    dataset, budget = found
-    ensure_live(dataset)
-    remaining = budget.remaining
-    figures = PublicFigures.of(dataset)
-    key = _calling_key(session, principal) if principal.capped else None
-
-    def line(plan: Plan) -> QuoteLine:
-        cost = plan.priced.cost
-        ok = remaining.covers(cost) and _within_cap(key, cost)
-        return QuoteLine(
-            plan.query.method, cost, remaining.minus(cost) if ok else None, ok, plan.expected
-        )
-
-    plan = plan_query(query, figures=figures, max_quantiles=max_quantiles)
-    alternatives: list[QuoteLine] = []
-    for name in planner.eligible_methods(
-        delta_given=query.delta is not None, neighbors=dataset.neighbors
-    ):
-        try:
-            alt = plan_query(
-                resolve(query, figures=figures, method=name),
-                figures=figures,
-                max_quantiles=max_quantiles,
-            )
-        except DpquantError:  # e.g. parameters outside what this method accepts
-            continue
-        alternatives.append(line(alt))
-    return Quote(line(plan), plan.warnings, alternatives)
-
-
 async def get_release(pool: Pool, *, principal: Principal, release_id: uuid.UUID) -> ReleaseRecord:
     """A release inside the key's scope; 404 otherwise (one SELECT: releases are polled)."""
 
@@ -771,22 +452,12 @@ def visible_at(release: ReleaseRecord) -> datetime | None:
 __all__ = [
     "FINISHED_CHANNEL",
     "PENDING_CHANNEL",
-    "FiguresCache",
     "Outcome",
-    "Plan",
-    "Priced",
-    "PublicFigures",
-    "Quote",
     "ReleaseRecord",
     "get_release",
     "is_finished",
     "list_releases",
-    "plan_query",
-    "price_query",
     "published_view",
-    "quote",
-    "quote_query",
-    "request_fingerprint",
     "reserve_release",
     "visible_at",
 ]

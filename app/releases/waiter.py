@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from app.pg import conninfo
+from app.core.pg import conninfo
 from app.releases.service import FINISHED_CHANNEL
 
 logger = logging.getLogger(__name__)

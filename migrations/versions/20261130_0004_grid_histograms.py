@@ -12,7 +12,7 @@ not the original values, which the histogram no longer has.
 
 The grid and codec code is copied here (not imported from ``app``) so that this revision
 keeps meaning the same thing when the application changes; it must match
-``app/datasets/grid.py`` and ``app/datasets/histogram.py`` at version 1 of the format.
+``app/codec/grid.py`` and ``app/codec/histogram.py`` at version 1 of the format.
 
 Revision ID: 0004
 Revises: 0003

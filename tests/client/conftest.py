@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.db import upgrade_database
+from app.core.db import upgrade_database
 from tests.live import LiveServer
 
 try:

@@ -147,7 +147,7 @@ class DpquantServer:
                 [
                     sys.executable,
                     "-m",
-                    "app.cli",
+                    "app.runtime.cli",
                     "serve",
                     "--host",
                     "127.0.0.1",
@@ -186,7 +186,7 @@ class DpquantServer:
             return None
         for child in children:
             with contextlib.suppress(psutil.Error):
-                if "worker" in child.cmdline() and "app.cli" in child.cmdline():
+                if "worker" in child.cmdline() and "app.runtime.cli" in child.cmdline():
                     return child
         return None
 
@@ -270,6 +270,6 @@ class DpquantServer:
 
 def migrate(url: str) -> None:
     """Apply the Alembic migrations to ``url`` (in-process)."""
-    from app.db import upgrade_database
+    from app.core.db import upgrade_database
 
     upgrade_database(url)

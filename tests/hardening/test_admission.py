@@ -4,7 +4,7 @@ Endpoints are synchronous: each request needs a worker thread (anyio: 40 per pro
 from authentication on, a database connection. With more concurrent requests than threads
 and fewer connections than threads, all threads could end up waiting for a connection held
 by requests that wait for a thread, until the pool timeout failed a wave with 503.
-``app.concurrency.AdmissionMiddleware`` admits at most ``min(threads, connections)``
+``app.api.middleware.concurrency.AdmissionMiddleware`` admits at most ``min(threads, connections)``
 requests at once. Here a real uvicorn (in a thread) with a pool of 3 connections gets 80
 concurrent requests: all succeed quickly. (With the gate lifted the same burst usually
 starves — dozens of 503s after the pool timeout — but not always, since it depends on thread
@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 
-from app.main import create_app
+from app.api.factory import create_app
 
 from .conftest import ADMIN, report, settings_for
 from .procs import free_port

@@ -17,7 +17,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from app.db import downgrade_database, head_revisions, migrations_dir, upgrade_database
+from app.core.db import downgrade_database, head_revisions, migrations_dir, upgrade_database
 
 from .conftest import Api
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from app.config import Settings
-from app.ratelimit import MAX_BUCKETS, TokenBuckets
+from app.api.middleware.ratelimit import MAX_BUCKETS, TokenBuckets
+from app.core.config import Settings
 
 from .conftest import ADMIN, Api, ledger_state, report
 
@@ -168,7 +168,7 @@ def test_a_flood_of_random_tokens_costs_one_lookup_per_allowed_failure(
 
 
 def test_the_failure_guard_refills_and_remembers_good_keys() -> None:
-    from app.ratelimit import AuthFailureGuard
+    from app.api.middleware.ratelimit import AuthFailureGuard
 
     now = [0.0]
     guard = AuthFailureGuard(per_minute=60, burst=3, clock=lambda: now[0])

@@ -182,7 +182,7 @@ def _spawned_workers(srv: DpquantServer) -> set[int]:
 def test_a_killed_release_worker_leaves_its_counters_and_drops_its_gauges(
     server: DpquantServer,
 ) -> None:
-    per_worker = 1.0  # one connection per release worker (app.pg.Link)
+    per_worker = 1.0  # one connection per release worker (app.core.pg.Link)
 
     def both_up() -> str | None:
         text, _ = _scrape(server)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from app.main import create_app
+from app.api.factory import create_app
 
 from .conftest import ADMIN, report, settings_for
 from .procs import free_port

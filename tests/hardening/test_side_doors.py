@@ -32,7 +32,7 @@ import pytest
 import uvicorn
 from sqlalchemy.exc import OperationalError
 
-from app.main import create_app
+from app.api.factory import create_app
 from app.mechanisms import MECHANISMS, GridHistogram
 from app.releases.runner import Claim, Job, RunFailed, run_job
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from app.config import Settings
+from app.core.config import Settings
 
 from .conftest import ADMIN, Api, ledger_state, report
 

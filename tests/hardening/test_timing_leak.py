@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from app.db import upgrade_database
+from app.core.db import upgrade_database
 from benchmarks.bench_timing_leak import (
     ANSWER_FEATURES,
     SIDE_FEATURES,

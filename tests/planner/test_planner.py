@@ -22,7 +22,7 @@ QS9 = [j / 10 for j in range(1, 10)]
 def test_the_planner_imports_no_database_or_web_code() -> None:
     code = (
         "import sys, app.planner; "
-        "bad = [m for m in ('sqlalchemy', 'fastapi', 'psycopg', 'starlette', 'app.db', "
+        "bad = [m for m in ('sqlalchemy', 'fastapi', 'psycopg', 'starlette', 'app.core.db', "
         "'app.releases', 'app.datasets') if m in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -19,9 +19,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine
 
-from app.config import Settings
-from app.db import upgrade_database
-from app.main import create_app
+from app.api.factory import create_app
+from app.core.config import Settings
+from app.core.db import upgrade_database
 from tests.support import ApiBase, app_settings, auth, client_of, release_workers, serving
 
 ADMIN_KEY = "dpq_test-admin-" + secrets.token_urlsafe(32)

@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import sessionmaker
 
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys, revoke_key
-from app.db import upgrade_database
+from app.core.db import upgrade_database
 from tests.service.test_cli import _wait_until_ready, free_port
 from tests.support import app_settings, auth, serving
 
@@ -33,7 +33,7 @@ def _env(url: str, key: str | None) -> dict[str, str]:
 
 
 def _serve(port: int, workers: int) -> list[str]:
-    return [sys.executable, "-m", "app.cli", "serve", "--port", str(port),
+    return [sys.executable, "-m", "app.runtime.cli", "serve", "--port", str(port),
             "--workers", str(workers), "--release-workers", "0"]  # fmt: skip
 
 
@@ -97,7 +97,7 @@ def test_a_retired_key_comes_back_and_a_revoked_one_does_not(
     url = make_schema()
     upgrade_database(url)
     key = _fresh_key()
-    from app.main import create_app
+    from app.api.factory import create_app
 
     def status(with_key: str | None) -> int:
         app = create_app(app_settings(url, admin_key=with_key))  # type: ignore[arg-type]

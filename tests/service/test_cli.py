@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app import cli
+from app.runtime import cli
 
 from .conftest import ADMIN_KEY, auth
 
@@ -110,7 +110,7 @@ def free_port() -> int:
 def run_server(env: dict[str, str], port: int) -> tuple[httpx.Response, str]:
     """Start ``dpquant serve`` (2 workers), wait for /readyz, stop it; returns readyz, output."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
+        [sys.executable, "-m", "app.runtime.cli", "serve", "--port", str(port), "--workers", "2"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -172,7 +172,7 @@ def _server_env(database_url: str) -> dict[str, str]:
 
 def _two_web_processes(port: int) -> list[str]:
     """``dpquant serve`` with two web processes and no release workers."""
-    return [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2",
+    return [sys.executable, "-m", "app.runtime.cli", "serve", "--port", str(port), "--workers", "2",
             "--release-workers", "0"]  # fmt: skip
 
 
@@ -231,7 +231,7 @@ def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: s
 
 def _dashboard_poll_s() -> float:
     """The dashboard's poll interval, read from its script."""
-    script = Path(cli.__file__).parent / "ui" / "static" / "js" / "app.js"
+    script = Path(cli.__file__).parents[1] / "api" / "ui" / "static" / "js" / "app.js"
     match = re.search(r"^const POLL_MS = (\d+);", script.read_text(), re.MULTILINE)
     assert match, "POLL_MS not found in app.js"
     return int(match.group(1)) / 1000
@@ -250,7 +250,7 @@ def test_idle_connections_outlive_the_dashboards_poll(
     ``DPQUANT_KEEPALIVE_S``.
     """
     port = free_port()
-    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port),
+    command = [sys.executable, "-m", "app.runtime.cli", "serve", "--port", str(port),
                "--workers", str(web_processes), "--release-workers", "0"]  # fmt: skip
     proc = subprocess.Popen(
         command, env=_server_env(database_url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

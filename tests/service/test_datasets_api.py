@@ -205,8 +205,8 @@ def test_values_are_frozen_after_the_first_release(api: Api, client: TestClient)
 def test_large_upload_is_stored_as_a_compact_grid_histogram(api: Api, db_engine: Any) -> None:
     from sqlalchemy import text
 
-    from app.datasets.grid import cell_of
-    from app.datasets.histogram import decode_histogram
+    from app.codec.grid import cell_of
+    from app.codec.histogram import decode_histogram
 
     values = np.random.default_rng(1).normal(50, 10, 100_000)
     ds = api.dataset()

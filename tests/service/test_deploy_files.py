@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from app.cli import build_parser
+from app.runtime.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

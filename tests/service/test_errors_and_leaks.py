@@ -29,7 +29,7 @@ def test_unexpected_exception_is_a_json_503_not_a_500(
         raise KeyError("internal bug with a secret 613.371337")
 
     ds = api.dataset()
-    monkeypatch.setattr("app.ledger.router.service.read_budget", explode)
+    monkeypatch.setattr("app.api.routes.ledger.service.read_budget", explode)
     r = client.get(f"/v1/datasets/{ds['id']}/budget", headers=ADMIN)
     assert r.status_code == 503
     assert r.json() == {

@@ -8,9 +8,9 @@ from decimal import Decimal
 import pytest
 from fastapi.testclient import TestClient
 
-from app.cli import admin_key_banner
-from app.config import Settings
-from app.ledger.schemas import AmountPublic, plain_decimal
+from app.core.amounts import AmountPublic, plain_decimal
+from app.core.config import Settings
+from app.runtime.cli import admin_key_banner
 from tests.service.conftest import Api
 
 PLAIN = re.compile(r"^(0|[1-9][0-9]*)(\.[0-9]*[1-9])?$")

@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from app.db import upgrade_database
-from app.main import create_app
-from app.pg import Link
-from app.worker import process_one
+from app.api.factory import create_app
+from app.core.db import upgrade_database
+from app.core.pg import Link
+from app.runtime.worker import process_one
 from tests.support import ApiBase, app_settings, auth
 
 from .conftest import ADMIN, ADMIN_KEY, SAMPLE, Api
@@ -543,7 +543,7 @@ def test_a_release_not_yet_run_when_its_dataset_is_archived_fails_and_keeps_its_
 def test_migration_0005_downgrades_with_archived_namesakes_and_upgrades_again(
     make_schema: Callable[[], str],
 ) -> None:
-    from app.db import downgrade_database
+    from app.core.db import downgrade_database
 
     url = make_schema()
     upgrade_database(url)

@@ -14,14 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.datasets import upload
-from app.datasets.grid import cell_of, grid_size, grid_steps, grid_value, grid_values
-from app.datasets.histogram import (
+from app.codec.grid import cell_of, grid_size, grid_steps, grid_value, grid_values
+from app.codec.histogram import (
     DENSE_MAX_CELLS,
     HistogramBuilder,
     decode_histogram,
     encode_histogram,
 )
+from app.datasets import upload
 from app.datasets.service import snap_to_grid
 
 from .conftest import ADMIN, Api
@@ -86,8 +86,8 @@ def test_codec_roundtrips_and_builder_modes_agree(monkeypatch: pytest.MonkeyPatc
     dense = HistogramBuilder(lower=-50.0, upper=50.0, granularity=0.1)
     for part in np.array_split(values, 7):
         dense.add_values(part)
-    monkeypatch.setattr("app.datasets.histogram.DENSE_MAX_CELLS", 10)
-    monkeypatch.setattr("app.datasets.histogram.SPARSE_MERGE_PAIRS", 50)
+    monkeypatch.setattr("app.codec.histogram.DENSE_MAX_CELLS", 10)
+    monkeypatch.setattr("app.codec.histogram.SPARSE_MERGE_PAIRS", 50)
     sparse = HistogramBuilder(lower=-50.0, upper=50.0, granularity=0.1)
     for part in np.array_split(values, 7):
         sparse.add_values(part)
@@ -114,7 +114,7 @@ def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     (The test client hands the app the whole body in one ASGI message; the pieces are cut
     from it by wrapping the endpoint's chunk source.)
     """
-    from app.datasets import router
+    from app.api.routes import datasets as router
 
     real = router.request_chunks
     rng = np.random.default_rng(0)
@@ -377,7 +377,7 @@ def test_histogram_endpoint_json_and_binary(api: Api, client: TestClient, db_eng
 def test_migration_converts_existing_datasets_and_reverses(
     make_schema: Callable[[], str],
 ) -> None:
-    from app.db import downgrade_database, upgrade_database
+    from app.core.db import downgrade_database, upgrade_database
 
     url = make_schema()
     engine = create_engine(url)

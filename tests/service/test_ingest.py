@@ -2,7 +2,7 @@
 
 Spark runs in local mode, started once for this module (a JVM start takes ~20 s). The
 cross-engine tests prove that Spark SQL's double arithmetic computes bit-identical cells to
-:func:`app.datasets.grid.cell_of`, on inputs chosen to sit on rounding edges.
+:func:`app.codec.grid.cell_of`, on inputs chosen to sit on rounding edges.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
-from app import cli
-from app.datasets import upload
-from app.datasets.grid import cell_of
+from app.codec.grid import cell_of
+from app.datasets import parquet_scan
 from app.ingest import core
 from app.ingest.core import Grid
+from app.runtime import cli
 
 from .conftest import ADMIN, ADMIN_KEY, Api
 from .test_parquet_bounds import page_bomb
@@ -261,7 +261,7 @@ def test_ingest_command_names_the_file_of_a_null_bomb(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from app.config import get_settings
+    from app.core.config import get_settings
 
     nulls = tmp_path / "nulls.parquet"
     pq.write_table(pa.table({"x": pa.nulls(5000, pa.float64())}), nulls)
@@ -292,10 +292,10 @@ def test_page_scan_accepts_files_written_by_spark(spark: Any, tmp_path: Path) ->
             parquet = pq.ParquetFile(file)
             assert parquet.metadata.created_by.startswith("parquet-mr")
             for column in ("x", "k"):
-                leaf = upload.parquet_leaf(parquet, column)
+                leaf = parquet_scan.parquet_leaf(parquet, column)
                 assert leaf is not None
                 meta = parquet.metadata
-                scan = upload.check_parquet_pages(file, meta, leaf, max_page_bytes=1 << 20)
+                scan = parquet_scan.check_parquet_pages(file, meta, leaf, max_page_bytes=1 << 20)
                 assert scan.uncompressed == sum(
                     meta.row_group(g).column(leaf).total_uncompressed_size
                     for g in range(meta.num_row_groups)

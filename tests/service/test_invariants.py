@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from app.main import create_app
+from app.api.factory import create_app
 from app.mechanisms import MECHANISMS
 
 from .conftest import ADMIN, SAMPLE, Api, make_settings

@@ -41,11 +41,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from app.codec.grid import grid_values
+from app.core.pg import Link
 from app.datasets import service as dataset_service
-from app.datasets.grid import grid_values
 from app.ledger.service import mechanism_float
 from app.mechanisms import MECHANISMS
-from app.pg import Link
 from app.releases import runner
 from app.releases.runner import Claim, Job, load_job
 from tests.mechanisms.exact import chi_square_p
@@ -173,7 +173,7 @@ def worker_link(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def worker_job(link: Link, dataset_id: str) -> Job:
     """The job a worker would run for a jointexp median at EPSILON on the dataset: a claim
     carrying the columns the claiming statement reads (runner._CLAIM), then ``load_job``
-    on the worker's connection, as app/worker.py calls it."""
+    on the worker's connection, as app/runtime/worker.py calls it."""
     row = link.run(
         lambda conn: conn.execute(
             "SELECT id AS dataset_id, lower, upper, granularity, neighbors, archived_at,"

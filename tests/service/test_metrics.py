@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.main import create_app
+from app.api.factory import create_app
 from tests.support import auth
 
 from .conftest import ADMIN, Api, make_settings
@@ -50,7 +50,7 @@ def test_metrics_need_an_admin_key_or_the_scrape_token(tclient: TestClient, api:
 def test_a_short_or_placeholder_token_is_refused_at_startup() -> None:
     from pydantic import ValidationError
 
-    from app.config import Settings
+    from app.core.config import Settings
 
     for bad in ("short", "changeme"):
         with pytest.raises(ValidationError):

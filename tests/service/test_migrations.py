@@ -8,13 +8,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from app.db import (
+from app.core.db import (
     current_revisions,
     downgrade_database,
     head_revisions,
-    load_models,
     upgrade_database,
 )
+from app.models import load_models
 
 TABLES = {
     "alembic_version",
@@ -48,7 +48,7 @@ def test_upgrade_downgrade_upgrade_and_models_match(make_schema: Callable[[], st
 
 
 def test_migration_files_are_static_and_dated() -> None:
-    from app.db import migrations_dir
+    from app.core.db import migrations_dir
 
     files = sorted((migrations_dir() / "versions").glob("*.py"))
     assert files
@@ -62,7 +62,7 @@ def test_migration_files_are_static_and_dated() -> None:
 def test_readyz_reports_an_unmigrated_database(make_schema: Callable[[], str]) -> None:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.api.factory import create_app
 
     from .conftest import make_settings
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.cli import render_openapi
-from app.config import Settings
-from app.main import create_app
+from app.api.factory import create_app
+from app.core.config import Settings
+from app.runtime.cli import render_openapi
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "openapi" / "openapi.json"

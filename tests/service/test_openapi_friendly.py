@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.errors import ERROR_TYPES
+from app.core.errors import ERROR_TYPES
 from app.mechanisms import MECHANISMS
 from tests.service.conftest import Api
 

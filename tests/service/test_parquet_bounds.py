@@ -25,7 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from app.datasets import upload
+from app.datasets import parquet_scan, upload
 
 from .conftest import ADMIN, Api
 
@@ -290,18 +290,18 @@ def test_page_scan_agrees_with_pyarrow_for_every_writer_option() -> None:
         body = io.BytesIO(to_parquet(table, row_group_size=20_000, **kwargs))
         parquet = pq.ParquetFile(body)
         for column in ("x", "i"):
-            leaf = upload.parquet_leaf(parquet, column)
+            leaf = parquet_scan.parquet_leaf(parquet, column)
             assert leaf is not None
             meta = parquet.metadata
-            scan = upload.check_parquet_pages(body, meta, leaf, max_page_bytes=BOUND)
+            scan = parquet_scan.check_parquet_pages(body, meta, leaf, max_page_bytes=BOUND)
             assert scan.uncompressed == sum(
                 meta.row_group(g).column(leaf).total_uncompressed_size
                 for g in range(meta.num_row_groups)
             ), (kwargs, column)
             assert scan.pages >= 3 and 0 < scan.largest <= BOUND
-            assert upload.parquet_rows(meta, leaf) == n
-    assert upload.parquet_leaf(parquet, "nested") is None
-    assert upload.parquet_leaf(parquet, "lists") is None
+            assert parquet_scan.parquet_rows(meta, leaf) == n
+    assert parquet_scan.parquet_leaf(parquet, "nested") is None
+    assert parquet_scan.parquet_leaf(parquet, "lists") is None
 
 
 def uvarint(value: int) -> bytes:
@@ -363,10 +363,10 @@ def test_hostile_page_headers_are_refused_without_crashing() -> None:
     ]
     for header, tail, too_large, words in cases:
         body = io.BytesIO(b"PAR1" + header + tail)
-        with pytest.raises(upload.ParquetRefused) as refused:
-            upload.check_parquet_pages(body, one_chunk(len(header)), 0, max_page_bytes=BOUND)
+        with pytest.raises(parquet_scan.ParquetRefused) as refused:
+            parquet_scan.check_parquet_pages(body, one_chunk(len(header)), 0, max_page_bytes=BOUND)
         assert refused.value.too_large is too_large, (header, refused.value)
         assert words in str(refused.value), (header, refused.value)
     body = io.BytesIO(b"PAR1" + ok + bytes(100))
-    scan = upload.check_parquet_pages(body, one_chunk(len(ok) + 100), 0, max_page_bytes=BOUND)
+    scan = parquet_scan.check_parquet_pages(body, one_chunk(len(ok) + 100), 0, max_page_bytes=BOUND)
     assert (scan.pages, scan.largest, scan.uncompressed) == (1, 100, len(ok) + 100)

@@ -20,13 +20,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.config import Settings
-from app.db import upgrade_database
-from app.main import create_app
-from app.pg import Link
+from app.api.factory import create_app
+from app.core.config import Settings
+from app.core.db import upgrade_database
+from app.core.pg import Link
 from app.releases import schedule
 from app.releases.service import ReleaseRecord, published_view
-from app.worker import process_one, warm_up
+from app.runtime.worker import process_one, warm_up
 from tests.support import ApiBase, app_settings, auth
 
 ADMIN_KEY = "publication-admin-" + "k" * 24
@@ -240,7 +240,7 @@ def test_before_publication_a_finished_release_reads_as_pending_to_non_admins(
         f"/v1/datasets/{ds}/quantiles", json=body, headers=analyst | {"Prefer": "respond-async"}
     ).json()["id"]
     # the worker stores the result but does not hold (so the test can look in between)
-    monkeypatch.setattr("app.worker._hold", lambda *args, **kwargs: None)
+    monkeypatch.setattr("app.runtime.worker._hold", lambda *args, **kwargs: None)
     assert served.run_one()
     row = served.row(rid)
     assert row["published_at"] > datetime.now(UTC)

@@ -12,10 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.db import upgrade_database
-from app.main import create_app
-from app.pg import Link
-from app.worker import process_batch
+from app.api.factory import create_app
+from app.core.db import upgrade_database
+from app.core.pg import Link
+from app.runtime.worker import process_batch
 from tests.support import ApiBase, app_settings
 
 from .conftest import ADMIN, ADMIN_KEY, SAMPLE

@@ -20,13 +20,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from app.config import Settings
-from app.db import upgrade_database
-from app.main import create_app
+from app.api.factory import create_app
+from app.api.http import encode_cursor
+from app.core.config import Settings
+from app.core.db import upgrade_database
+from app.core.pg import Link
 from app.mechanisms import MECHANISMS
-from app.ops.http import encode_cursor
-from app.pg import Link
-from app.worker import process_one
+from app.runtime.worker import process_one
 from tests.support import (
     ApiBase,
     app_settings,
@@ -296,8 +296,8 @@ def test_a_worker_claims_a_batch_in_one_statement_and_stores_each_run_at_once(
     was lost and ran again when that run hit the time limit). When the second run starts,
     the first release is already done in the database. Each release gets exactly its own
     estimates, one debit, one attempt, and a byte-identical later read."""
-    import app.worker as worker_module
-    from app.worker import process_batch
+    import app.runtime.worker as worker_module
+    from app.runtime.worker import process_batch
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
     assert _query(quiet, ds, prefer="respond-async").status_code == 202  # warm-up
@@ -341,7 +341,7 @@ def test_a_run_past_its_deadline_in_a_batch_fails_alone_and_the_rest_is_given_ba
     and run (once) elsewhere, with one attempt each: they never started here (issue 28:
     attempts count runs that started)."""
     from app.releases.runner import Claim, claim_batch
-    from app.worker import Supervisor
+    from app.runtime.worker import Supervisor
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
     rids = [_query(quiet, ds, prefer="respond-async").json()["id"] for _ in range(3)]
@@ -382,7 +382,7 @@ def test_a_worker_keeps_the_histograms_it_ran_on(
         seen.append(job.histogram)
         return real(job, **kwargs)
 
-    monkeypatch.setattr("app.worker.run_job", spy)
+    monkeypatch.setattr("app.runtime.worker.run_job", spy)
     first = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
     for _ in range(2):
         assert _query(quiet, first, prefer="respond-async").status_code == 202
@@ -679,9 +679,9 @@ def test_a_worker_killed_right_after_its_claim_commits_gets_its_lease_given_back
     margin. (CI once caught the test below waiting out its 150 s lease that way.)"""
     import multiprocessing
 
-    import app.worker as worker_module
+    import app.runtime.worker as worker_module
     from app.releases.runner import Claim
-    from app.worker import Slot, Supervisor
+    from app.runtime.worker import Slot, Supervisor
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="1")["id"]
     rid = _query(quiet, ds, prefer="respond-async").json()["id"]
@@ -806,7 +806,7 @@ def test_the_completion_is_on_disk_when_its_autocommit_statement_returns(
     ``synchronous_commit = on`` for its own implicit transaction: even on a connection whose
     default is ``off`` (as the reservation's commit is), the WAL is flushed past the
     completion before the statement returns, so no answer can leave ahead of it."""
-    import app.worker as worker_module
+    import app.runtime.worker as worker_module
 
     ds = quiet.api.dataset(values=SAMPLE, epsilon="10")["id"]
     link = Link(quiet.url, quiet.settings)

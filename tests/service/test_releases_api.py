@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api.http import encode_cursor, encode_item_cursor
 from app.mechanisms import MECHANISMS
-from app.ops.http import encode_cursor, encode_item_cursor
 from tests.support import count_statements
 
 from .conftest import ADMIN, SAMPLE, Api

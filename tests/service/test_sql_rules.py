@@ -26,10 +26,10 @@ import pytest
 from psycopg.rows import dict_row
 
 from app.auth.models import ApiKey
+from app.core.amounts import Amount
+from app.core.db import migrations_dir, upgrade_database
 from app.datasets.models import Dataset
-from app.db import migrations_dir, upgrade_database
-from app.ledger.service import Amount
-from app.releases import service
+from app.releases import planning
 
 CANONICAL = resources.files("app.releases").joinpath("sql/release_reserve.sql").read_text()
 
@@ -180,7 +180,7 @@ def test_the_public_size_is_the_same_rule_in_python_and_sql(
     ds = _dataset(conn, neighbors=neighbors, n=n, size_hint=size_hint, uploaded=False)
     key = _key(conn)
     row = Dataset(neighbors=neighbors, n=n, size_hint=size_hint)
-    figures = service.PublicFigures.of(row)
+    figures = planning.PublicFigures.of(row)
     assert _reserve(conn, ds, key, neighbors=figures.neighbors, public_size=figures.size) == (
         "no_values"  # past the figures' check: the next one refuses (no values uploaded)
     )
@@ -206,7 +206,7 @@ def test_the_key_cap_is_the_same_rule_in_python_and_sql(
     spent: Decimal,
     cost: Decimal,
 ) -> None:
-    """``_within_cap`` and the function agree at, just below and just above every cap, with
+    """``within_cap`` and the function agree at, just below and just above every cap, with
     figures of up to 37 significant digits (exact decimal arithmetic on both sides)."""
     ds = _dataset(conn, neighbors="swap", n=3, size_hint=None, grant=Decimal(100))
     delta_spent = Decimal("0.15")
@@ -228,6 +228,6 @@ def test_the_key_cap_is_the_same_rule_in_python_and_sql(
         Amount(cost, Decimal("0.05")),
         Amount(cost, Decimal("0.0500000000000000000000000000000000001")),
     ):
-        within = service._within_cap(key, amount)
+        within = planning.within_cap(key, amount)
         outcome = _reserve(conn, ds, key_id, neighbors="swap", public_size=3, cost=amount)
         assert outcome == ("reserved" if within else "key_budget_exhausted"), (amount, stored)

@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from app.config import Settings
+from app.api.http import decode_cursor, encode_cursor
+from app.core.config import Settings
+from app.core.errors import DpquantError
 from app.datasets.service import default_granularity, snap_to_grid
-from app.errors import DpquantError
 from app.ledger.service import COST_QUANTUM, mechanism_float, price
-from app.ops.http import decode_cursor, encode_cursor
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_settings_read_limits_from_the_environment(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_worker_claims_one_release_at_a_time() -> None:
-    from app.worker import MAX_BATCH, batch_size
+    from app.runtime.worker import MAX_BATCH, batch_size
 
     # one release a claim: a release is never leased to a worker busy with another run
     assert MAX_BATCH == 1
@@ -141,11 +141,11 @@ def test_release_workers_run_below_the_apis_priority() -> None:
     import subprocess
     import sys
 
-    from app.worker import WORKER_NICENESS
+    from app.runtime.worker import WORKER_NICENESS
 
     code = (
         "import os\n"
-        "from app.worker import lower_priority\n"
+        "from app.runtime.worker import lower_priority\n"
         "before = os.nice(0)\n"
         "lower_priority()\n"
         "print(os.nice(0) - before)\n"
@@ -162,8 +162,8 @@ def test_a_quote_refuses_less_than_the_smallest_epsilon_per_quantile(method: str
     on body.epsilon, and the mechanisms refuse the same split at run time."""
     from app.mechanisms import get_mechanism
     from app.mechanisms.errors import MechanismInputError
+    from app.releases.planning import quote
     from app.releases.schemas import QuantileQuery
-    from app.releases.service import quote
 
     mech = get_mechanism(method)
     qs = [(i + 1) / 2002 for i in range(2001)]

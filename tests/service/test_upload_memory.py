@@ -55,7 +55,7 @@ def test_240_mb_streamed_upload_keeps_every_server_process_under_700_mb(
         DPQUANT_LOG_LEVEL="WARNING",
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
+        [sys.executable, "-m", "app.runtime.cli", "serve", "--port", str(port), "--workers", "2"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, multiprocess
 
+from app.api.factory import create_app
+from app.core.db import upgrade_database
 from app.datasets.service import ValuesCache
-from app.db import upgrade_database
-from app.main import create_app
 from tests.support import ApiBase, app_settings, auth, release_workers, wait_for
 
 ADMIN_KEY = "dpq_cache-admin-" + uuid.uuid4().hex + uuid.uuid4().hex

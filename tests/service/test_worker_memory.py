@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent(
     """
     import resource, sys
     import numpy as np
-    import app.worker as w
+    import app.runtime.worker as w
     from app.mechanisms import GridHistogram, get_mechanism
 
     kept = w.keep_freed_memory() if sys.argv[1] == "keep" else None
@@ -60,7 +60,7 @@ def test_a_server_app_freezes_its_startup_objects_and_a_test_app_does_not(
 
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.api.factory import create_app
 
     from .conftest import make_settings
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from app.db import upgrade_database
+from app.core.db import upgrade_database
 from tests.live import LiveServer
 
 ADMIN_KEY = "dpq_ui-admin-" + secrets.token_urlsafe(32)

@@ -8,14 +8,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.auth.deps import AdminDep, ReaderDep
+from app.api.deps import AdminDep, ReaderDep
+from app.api.http import DecimalJSONRoute, conditional_json, decode_cursor, encode_cursor
+from app.core.db import SessionDep
+from app.core.errors import error_responses, not_found
+from app.core.pg import run_async
 from app.datasets.service import ensure_live, get_visible
-from app.db import SessionDep
-from app.errors import error_responses, not_found
 from app.ledger import service
 from app.ledger.schemas import BudgetPublic, GrantCreate, LedgerEntryPublic, LedgerPage
-from app.ops.http import DecimalJSONRoute, conditional_json, decode_cursor, encode_cursor
-from app.pg import run_async
 
 router = APIRouter(prefix="/v1/datasets", tags=["budget"], route_class=DecimalJSONRoute)
 

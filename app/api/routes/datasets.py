@@ -9,10 +9,14 @@ from typing import Annotated, Literal
 import anyio.from_thread
 from fastapi import APIRouter, Query, Request, Response
 
-from app.auth.deps import AdminDep, ReaderDep
-from app.auth.principal import Principal
+from app.api.deps import AdminDep, ReaderDep
+from app.api.http import DecimalJSONRoute, decode_cursor, encode_cursor
+from app.codec.histogram import TooManyCells
+from app.core.amounts import AmountPublic, Budget
+from app.core.db import SessionDep
+from app.core.errors import DpquantError, error_responses, invalid
+from app.core.principal import Principal
 from app.datasets import service, upload
-from app.datasets.histogram import TooManyCells
 from app.datasets.models import Dataset
 from app.datasets.schemas import (
     DatasetAdmin,
@@ -21,11 +25,7 @@ from app.datasets.schemas import (
     DatasetPublic,
     DatasetUpdate,
 )
-from app.db import SessionDep
-from app.errors import DpquantError, error_responses, invalid
-from app.ledger.schemas import AmountPublic
-from app.ledger.service import Budget, add_grant, budget, budgets
-from app.ops.http import DecimalJSONRoute, decode_cursor, encode_cursor
+from app.ledger.service import add_grant, budget, budgets
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=DecimalJSONRoute)
 

@@ -4,7 +4,7 @@ Transactions: one session per request (:data:`SessionDep`). The dependency commi
 endpoint returns and rolls back when it raises; it is declared with ``scope="function"`` so
 the commit happens *before* the response is sent, and a failed commit becomes an error
 response instead of a success that was never stored. The release path (authentication,
-reservation, the workers' queue) does not use sessions: see :mod:`app.pg`.
+reservation, the workers' queue) does not use sessions: see :mod:`app.core.pg`.
 
 Isolation: every connection the service opens runs its transactions at READ COMMITTED,
 whatever ``default_transaction_isolation`` the database or role sets. The ledger's
@@ -28,8 +28,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from app.config import Settings
-from app.guard import hide_result_rows
+from app.core.config import Settings
+from app.core.guard import hide_result_rows
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +46,6 @@ class Base(DeclarativeBase):
     """Declarative base of every table; constraint names follow :data:`NAMING_CONVENTION`."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-
-
-def load_models() -> MetaData:
-    """Import every model module so that ``Base.metadata`` is complete; returns it."""
-    import app.audit.models
-    import app.auth.models
-    import app.datasets.models
-    import app.ledger.models
-    import app.releases.models  # noqa: F401
-
-    return Base.metadata
 
 
 # --------------------------------------------------------------------------- URLs and engines
@@ -127,7 +116,9 @@ def make_engine(
     if pre_ping:
         ping_idle_connections(engine)
     pin_sessions(engine, statement_timeout_ms=settings.statement_timeout_ms)
-    from app.metrics import instrument_pool  # imported late: see app.cli.ensure_metrics_dir
+    from app.core.metrics import (
+        instrument_pool,  # imported late: see app.runtime.cli.ensure_metrics_dir
+    )
 
     instrument_pool(engine, process=process, capacity=settings.pool_size + settings.max_overflow)
     return engine
@@ -135,7 +126,7 @@ def make_engine(
 
 def session_statements(statement_timeout_ms: int) -> list[str]:
     """The settings every connection of the service runs with, SQLAlchemy's and psycopg's
-    own (:mod:`app.pg`), set once per connection when it is opened:
+    own (:mod:`app.core.pg`), set once per connection when it is opened:
 
     * READ COMMITTED as the session default, whatever ``default_transaction_isolation`` the
       database or role sets (see the module docstring; SQLAlchemy's engines also pin it per
@@ -253,7 +244,7 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 def migrations_dir() -> Path:
     """The Alembic script directory: next to the package (checkout) or in the working dir."""
-    candidates = [Path(__file__).resolve().parents[1] / "migrations", Path.cwd() / "migrations"]
+    candidates = [Path(__file__).resolve().parents[2] / "migrations", Path.cwd() / "migrations"]
     for candidate in candidates:
         if (candidate / "env.py").is_file():
             return candidate

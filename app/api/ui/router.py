@@ -1,6 +1,6 @@
 """The dashboard: static HTML, CSS and ES modules under ``/ui/``, with a strict CSP.
 
-No build step and no CDN: the files in ``app/ui/static`` are what the browser runs. The
+No build step and no CDN: the files in ``app/api/ui/static`` are what the browser runs. The
 dashboard talks to the same ``/v1`` API as every client, with the key the user pastes
 (kept in ``sessionStorage``; never in a URL).
 """

@@ -35,11 +35,9 @@ from typing import Any, TypeVar
 import numpy as np
 import psycopg
 
-from app.config import Settings
-from app.datasets.service import ARCHIVED_CHANNEL, VALUES_CACHE
-from app.db import CommitOutcomeUnknown
-from app.mechanisms import MECHANISMS, GridHistogram
-from app.metrics import (
+from app.core.config import Settings
+from app.core.db import CommitOutcomeUnknown
+from app.core.metrics import (
     MECHANISM_SECONDS,
     PUBLICATION_HOLD_SECONDS,
     RELEASE_OVERRUNS,
@@ -47,7 +45,9 @@ from app.metrics import (
     VALUES_CACHE_CAPACITY,
     forget_process,
 )
-from app.pg import Link, conninfo
+from app.core.pg import Link, conninfo
+from app.datasets.service import ARCHIVED_CHANNEL, VALUES_CACHE
+from app.mechanisms import MECHANISMS, GridHistogram
 from app.releases.runner import (
     FAILURE_TIMEOUT,
     Claim,

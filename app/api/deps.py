@@ -9,11 +9,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.auth.principal import Principal
+from app.api.middleware.ratelimit import MAX_TOKEN_LENGTH, AuthFailureGuard
 from app.auth.service import authenticate, hash_key
-from app.errors import DpquantError, forbidden, unauthorized
-from app.pg import run_async
-from app.ratelimit import MAX_TOKEN_LENGTH, AuthFailureGuard
+from app.core.errors import DpquantError, forbidden, unauthorized
+from app.core.pg import run_async
+from app.core.principal import Principal
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 

@@ -13,14 +13,8 @@ import psycopg
 from fastapi import APIRouter, Header, Query, Request, Response
 from psycopg_pool import PoolTimeout
 
-from app.auth.deps import AnalystDep, ReaderDep
-from app.auth.principal import Principal
-from app.concurrency import ADMISSION_RELEASE
-from app.db import CommitOutcomeUnknown, SessionDep
-from app.errors import ErrorBody, error_responses, outcome_unknown
-from app.ledger.schemas import AmountPublic
-from app.mechanisms import MECHANISMS
-from app.ops.http import (
+from app.api.deps import AnalystDep, ReaderDep
+from app.api.http import (
     DecimalJSONRoute,
     conditional_json,
     decode_item_cursor,
@@ -28,7 +22,13 @@ from app.ops.http import (
     etag_of,
     json_bytes,
 )
-from app.releases import service
+from app.api.middleware.concurrency import ADMISSION_RELEASE
+from app.core.amounts import AmountPublic
+from app.core.db import CommitOutcomeUnknown, SessionDep
+from app.core.errors import ErrorBody, error_responses, outcome_unknown
+from app.core.principal import Principal
+from app.mechanisms import MECHANISMS
+from app.releases import planning, service
 from app.releases.schemas import (
     BudgetExhausted,
     ExpectedError,
@@ -83,7 +83,7 @@ def _expected(rows: list[dict[str, float]] | None) -> list[ExpectedError] | None
     return None if rows is None else [ExpectedError(**row) for row in rows]
 
 
-def _figures(line: service.QuoteLine) -> QuoteFigures:
+def _figures(line: planning.QuoteLine) -> QuoteFigures:
     return QuoteFigures(
         method=line.method,
         cost=AmountPublic.of(line.cost),
@@ -181,7 +181,7 @@ async def create_release(
     mechanism and read no data value.
     """
     settings = request.app.state.settings
-    service.check_min_epsilon(body, settings.min_epsilon)
+    planning.check_min_epsilon(body, settings.min_epsilon)
     hub = request.app.state.completion_hub
     new_id = uuid.uuid4()  # a new release's id, watched before its reservation commits
     with hub.watch(new_id) as watching:
@@ -351,8 +351,8 @@ def quote(
     pricing code), whether it fits the remaining budget (and the key's cap), the expected
     error per quantile in missed points, and the same figures for every eligible method.
     Free: moves no budget, reads no data value, depends on public figures only."""
-    service.check_min_epsilon(body, request.app.state.settings.min_epsilon)
-    result = service.quote_query(
+    planning.check_min_epsilon(body, request.app.state.settings.min_epsilon)
+    result = planning.quote_query(
         session,
         principal=principal,
         dataset_id=dataset_id,

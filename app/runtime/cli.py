@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
-from app.config import Settings
+from app.core.config import Settings
 
 logger = logging.getLogger("dpquant")
 
@@ -46,7 +46,7 @@ def ensure_metrics_dir() -> str | None:
     Returns the directory created here (removed at exit), or None. Must run before
     ``prometheus_client`` is imported in this process; child processes (uvicorn web workers,
     release workers) inherit the variable and all write their metrics files there, so a
-    scrape of any web worker sums every process (app/metrics.py).
+    scrape of any web worker sums every process (app/core/metrics.py).
     """
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return None
@@ -65,7 +65,7 @@ def start_release_workers(concurrency: int) -> subprocess.Popen[bytes] | None:
     if concurrency <= 0:
         return None
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency)]
+        [sys.executable, "-m", "app.runtime.cli", "worker", "--concurrency", str(concurrency)]
     )
 
 
@@ -86,8 +86,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     ensure_metrics_dir()  # before anything imports prometheus_client
     import uvicorn
 
-    from app.db import resolve_database_url, upgrade_database
-    from app.webprocs import claim_port, reuseport_available, run_web_processes
+    from app.core.db import resolve_database_url, upgrade_database
+    from app.runtime.webprocs import claim_port, reuseport_available, run_web_processes
 
     # The port first: a server that cannot listen (another one has it) starts nothing and
     # changes nothing, the bootstrap key included.
@@ -130,7 +130,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             # the claimed socket itself: no moment where another server could take the port
             claim.listen(2048)
             config = uvicorn.Config(
-                "app.main:create_server_app",
+                "app.api.factory:create_server_app",
                 factory=True,
                 host=args.host,
                 port=args.port,
@@ -141,7 +141,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         elif reuseport_available():
             claim.close()  # each web process binds its own SO_REUSEPORT socket
             # One SO_REUSEPORT socket per web process: the kernel balances connections
-            # (uvicorn's shared socket lets one process take a whole burst; app/webprocs.py).
+            # (uvicorn's shared socket lets one process take a whole burst;
+            # app/runtime/webprocs.py).
             try:
                 status = run_web_processes(
                     args.host,
@@ -156,7 +157,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         else:
             claim.close()
             uvicorn.run(
-                "app.main:create_server_app",
+                "app.api.factory:create_server_app",
                 factory=True,
                 host=args.host,
                 port=args.port,
@@ -176,8 +177,8 @@ def _reconcile_bootstrap_key(url: str, settings: Settings) -> None:
     startup says, on a database that is not migrated."""
     from sqlalchemy.orm import sessionmaker
 
-    from app.db import current_revisions, head_revisions, make_engine
-    from app.main import reconcile_bootstrap_key
+    from app.api.factory import reconcile_bootstrap_key
+    from app.core.db import current_revisions, head_revisions, make_engine
 
     engine = make_engine(url, settings)
     try:
@@ -190,8 +191,8 @@ def _reconcile_bootstrap_key(url: str, settings: Settings) -> None:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Run release workers (a supervisor and ``--concurrency`` worker processes)."""
     ensure_metrics_dir()  # before anything imports prometheus_client
-    from app.db import resolve_database_url
-    from app.worker import Supervisor
+    from app.core.db import resolve_database_url
+    from app.runtime.worker import Supervisor
 
     url, _ = resolve_database_url(settings)
     concurrency = args.concurrency if args.concurrency is not None else max(1, settings.workers)
@@ -215,7 +216,7 @@ def admin_key_banner(settings: Settings) -> str:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """Apply the Alembic migrations up to head."""
-    from app.db import resolve_database_url, upgrade_database
+    from app.core.db import resolve_database_url, upgrade_database
 
     url, _ = resolve_database_url(settings)
     upgrade_database(url)
@@ -228,8 +229,8 @@ def cmd_create_key(args: argparse.Namespace, settings: Settings) -> int:
     from sqlalchemy.orm import Session
 
     from app.auth.service import create_key
-    from app.db import make_engine, resolve_database_url, upgrade_database
-    from app.errors import DpquantError
+    from app.core.db import make_engine, resolve_database_url, upgrade_database
+    from app.core.errors import DpquantError
 
     url, embedded = resolve_database_url(settings)
     if embedded:
@@ -259,7 +260,7 @@ def cmd_create_key(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_openapi(args: argparse.Namespace, settings: Settings) -> int:
     """Write the OpenAPI document (no database needed)."""
-    from app.main import create_app
+    from app.api.factory import create_app
 
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ def web_process(host: str, port: int, log_level: str, keepalive_s: int) -> None:
     sock = reuseport_socket(host, port)
     sock.listen(2048)
     config = uvicorn.Config(
-        "app.main:create_server_app",
+        "app.api.factory:create_server_app",
         factory=True,
         host=host,
         port=port,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from app.datasets.grid import cell_of, grid_steps
+from app.codec.grid import cell_of, grid_steps
 
 IntArray = NDArray[np.int64]
 

@@ -1,7 +1,7 @@
 """Last line of defence: no exception ever reaches the server, its logs or the connection.
 
 Starlette answers an unhandled exception through its outermost ``ServerErrorMiddleware``
-(the ``Exception`` handler in :mod:`app.errors` builds the 503 body) but then *re-raises*
+(the ``Exception`` handler in :mod:`app.core.errors` builds the 503 body) but then *re-raises*
 it; uvicorn logs the full traceback with the exception message — which may quote SQL
 parameters or, in principle, a data value — and closes the keep-alive connection, so the
 client's next request on it fails with a read error (the database-outage test counts
@@ -40,7 +40,7 @@ def database_unavailable(exc: BaseException) -> bool:
 
 
 def error_body(exc: BaseException) -> dict[str, str]:
-    """The body for an unexpected exception (same texts as :mod:`app.errors`)."""
+    """The body for an unexpected exception (same texts as :mod:`app.core.errors`)."""
     if database_unavailable(exc):
         return {
             "type": "database_unavailable",

@@ -11,10 +11,10 @@ from pydantic import BaseModel
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
-from app import metrics
-from app.auth.deps import bearer, get_principal
-from app.db import current_revisions
-from app.errors import ErrorBody, error_responses, forbidden, unauthorized
+from app.api.deps import bearer, get_principal
+from app.core import metrics
+from app.core.db import current_revisions
+from app.core.errors import ErrorBody, error_responses, forbidden, unauthorized
 
 router = APIRouter(tags=["ops"])
 

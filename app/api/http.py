@@ -15,7 +15,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from app.errors import invalid
+from app.core.errors import invalid
 
 
 def _reject_constant(name: str) -> NoReturn:

@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.db import CommitOutcomeUnknown
-from app.guard import database_unavailable
+from app.core.db import CommitOutcomeUnknown
+from app.core.guard import database_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _body(type_: str, detail: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    from app.metrics import REFUSALS  # late: prometheus_client reads its mode at import
+    from app.core.metrics import REFUSALS  # late: prometheus_client reads its mode at import
 
     REFUSALS.labels(type_).inc()
     body: dict[str, Any] = {"type": type_, "detail": detail}

@@ -18,15 +18,22 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
-from app.audit.router import router as audit_router
-from app.auth.router import router as keys_router
+from app.api.middleware.bodylimit import BodyLimitMiddleware
+from app.api.middleware.concurrency import AdmissionMiddleware
+from app.api.middleware.ratelimit import AuthFailureGuard, RateLimitMiddleware
+from app.api.middleware.timing import ReleaseTimingMiddleware
+from app.api.openapi import install_openapi
+from app.api.routes.audit import router as audit_router
+from app.api.routes.datasets import router as datasets_router
+from app.api.routes.keys import router as keys_router
+from app.api.routes.ledger import router as ledger_router
+from app.api.routes.ops import router as ops_router
+from app.api.routes.releases import router as releases_router
+from app.api.ui.docs import install_docs
+from app.api.ui.router import install_dashboard
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys
-from app.bodylimit import BodyLimitMiddleware
-from app.concurrency import AdmissionMiddleware
-from app.config import Settings
-from app.datasets.router import router as datasets_router
-from app.datasets.service import VALUES_CACHE
-from app.db import (
+from app.core.config import Settings
+from app.core.db import (
     current_revisions,
     head_revisions,
     make_engine,
@@ -34,20 +41,13 @@ from app.db import (
     resolve_database_url,
     upgrade_database,
 )
-from app.errors import install_error_handlers
-from app.guard import GuardMiddleware
-from app.ledger.router import router as ledger_router
-from app.metrics import RequestMetricsMiddleware
-from app.openapi import install_openapi
-from app.ops.router import router as ops_router
-from app.pg import HotPool
-from app.ratelimit import AuthFailureGuard, RateLimitMiddleware
-from app.releases.router import router as releases_router
-from app.releases.service import FiguresCache
+from app.core.errors import install_error_handlers
+from app.core.guard import GuardMiddleware
+from app.core.metrics import RequestMetricsMiddleware
+from app.core.pg import HotPool
+from app.datasets.service import VALUES_CACHE
+from app.releases.planning import FiguresCache
 from app.releases.waiter import CompletionHub
-from app.timing import ReleaseTimingMiddleware
-from app.ui.docs import install_docs
-from app.ui.router import install_dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def reconcile_bootstrap_key(session_factory: sessionmaker[Session], settings: Se
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Connect at startup (and listen for finished releases); dispose of the pool at shutdown."""
     await run_in_threadpool(_start, app)
-    # The hot paths' connections (authentication, reservations, release reads; app/pg.py).
+    # The hot paths' connections (authentication, reservations, release reads; app/core/pg.py).
     pool = HotPool(app.state.database_url, app.state.settings)
     await pool.open()
     app.state.pg_pool = pool
@@ -201,7 +201,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)
     # Hardening: admission control against thread/connection-pool starvation,
     # uniform timing of quantile queries, the request body limit, then the per-key rate
-    # limit (app/concurrency.py, app/timing.py, app/bodylimit.py, app/ratelimit.py).
+    # limit (app/api/middleware/: concurrency.py, timing.py, bodylimit.py, ratelimit.py).
     settings = app.state.settings
     app.add_middleware(
         AdmissionMiddleware,
@@ -216,9 +216,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             per_minute=settings.rate_limit_per_minute,
             burst=settings.rate_limit_burst,
         )
-    # Latency of every request, by route template (app/metrics.py).
+    # Latency of every request, by route template (app/core/metrics.py).
     app.add_middleware(RequestMetricsMiddleware)
     # Outermost of ours: escaped exceptions become a JSON 503 without a logged message and
-    # without closing the connection (app/guard.py).
+    # without closing the connection (app/core/guard.py).
     app.add_middleware(GuardMiddleware)
     return app

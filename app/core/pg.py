@@ -11,7 +11,7 @@ made six of them in the web process and two in the worker.
 * Release workers use one synchronous connection each (:class:`Link`).
 
 Every connection opened here gets the same session settings as the SQLAlchemy engine's
-(:func:`app.db.session_statements`): READ COMMITTED pinned whatever
+(:func:`app.core.db.session_statements`): READ COMMITTED pinned whatever
 ``default_transaction_isolation`` the database or role sets (the ledger's locking protocol
 relies on each statement seeing what was committed before it), timestamps in UTC,
 and bounded statements and lock waits. Connections run in autocommit: each hot-path
@@ -34,8 +34,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.engine import make_url
 
-from app.config import Settings
-from app.db import IDLE_PING_S, CommitOutcomeUnknown, session_statements
+from app.core.config import Settings
+from app.core.db import IDLE_PING_S, CommitOutcomeUnknown, session_statements
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,9 @@ def _pool_gauges(process: str, capacity: int) -> Any:
     """Count ``capacity`` in ``dpquant_db_pool_capacity`` for ``process``; the in-use gauge.
 
     Imported here, not at the top: prometheus_client reads its multiprocess directory at
-    import (see :func:`app.cli.ensure_metrics_dir`).
+    import (see :func:`app.runtime.cli.ensure_metrics_dir`).
     """
-    from app.metrics import POOL_CAPACITY, POOL_IN_USE
+    from app.core.metrics import POOL_CAPACITY, POOL_IN_USE
 
     POOL_CAPACITY.labels(process).inc(capacity)
     return POOL_IN_USE.labels(process)
@@ -187,7 +187,7 @@ async def run_async(
 
     ``work`` runs again from the start after a serialization failure or a deadlock (at most
     ``attempts`` times, with a short backoff); those leave nothing behind. A connection lost
-    while ``work`` ran raises :class:`~app.db.CommitOutcomeUnknown` unless ``idempotent``
+    while ``work`` ran raises :class:`~app.core.db.CommitOutcomeUnknown` unless ``idempotent``
     (reads, and writes that are safe to repeat): those run again once on a fresh connection.
     """
     reconnected = False
@@ -254,7 +254,7 @@ class Link:
     def run(self, work: Callable[[psycopg.Connection[Any]], T], *, attempts: int = 8) -> T:
         """Run ``work``; retry serialization failures and deadlocks (see :func:`run_async`).
 
-        A connection lost while ``work`` ran raises :class:`~app.db.CommitOutcomeUnknown`
+        A connection lost while ``work`` ran raises :class:`~app.core.db.CommitOutcomeUnknown`
         (the callers' writes are guarded by lease tokens and states: they may simply retry).
         """
         for attempt in range(1, attempts + 1):

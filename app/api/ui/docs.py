@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.types import Scope
 
-from app.ui.router import SECURITY_HEADERS
+from app.api.ui.router import SECURITY_HEADERS
 
 ASSETS_URL = "/docs-static"
 OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"

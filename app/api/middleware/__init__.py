@@ -1,0 +1,1 @@
+"""ASGI middleware: body size limit, admission control, rate limits, release timing."""

@@ -1,1 +1,0 @@
-"""Operational endpoints (health, readiness) and HTTP helpers shared by the routers."""

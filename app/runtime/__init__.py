@@ -1,0 +1,2 @@
+"""Process orchestration: the ``dpquant`` command, web processes, release workers and their
+supervisor."""
