@@ -46,11 +46,11 @@ import mpmath
 import numba
 import numpy as np
 
-from app.mechanisms import jointexp as jx
-from app.mechanisms import jointexp_kernels as _kernels
 from app.mechanisms import sampling as _sampling
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import GridHistogram, Support, support_from_grid
+from app.mechanisms.jointexp import kernels as _kernels
+from app.mechanisms.jointexp import mechanism as jx
 from app.mechanisms.validation import FloatArray, IntArray
 
 #: Number of distinct values ``rng.random()`` returns: ``k * 2^-53`` for k in [0, 2^53).

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from app.mechanisms import MECHANISMS, fpmode
-from app.mechanisms import jointexp as je
+from app.mechanisms.jointexp import mechanism as je
 
 pytestmark = pytest.mark.skipif(
     not fpmode.available(), reason="MXCSR (flush-to-zero) exists on x86-64 only"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from app.mechanisms import MECHANISMS
-from app.mechanisms import jointexp_kernels as K
-from app.mechanisms.jointexp import (
+from app.mechanisms.jointexp import kernels as K
+from app.mechanisms.jointexp.mechanism import (
     _Forward,
     _LinearGuardTripped,
     _to_scaled,
@@ -488,7 +488,7 @@ def test_stable_across_the_epsilon_range(eps: float, neighbors: str) -> None:
 
 def test_trimmed_log_rows_equal_dense_log_rows_where_it_matters() -> None:
     """Keeping only `keep` e-folds per row changes no kept weight beyond rounding."""
-    from app.mechanisms.jointexp import _run_log_space
+    from app.mechanisms.jointexp.mechanism import _run_log_space
 
     rng = np.random.default_rng(17)
     x = np.concatenate([rng.normal(size=4000), np.full(400, 1e9)])  # clamped top run
@@ -515,7 +515,7 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     with a 200 e-fold range). The cumulative rule refuses such a range and the pass that it
     settles on matches the dense (nothing dropped) pass to rounding.
     """
-    from app.mechanisms.jointexp import _LogGuardTripped, _run_log_space
+    from app.mechanisms.jointexp.mechanism import _LogGuardTripped, _run_log_space
 
     rng = np.random.default_rng(1)
     n = 20_000
@@ -605,7 +605,7 @@ def _clamped(kind: str, n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_the_chi_square_cases_hold_in_tilted_rows(case) -> None:
     """The "tilted" chi-square path really samples from tilted linear rows."""
-    from app.mechanisms.jointexp import _forward_pass, median_log_width
+    from app.mechanisms.jointexp.mechanism import _forward_pass, median_log_width
 
     data, q, eps, lo, hi, nb = case
     sup = support_for(data, lo, hi, q)
@@ -627,7 +627,7 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
     clamped mass; tilted by e^(-mu P) they do not, and the pass stays linear (not the log
     pass, several times slower).
     """
-    from app.mechanisms.jointexp import _forward_pass, median_log_width
+    from app.mechanisms.jointexp.mechanism import _forward_pass, median_log_width
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
@@ -643,7 +643,7 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
 def _zero_inflated(seed: int):
     """3·10^5 N(0, 5^2) values with 5 % at 0.0, m = 99: the gap targets and the prepared
     inputs (log widths and positions)."""
-    from app.mechanisms.jointexp import _Inputs
+    from app.mechanisms.jointexp.mechanism import _Inputs
 
     rng = np.random.default_rng(seed)
     x = rng.normal(0.0, 5.0, size=300_000)
@@ -653,7 +653,7 @@ def _zero_inflated(seed: int):
 
 
 def _forbid_log_pass(monkeypatch) -> None:
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     def no_log_pass(*args: object, **kwargs: object) -> None:
         raise AssertionError("the log pass ran")
@@ -665,7 +665,7 @@ def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkey
     """5 % of the values at one inner point (zero-inflated data): the atom's step is cut to
     the largest gap target (collapse_cap) and the whole draw stays in linear rows; before
     the cut every draw ran the log pass with ~10^4 e-folds (n = 10^6: ~60 s)."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     gaps, inputs = _zero_inflated(8)
     pos = inputs.pos
@@ -684,7 +684,7 @@ def test_prepared_inputs_are_those_of_the_numpy_formulas() -> None:
     and zero-width supports: the cut positions and largest step exactly, the log widths
     the same doubles as ``log(widths / max)`` and the normalised widths within the
     rounding of their logs exponentiated back, zero exactly where the width is zero."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     rng = np.random.default_rng(31)
     for trial in range(40):
@@ -738,7 +738,7 @@ def _position_counts(logw, cum, gaps, c, seed: int, tilt) -> collections.Counter
 def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatch) -> None:
     """A tilted pass whose draw trips is replaced by a more tilted one (then the log pass),
     and the sequences keep the exact distribution (brute force, chi-square)."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
     original = J._draw_block
@@ -765,7 +765,7 @@ def test_a_heavy_atom_stays_in_linear_rows_at_small_and_large_epsilon(monkeypatc
     untilted rows hold and the last draw lacks range. Both ran the log pass (n = 10^6:
     ~2 s and ~4 s); the deficit's tilts (:func:`_deficit_tilts`) hold in linear rows.
     """
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     gaps, inputs = _zero_inflated(9)
     _forbid_log_pass(monkeypatch)
@@ -778,7 +778,7 @@ def test_the_undershoot_depth_is_the_fall_from_the_rows_maximum_to_the_mode() ->
     """The model's depth, numerically: the tilted last row ``e^(-a t) t^(m - 1)`` (``t`` in
     gaps' worth of undershoot, ``a`` e-folds per gap) falls from its maximum to the
     posterior's mode, the whole deficit ``t = m + 1``, by ``_undershoot_depth(a, m)``."""
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     t = np.linspace(1e-9, 4000.0, 4_000_001)
     for a, m in ((8.8, 99), (0.5, 29), (25.0, 29), (3.0, 999), (2.0, 1), (40.0, 2)):
@@ -792,7 +792,7 @@ def test_deficit_tilts_put_the_undershoot_within_the_linear_range() -> None:
     """No cut, or one the untilted rows reach: no tilts. A cut of D positions: the first
     tilt is the least quarter step of k whose last row holds the undershoot's mode within
     the range (the step before does not), then DEFICIT_STEPS further, inside (0, c)."""
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     gaps = np.full(100, 10_000.0)
     assert J._deficit_tilts(0.25, np.arange(1_000_001), gaps) == []
@@ -824,7 +824,7 @@ def test_deficit_tilts_end_for_any_number_of_quantiles() -> None:
     went on until ``2^-k`` underflowed to 0.0 and the log raised ValueError (m = 769,414,
     c = 0.0139; 1,905 of 20,000 random (m, c, deficit) with m from 10^3 to 10^7). It now
     stops at the first step past the dip, and the tilts stay inside (0, c)."""
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     pos = np.arange(1_000_000)
     for m, c, deficit in ((769_414, 0.013925509899311435, 469_487_650.0), (50_000, 2.5, 4e5)):
@@ -842,7 +842,7 @@ def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, sh
     Before the deficit's model the probe's choice came first: at n = 10^6 a quarter to
     half a step larger (wider rows) above the data, a quarter step smaller at the inner
     point, whose draws tripped and took a second pass."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     n, q = 1_000_000, np.arange(1, 100) / 100.0
     rng = np.random.default_rng({"above": 41, "below": 42, "inside": 43}[shape])
@@ -873,7 +873,7 @@ def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, sh
 def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> None:
     """An untilted linear pass whose draw trips is followed by tilted rows before the log
     pass, and the sequences keep the exact distribution (brute force, chi-square)."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
     original = J._draw_block
@@ -946,7 +946,7 @@ def test_a_draw_counts_dropped_entries_where_its_kernel_peaks() -> None:
 
 def test_tilted_rows_match_the_dense_log_rows_on_clamped_data() -> None:
     """Untilted again, the rows of a tilted pass equal the dense log pass's to rounding."""
-    from app.mechanisms.jointexp import _choose_tilt, _probe, median_log_width
+    from app.mechanisms.jointexp.mechanism import _choose_tilt, _probe, median_log_width
 
     q = np.arange(1, 50) / 50.0
     for kind in ("upper", "lower", "both"):
@@ -972,7 +972,7 @@ def test_a_tripped_linear_pass_goes_on_as_the_probe(kind: str) -> None:
     probe it ran before: the same modes, maxima never above the log probe's (less range
     only loses mass; a few falling rows are ~50 e-folds lower).
     """
-    from app.mechanisms.jointexp import _choose_tilt, _probe, median_log_width
+    from app.mechanisms.jointexp.mechanism import _choose_tilt, _probe, median_log_width
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
@@ -1007,7 +1007,7 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
     Random positions, widths (30 % zero), quantile gaps, c, tilts and kept ranges; the
     windowed row equals the one formed over every interval, bit for bit.
     """
-    from app.mechanisms.jointexp import _span
+    from app.mechanisms.jointexp.mechanism import _span
 
     rng = np.random.default_rng(5)
     for _ in range(300):
@@ -1106,7 +1106,7 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
     every level at sampled intervals of every row replays to the same double, the compact
     rows take under half the bytes, and the same seeds draw the same sequences.
     """
-    from app.mechanisms.jointexp import _levels_at, _Row
+    from app.mechanisms.jointexp.mechanism import _levels_at, _Row
 
     q = np.arange(1, 50) / 50.0
     logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
@@ -1138,7 +1138,7 @@ def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) ->
     """Small passes keep every row whole (COMPACT_FROM_BYTES) and pick repeat counts from the
     stored levels; compacting every row instead (threshold 0) replays the same levels, so
     the same seeds draw the same sequences (wide empty end blocks: many repeat levels)."""
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     rng = np.random.default_rng(2)
     for n, m in ((1000, 9), (200, 29)):
@@ -1172,7 +1172,7 @@ def test_a_chosen_tilt_that_trips_is_followed_by_larger_ones(monkeypatch) -> Non
     below it does not. Made to choose that one, the forward pass still ends on tilted linear
     rows, at a larger tilt. A forced tilt (tests) is not retried: it goes to the log pass.
     """
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped("upper", 200_000, 5), q)
@@ -1286,7 +1286,7 @@ def test_decay_tables_are_bounded_by_public_figures_not_by_n(
     every table of every pass is at most max(DECAY_TABLE_MAX, 750 / c) + 2 entries (c is
     public), whatever n, and the draws stay exact (a tilt is speed-only)."""
     from app.mechanisms import GridHistogram
-    from app.mechanisms import jointexp as je
+    from app.mechanisms.jointexp import mechanism as je
 
     sizes: list[int] = []
     real_init = je._Forward.__init__

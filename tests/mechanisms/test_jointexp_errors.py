@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
-from app.mechanisms import jointexp_errors as E
-from app.mechanisms.jointexp import (
+from app.mechanisms.jointexp import error_bound as E
+from app.mechanisms.jointexp.mechanism import (
     _Forward,
     _Inputs,
     _LogGuardTripped,
@@ -154,7 +154,7 @@ def test_wide_intervals_ask_for_more_range_than_the_median_rule_and_stay_exact()
     """Both edges 10^16 wider than the data, 30 close quantiles at c = 2.5: the sound bound
     asks for more range than the median-width rule gives, the sampler widens it (the same
     law: a rebuilt pass draws nothing twice), and the draws follow the exact law."""
-    from app.mechanisms.jointexp import _draw_block, _run_log_space
+    from app.mechanisms.jointexp.mechanism import _draw_block, _run_log_space
 
     pos = np.arange(7, dtype=np.int64)
     logw = np.array([0.0, -37.0, -37.0, -37.5, -37.0, -37.0, -0.2])
@@ -224,7 +224,7 @@ def test_a_draw_the_sound_bound_rejects_goes_to_the_log_pass_not_a_tilt(monkeypa
     """Untilted linear rows that the median-width rule accepts but the sound bound does not:
     the retry is the log pass (tilted passes answer to the median rule alone), and the
     sampler completes every block from it."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     rejected = 0
     for seed in range(400):

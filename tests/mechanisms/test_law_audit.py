@@ -22,9 +22,9 @@ import numba
 import numpy as np
 import pytest
 
-from app.mechanisms import jointexp as jx
-from app.mechanisms import jointexp_kernels as K
-from app.mechanisms.jointexp_kernels import _pw
+from app.mechanisms.jointexp import kernels as K
+from app.mechanisms.jointexp import mechanism as jx
+from app.mechanisms.jointexp.kernels import _pw
 from app.mechanisms.sampling import inverse_cdf_pick
 from tests.mechanisms import law_audit as LA
 

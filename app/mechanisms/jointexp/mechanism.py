@@ -25,7 +25,7 @@ without the O(m^2 n) table:
 * The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|P_i - P_i'
   - n_j|`` is a two-sided geometric kernel in the position difference, evaluated for all i in
   O(d) by a causal recursion and a two-stack window queue
-  (:mod:`app.mechanisms.jointexp_kernels`) that only ever add non-negative terms.
+  (:mod:`app.mechanisms.jointexp.kernels`) that only ever add non-negative terms.
 * Repeats ``alpha(j, i, k) = w_i r^{n_j} alpha(j-1, i, k-1) / k`` are kept as extra rows only
   where they are not dominated: an entry below 2^-60 of ``alpha(j, i, 1)`` at the same interval
   is dropped. Every completion of such a prefix is also a completion of the single-copy prefix
@@ -38,10 +38,10 @@ without the O(m^2 n) table:
   space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
   and widened until every row and draw has enough. Untilted passes are also held, at each
   draw, to a sound bound on the error the rows carry into it, which charges every width
-  where it lies (:mod:`app.mechanisms.jointexp_errors`); the median-width rule alone is not
+  where it lies (:mod:`app.mechanisms.jointexp.error_bound`); the median-width rule alone is not
   a worst-case bound (docs/mechanisms.md, "Range rule").
   Log rows are stored as logs; their transition sums are formed in scaled linear
-  arithmetic (a double mantissa times e^(350 k), ``jointexp_kernels.transition_scaled``;
+  arithmetic (a double mantissa times e^(350 k), ``kernels.transition_scaled``;
   the row's exp and log are vectorised numpy calls), ~5x faster than a logaddexp per
   operation (still available as ``log_kernel="log"``, and the per-value-exponent
   ``"ext"``).
@@ -68,10 +68,10 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from app.mechanisms import jointexp_kernels as K
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import Support, support_from_values
-from app.mechanisms.jointexp_errors import ErrorBound, width_blocks
+from app.mechanisms.jointexp import kernels as K
+from app.mechanisms.jointexp.error_bound import ErrorBound, width_blocks
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
 from app.mechanisms.sampling import pick_weights
@@ -82,7 +82,7 @@ PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry 
 #: are formed in): the weights it loses, products below the smallest normal double flushed
 #: to 0.0, are then each < 2^-1022 and, fewer than 2^30 of them, < 2^-92 of it together. Kernel
 #: factors are never dropped while their scaled value is a normal double
-#: (:func:`~app.mechanisms.jointexp_kernels.step_weights_linear`); below this the draw's
+#: (:func:`~app.mechanisms.jointexp.kernels.step_weights_linear`); below this the draw's
 #: weights are formed in log space instead.
 TINY_DRAW = 2.0**-900
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
@@ -131,7 +131,7 @@ class _LinearGuardTripped(Exception):
 
 class _SoundGuardTripped(_LinearGuardTripped):
     """An untilted linear pass's draw met the median-width rule but not the sound error bound
-    (jointexp_errors): the retry is the log pass, not a tilted one (tilted passes are held to
+    (error_bound): the retry is the log pass, not a tilted one (tilted passes are held to
     the median-width rule alone, which this input has just shown to be too weak)."""
 
 
@@ -387,7 +387,7 @@ class _Inputs:
     @functools.cached_property
     def width_blocks(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         """The widths' block maxima and the blocks' first and last positions, what the sound
-        error bound reads of the widths (:func:`~app.mechanisms.jointexp_errors.
+        error bound reads of the widths (:func:`~app.mechanisms.jointexp.error_bound.
         width_blocks`)."""
         return width_blocks(self.logw, self.pos)
 
@@ -488,7 +488,7 @@ class _Forward:
         self.linear_floor = _linear_floor(self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
         # each row's truncation floor (log, common scale) and, from the first draw on, the
-        # sound bound on the error they carry into the draws (jointexp_errors)
+        # sound bound on the error they carry into the draws (error_bound)
         self.floors = np.full(self.m + 1, -math.inf)
         self._errors: ErrorBound | None = None
         self._norms: FloatArray | None = None
@@ -525,7 +525,7 @@ class _Forward:
 
     def _profile(self, j: int, lo: int, values: FloatArray, shift: float, logs: bool) -> None:
         """Record row j's profile: ``values`` (its sum over levels from global column
-        ``lo``) at PROFILE_POINTS spread columns (:func:`~app.mechanisms.jointexp_kernels.
+        ``lo``) at PROFILE_POINTS spread columns (:func:`~app.mechanisms.jointexp.kernels.
         profile_columns`), for :attr:`prof_val`. Untilted rows only."""
         if self.mu or values.size == 0:
             return
@@ -562,7 +562,7 @@ class _Forward:
 
     def _first_window(self, n1: float, reach: float) -> tuple[int, int]:
         """Intervals [i0, i1) outside which row 1 is more than ``reach`` e-folds below its max
-        (:func:`~app.mechanisms.jointexp_kernels.first_window`; all of them if ``reach`` is
+        (:func:`~app.mechanisms.jointexp.kernels.first_window`; all of them if ``reach`` is
         infinite)."""
         if not math.isfinite(reach):
             return 0, self.n1
@@ -610,7 +610,7 @@ class _Forward:
     def error_at_draw(self, j: int, t: float, i_end: int) -> float:
         """log of a sound bound on the total error of a draw's weights from row j at
         ``t = P_next - n_{j+1}`` over the intervals below ``i_end``, on the pass's common
-        scale (:mod:`~app.mechanisms.jointexp_errors`; formed from the rows' floors at the
+        scale (:mod:`~app.mechanisms.jointexp.error_bound`; formed from the rows' floors at the
         first draw)."""
         if self._errors is None or self._norms is None:
             self._errors = ErrorBound(
@@ -914,10 +914,10 @@ def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
 
     A compact row keeps level 1 only; level k + 1 at interval g is level k of row j - 1 at g
     times ``w_g * (stay_j / (k + 1))``, kept where not below PRUNE times level 1 (as
-    :func:`~app.mechanisms.jointexp_kernels.linear_levels_step` forms it): the same
+    :func:`~app.mechanisms.jointexp.kernels.linear_levels_step` forms it): the same
     floating-point operations on the same values, so the same doubles. The chain of compact
     rows down to a complete one (or to level 1) is walked here; the levels are formed back
-    up it in one compiled call (:func:`~app.mechanisms.jointexp_kernels.replay_levels`).
+    up it in one compiled call (:func:`~app.mechanisms.jointexp.kernels.replay_levels`).
     """
     firsts: list[float] = []
     stays: list[float] = []
@@ -1016,7 +1016,7 @@ def _draw_block(
             ltop = K.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk  # g_draw - log(max kernel factor)
-    # The sound bound on the weights' total error (jointexp_errors) must be 2^-52 m below
+    # The sound bound on the weights' total error (error_bound) must be 2^-52 m below
     # the largest weight, and so must the median-width rule's (_range_ok: the rule the
     # forward rows were built to; it only ever asks for more range). Tilted passes are
     # held to the median-width rule alone: the bound's rates are limited by c - mu there
@@ -1074,7 +1074,7 @@ def _level_weights(
     levels: FloatArray, ids: IntArray, nlev: int, v: int, log_space: bool
 ) -> tuple[FloatArray, IntArray]:
     """The weights a level pick draws from (relative to the largest) and the repeat count
-    (1-based) of each (:func:`~app.mechanisms.jointexp_kernels.level_weights`)."""
+    (1-based) of each (:func:`~app.mechanisms.jointexp.kernels.level_weights`)."""
     weights = np.empty(ids.size)
     ns = int(K.level_weights(levels, ids, nlev, v, log_space, weights))
     return weights[:ns], ids[:ns]
