@@ -9,7 +9,7 @@ Two laws are computed for one input and compared in total variation:
   deterministic function of the inputs and of the blocks drawn so far. The walker replays
   the loop of ``_sample_interval_sequence`` with the real pass builders and the real
   ``_draw_block``, but feeds the draws from a scripted uniform source and intercepts the two
-  picks each draw makes (``inverse_cdf_pick`` for the interval, ``K.pick_level`` for the
+  picks each draw makes (``inverse_cdf_pick`` for the interval, ``KG.pick_level`` for the
   repeat count). Both picks are monotone step functions of ``u``, so the set of ``k`` that
   gives one outcome is an integer range, whose ends bisection over ``k`` finds exactly
   (:func:`pick_law`, compiled; it calls the real pick functions). A depth-first search over
@@ -49,7 +49,7 @@ import numpy as np
 from app.mechanisms import sampling as _sampling
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import GridHistogram, Support, support_from_grid
-from app.mechanisms.jointexp import kernels as _kernels
+from app.mechanisms.jointexp import kernels_log as _kernels
 from app.mechanisms.jointexp import mechanism as jx
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -191,7 +191,7 @@ def pick_law(
 ) -> list[tuple[int, int]]:
     """The exact law of one pick as ``[(outcome, number of k in [0, 2^53))]``, ascending.
 
-    With ``buf``: ``inverse_cdf_pick(buf, k 2^-53)``; else ``K.pick_level(levels, ids, nlev,
+    With ``buf``: ``inverse_cdf_pick(buf, k 2^-53)``; else ``KG.pick_level(levels, ids, nlev,
     v, log_space, k 2^-53)``. Counts sum to 2^53. Exact by bisection on the monotone pick.
     """
     interval = buf is not None
@@ -311,7 +311,7 @@ def _intercepted_picks() -> Iterator[None]:
 
     ``_draw_block`` looks ``pick_weights`` up in its module at call time (both picks, exact
     with respect to the weights). A re-inserted older draw (the negative control) picks
-    with ``inverse_cdf_pick`` and ``K.pick_level`` over 53-bit uniforms instead: where
+    with ``inverse_cdf_pick`` and ``KG.pick_level`` over 53-bit uniforms instead: where
     those names are set on the modules they are intercepted too, and their laws counted
     over all 2^53 uniforms.
     """

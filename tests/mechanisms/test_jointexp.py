@@ -9,8 +9,10 @@ import mpmath
 import numpy as np
 import pytest
 
-from app.mechanisms import MECHANISMS
-from app.mechanisms.jointexp import kernels as K
+from app.mechanisms import MECHANISMS, select
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import kernels_log as KG
+from app.mechanisms.jointexp import kernels_scaled as KS
 from app.mechanisms.jointexp.mechanism import (
     _Forward,
     _LinearGuardTripped,
@@ -207,18 +209,18 @@ def _scaled_and_ext_transition(lT, logw, pos, nj: float, c: float, keep: float):
     n_t = lT.size
     suf = np.maximum.accumulate(logw[::-1])[::-1].copy()
     size = min(int(pos[-1]), math.floor(nj), 500) + 2  # short tables: longer decays call exp
-    qm, qe = K.scaled_decay_table(c, size)
+    qm, qe = KS.scaled_decay_table(c, size)
     wm, we = _to_scaled(logw)
     tm, te = _to_scaled(lT)
     sm, se = np.empty(n1), np.empty(n1, dtype=np.int64)
     scratch = (np.empty(n_t), np.empty(n_t, dtype=np.int64))
-    count = K.transition_scaled(tm, te, 0, wm, we, suf, pos, nj, c, keep, qm, qe, *scratch, sm, se)
+    count = KS.transition_scaled(tm, te, 0, wm, we, suf, pos, nj, c, keep, qm, qe, *scratch, sm, se)
     with np.errstate(divide="ignore"):
-        got = np.log(sm[:count]) + se[:count] * K.SCALE_STEP + logw[:count]
-    pm, pe = K.ext_decay_table(c, size)
+        got = np.log(sm[:count]) + se[:count] * KS.SCALE_STEP + logw[:count]
+    pm, pe = KS.ext_decay_table(c, size)
     ref = np.empty(n1)
     scratch2 = (np.empty(n_t), np.empty(n_t, dtype=np.int64))
-    count_ref, _ = K.transition_ext(
+    count_ref, _ = KS.transition_ext(
         lT, 0, logw, suf, pos, nj, c, keep, pm, pe, *scratch, *scratch2, ref
     )
     return got, ref[:count_ref]
@@ -710,7 +712,7 @@ def test_prepared_inputs_are_those_of_the_numpy_formulas() -> None:
         cap = int(rng.integers(1, max(2, inputs.max_jump + 2)))
         ref_pos = np.concatenate(([sup.cum[0]], sup.cum[0] + np.cumsum(np.minimum(steps, cap))))
         np.testing.assert_array_equal(inputs.collapsed(cap).pos, ref_pos)
-    assert K.largest_step(np.array([7], dtype=np.int64)) == 0
+    assert KL.largest_step(np.array([7], dtype=np.int64)) == 0
 
 
 def _heavy_atom_case():
@@ -1026,7 +1028,7 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
             logw, pos, gaps, c, log_space=log_space, budget=1 << 30, keep=keep, tilt=tilt
         ).first()
         dense = np.empty(n1)
-        K.first_row_log(logw, pos, float(gaps[0]), c, dense)
+        KG.first_row_log(logw, pos, float(gaps[0]), c, dense)
         if tilt:
             dense -= tilt * (pos - float(gaps[0]))
         if log_space:
@@ -1035,7 +1037,7 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
             ref = dense[a:b]
         else:
             lin = np.empty(n1)
-            K.exp_normalise(dense, lin)
+            KG.exp_normalise(dense, lin)
             a, b = _span(lin)
             ref = lin[a:b]
         assert row.lo == a
@@ -1090,7 +1092,7 @@ def test_kth_smallest_is_the_sorted_value() -> None:
         n = int(rng.integers(1, 60))
         x = rng.choice(pool, size=n) if trial % 2 else rng.normal(size=n).round(trial % 3)
         k = int(rng.integers(0, n))
-        got = K.kth_smallest(x, k)
+        got = select.kth_smallest(x, k)
         want = np.sort(x)[k]
         assert got == want
         if want == 0.0:  # a tie of signed zeros: either sign is the k-th smallest value
@@ -1233,7 +1235,7 @@ def test_levels_that_are_zero_everywhere_are_not_stored() -> None:
             acc = ref[0].copy()  # summed over levels in order, as the kernel sums
             for k in range(1, ref.shape[0]):
                 acc += ref[k]
-            out, tot, new_ids, top, a, at = K.linear_levels_step(lev, ids, w, stay, lev1, prune)
+            out, tot, new_ids, top, a, at = KL.linear_levels_step(lev, ids, w, stay, lev1, prune)
             nz = np.flatnonzero(acc > 0.0)
             if nz.size == 0:
                 assert top == 0.0 and out.shape[1] == 0

@@ -22,9 +22,10 @@ import numba
 import numpy as np
 import pytest
 
-from app.mechanisms.jointexp import kernels as K
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import mechanism as jx
-from app.mechanisms.jointexp.kernels import _pw
+from app.mechanisms.jointexp.kernels_linear import _pw
 from app.mechanisms.sampling import inverse_cdf_pick
 from tests.mechanisms import law_audit as LA
 
@@ -174,15 +175,15 @@ def _old_draw_block(
     summed = jx._summed(row, fwd.log_space)
     buf = np.empty(count)
     pos = fwd.pos
-    lk = float(K.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
+    lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
     if lk == -math.inf:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     if fwd.log_space:
-        ltop = K.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+        ltop = KG.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
         g_draw = row.gmax + ltop
     else:
         lscale = min(-lk, 300.0)
-        top = K.step_weights_linear(
+        top = KL.step_weights_linear(
             summed,
             row.lo,
             count,
@@ -200,8 +201,8 @@ def _old_draw_block(
             g_draw = row.gmax + math.log(top / row.top) - lscale
         else:
             lsummed = np.empty_like(summed)
-            K.log_of(summed, lsummed)
-            ltop = K.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+            KG.log_of(summed, lsummed)
+            ltop = KG.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk
     if not fwd._range_ok(row.peak, g_rel, j):
@@ -217,9 +218,9 @@ def _old_draw_block(
     if nlev > 1:
         if row.nlev:
             at_pick = jx._levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = int(K.pick_level(at_pick, jx._level_ids(nlev), nlev, 0, False, u_level))
+            k = int(KG.pick_level(at_pick, jx._level_ids(nlev), nlev, 0, False, u_level))
         else:
-            k = int(K.pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, u_level))
+            k = int(KG.pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, u_level))
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick, k + 1
@@ -229,10 +230,10 @@ def _old_draw_block(
 def old_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pre-fix ``_draw_block`` and ``step_weights_linear`` (issue 27) put back."""
     monkeypatch.setattr(jx, "_draw_block", _old_draw_block)
-    monkeypatch.setattr(K, "step_weights_linear", _old_step_weights_linear)
+    monkeypatch.setattr(KL, "step_weights_linear", _old_step_weights_linear)
     # the old draw picked by inverse CDF over 53-bit uniforms
     monkeypatch.setattr(jx, "inverse_cdf_pick", inverse_cdf_pick, raising=False)
-    monkeypatch.setattr(K, "pick_level", LA.old_pick_level, raising=False)
+    monkeypatch.setattr(KG, "pick_level", LA.old_pick_level, raising=False)
 
 
 @pytest.mark.parametrize(("a", "b"), [(853, 7273), (1673, 21051)])

@@ -25,7 +25,7 @@ without the O(m^2 n) table:
 * The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|P_i - P_i'
   - n_j|`` is a two-sided geometric kernel in the position difference, evaluated for all i in
   O(d) by a causal recursion and a two-stack window queue
-  (:mod:`app.mechanisms.jointexp.kernels`) that only ever add non-negative terms.
+  (:mod:`app.mechanisms.jointexp.kernels_linear`) that only ever add non-negative terms.
 * Repeats ``alpha(j, i, k) = w_i r^{n_j} alpha(j-1, i, k-1) / k`` are kept as extra rows only
   where they are not dominated: an entry below 2^-60 of ``alpha(j, i, 1)`` at the same interval
   is dropped. Every completion of such a prefix is also a completion of the single-copy prefix
@@ -41,7 +41,7 @@ without the O(m^2 n) table:
   where it lies (:mod:`app.mechanisms.jointexp.error_bound`); the median-width rule alone is not
   a worst-case bound (docs/mechanisms.md, "Range rule").
   Log rows are stored as logs; their transition sums are formed in scaled linear
-  arithmetic (a double mantissa times e^(350 k), ``kernels.transition_scaled``;
+  arithmetic (a double mantissa times e^(350 k), ``kernels_scaled.transition_scaled``;
   the row's exp and log are vectorised numpy calls), ~5x faster than a logaddexp per
   operation (still available as ``log_kernel="log"``, and the per-value-exponent
   ``"ext"``).
@@ -68,9 +68,12 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from app.mechanisms import select
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import Support, support_from_values
-from app.mechanisms.jointexp import kernels as K
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import kernels_log as KG
+from app.mechanisms.jointexp import kernels_scaled as KS
 from app.mechanisms.jointexp.error_bound import ErrorBound, width_blocks
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
@@ -82,7 +85,7 @@ PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry 
 #: are formed in): the weights it loses, products below the smallest normal double flushed
 #: to 0.0, are then each < 2^-1022 and, fewer than 2^30 of them, < 2^-92 of it together. Kernel
 #: factors are never dropped while their scaled value is a normal double
-#: (:func:`~app.mechanisms.jointexp.kernels.step_weights_linear`); below this the draw's
+#: (:func:`~app.mechanisms.jointexp.kernels_linear.step_weights_linear`); below this the draw's
 #: weights are formed in log space instead.
 TINY_DRAW = 2.0**-900
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
@@ -239,10 +242,10 @@ def median_log_width(logw: FloatArray) -> float:
         if size % 2:
             return float(s[zeros + half])
         return float((s[zeros + half - 1] + s[zeros + half]) / 2.0)
-    upper = K.kth_smallest(x, zeros + half)
+    upper = select.kth_smallest(x, zeros + half)
     if size % 2:
         return upper
-    below, largest = K.max_below(x, upper)
+    below, largest = select.max_below(x, upper)
     lower = largest if below - zeros == half else upper  # else upper is also the (half-1)-th
     return float((lower + upper) / 2.0)
 
@@ -253,7 +256,7 @@ _SORT_BELOW = 1 << 12
 
 def _logsumexp_levels(levels: FloatArray) -> FloatArray:
     out = np.empty(levels.shape[1])
-    K.logsumexp_rows(levels, out)
+    KG.logsumexp_rows(levels, out)
     return out
 
 
@@ -261,7 +264,7 @@ def _to_scaled(lx: FloatArray) -> tuple[FloatArray, IntArray]:
     """``exp(lx) = m * e**(SCALE_STEP * k)``: the scaled form of a log row (numpy's exp)."""
     xr = np.empty(lx.size)
     xe = np.empty(lx.size, dtype=np.int64)
-    K.split_scaled(lx, xr, xe)
+    KS.split_scaled(lx, xr, xe)
     return np.exp(xr), xe
 
 
@@ -324,7 +327,7 @@ class _Inputs:
     def max_jump(self) -> int:
         """The largest step between neighbouring positions: the count of the most frequent
         distinct value (0 for a single interval)."""
-        return int(K.largest_step(self.pos))
+        return int(KL.largest_step(self.pos))
 
     def collapsed(self, cap: int) -> _Inputs:
         """These intervals with every position step larger than ``cap`` cut to ``cap``.
@@ -340,7 +343,7 @@ class _Inputs:
         out = kept.get(cap)
         if out is None:
             pos = np.empty_like(self.pos)
-            K.capped_positions(self.pos, cap, pos)
+            KL.capped_positions(self.pos, cap, pos)
             out = _Inputs(self.logw, pos)
             for name in _WIDTH_ONLY:
                 if name in self.__dict__:
@@ -462,9 +465,9 @@ class _Forward:
         if log_space and log_kernel in ("ext", "scaled"):
             size = min(int(pos[-1]), math.floor(float(gaps.max())), EXT_TABLE_MAX) + 2
             if log_kernel == "ext":
-                self.pm, self.pe = K.ext_decay_table(c, size)
+                self.pm, self.pe = KS.ext_decay_table(c, size)
             else:
-                self.qm, self.qe = K.scaled_decay_table(c, size)
+                self.qm, self.qe = KS.scaled_decay_table(c, size)
                 self.wm, self.we = inputs.scaled_w
         self.m = gaps.size - 1
         self.n1 = logw.size
@@ -525,11 +528,11 @@ class _Forward:
 
     def _profile(self, j: int, lo: int, values: FloatArray, shift: float, logs: bool) -> None:
         """Record row j's profile: ``values`` (its sum over levels from global column
-        ``lo``) at PROFILE_POINTS spread columns (:func:`~app.mechanisms.jointexp.kernels.
+        ``lo``) at PROFILE_POINTS spread columns (:func:`~app.mechanisms.jointexp.kernels_linear.
         profile_columns`), for :attr:`prof_val`. Untilted rows only."""
         if self.mu or values.size == 0:
             return
-        K.profile_columns(values, self.pos, lo, self.prof_pos[j - 1], self.prof_raw[j - 1])
+        KL.profile_columns(values, self.pos, lo, self.prof_pos[j - 1], self.prof_raw[j - 1])
         self.prof_shift[j - 1] = shift
         self.prof_linear[j - 1] = not logs
 
@@ -562,11 +565,11 @@ class _Forward:
 
     def _first_window(self, n1: float, reach: float) -> tuple[int, int]:
         """Intervals [i0, i1) outside which row 1 is more than ``reach`` e-folds below its max
-        (:func:`~app.mechanisms.jointexp.kernels.first_window`; all of them if ``reach`` is
+        (:func:`~app.mechanisms.jointexp.kernels_linear.first_window`; all of them if ``reach`` is
         infinite)."""
         if not math.isfinite(reach):
             return 0, self.n1
-        return K.first_window(
+        return KL.first_window(
             self.live_pos, self.live_idx, self.logw, self.pos, n1, self.c, self.mu, reach
         )
 
@@ -576,7 +579,7 @@ class _Forward:
         # keeps ``keep``: only the window that can hold anything else is formed
         i0, i1 = self._first_window(n1, self.keep if self.log_space else 746.0)
         lrow = np.empty(i1 - i0)
-        K.first_row_log(self.logw[i0:i1], self.pos[i0:i1], n1, self.c, lrow)
+        KG.first_row_log(self.logw[i0:i1], self.pos[i0:i1], n1, self.c, lrow)
         if self.mu:
             lrow -= self.mu * (self.pos[i0:i1] - n1)
         self.modes[0] = float(self.pos[i0 + int(np.argmax(lrow))])
@@ -588,7 +591,7 @@ class _Forward:
             self._profile(1, i0 + a, lrow[a:b], 0.0, True)
             return _Row(i0 + a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
         row = np.empty(i1 - i0)
-        K.exp_normalise(lrow, row)
+        KG.exp_normalise(lrow, row)
         a, b = _span(row)
         peak = -self.linear_floor - self.log_growth
         self.floors[1] = -self.linear_floor
@@ -636,7 +639,7 @@ class _Forward:
         stay = math.exp(-(self.c - self.mu) * nj) * scale
         # untilted rows record their profile (_profile); its scale is set below
         prof_pos, prof_val = (_NO_PROFILE, _NO_PROFILE) if self.mu else self._profile_rows(j)
-        out, tot, ids, top, a, at = K.linear_row(
+        out, tot, ids, top, a, at = KL.linear_row(
             total,
             prev.levels,
             prev.level_ids,
@@ -735,7 +738,7 @@ class _Forward:
             tm, te = _to_scaled(ltotal)
             sm = np.empty(self.n1 - prev.lo)
             se = np.empty(self.n1 - prev.lo, dtype=np.int64)
-            count = K.transition_scaled(
+            count = KS.transition_scaled(
                 tm,
                 te,
                 prev.lo,
@@ -755,10 +758,10 @@ class _Forward:
             )
             with np.errstate(divide="ignore"):
                 np.log(sm[:count], out=ls[:count])
-            ls[:count] += se[:count] * K.SCALE_STEP
+            ls[:count] += se[:count] * KS.SCALE_STEP
             ls[:count] += self.logw[prev.lo : prev.lo + count]
         elif self.log_kernel == "ext":
-            count, top = K.transition_ext(
+            count, top = KS.transition_ext(
                 ltotal,
                 prev.lo,
                 self.logw,
@@ -776,7 +779,7 @@ class _Forward:
                 ls,
             )
         else:
-            count, top = K.transition_log(
+            count, top = KG.transition_log(
                 ltotal,
                 prev.lo,
                 self.logw,
@@ -789,7 +792,7 @@ class _Forward:
                 ls,
             )
         # repeat levels, the sum over levels, the kept span and the shift by the maximum
-        out, tot, a, top = K.log_levels_step(
+        out, tot, a, top = KG.log_levels_step(
             lev,
             self.logw[prev.lo : prev.lo + n_t],
             -self.c * nj,
@@ -914,10 +917,10 @@ def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
 
     A compact row keeps level 1 only; level k + 1 at interval g is level k of row j - 1 at g
     times ``w_g * (stay_j / (k + 1))``, kept where not below PRUNE times level 1 (as
-    :func:`~app.mechanisms.jointexp.kernels.linear_levels_step` forms it): the same
+    :func:`~app.mechanisms.jointexp.kernels_linear.linear_levels_step` forms it): the same
     floating-point operations on the same values, so the same doubles. The chain of compact
     rows down to a complete one (or to level 1) is walked here; the levels are formed back
-    up it in one compiled call (:func:`~app.mechanisms.jointexp.kernels.replay_levels`).
+    up it in one compiled call (:func:`~app.mechanisms.jointexp.kernels_linear.replay_levels`).
     """
     firsts: list[float] = []
     stays: list[float] = []
@@ -937,7 +940,7 @@ def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
         j -= 1
         need -= 1
     out = np.empty(nlev)
-    K.replay_levels(np.array(firsts), np.array(stays), base, float(fwd.w[g]), PRUNE, out)
+    KL.replay_levels(np.array(firsts), np.array(stays), base, float(fwd.w[g]), PRUNE, out)
     return out
 
 
@@ -975,11 +978,11 @@ def _draw_block(
     # P = pos_ref - nj, so its largest value, lk <= 0, is at a neighbour of that point.
     # Zero-width intervals hold exactly 0.0 in every row (no error), so only intervals of
     # positive width count.
-    lk = float(K.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
+    lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
     if lk == -math.inf:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     if fwd.log_space:
-        ltop = K.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+        ltop = KG.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
         g_draw = row.gmax + ltop
     else:
         # Linear weights with the kernel scaled by up to e^300 towards its largest factor,
@@ -988,7 +991,7 @@ def _draw_block(
         # formed (step_weights_linear), so a weight is lost only where its product is below
         # the smallest normal double and flushed to 0.0.
         lscale = min(-lk, 300.0)
-        top = K.step_weights_linear(
+        top = KL.step_weights_linear(
             summed,
             row.lo,
             count,
@@ -1012,8 +1015,8 @@ def _draw_block(
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row.
             lsummed = np.empty_like(summed)
-            K.log_of(summed, lsummed)
-            ltop = K.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+            KG.log_of(summed, lsummed)
+            ltop = KG.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk  # g_draw - log(max kernel factor)
     # The sound bound on the weights' total error (error_bound) must be 2^-52 m below
@@ -1074,9 +1077,9 @@ def _level_weights(
     levels: FloatArray, ids: IntArray, nlev: int, v: int, log_space: bool
 ) -> tuple[FloatArray, IntArray]:
     """The weights a level pick draws from (relative to the largest) and the repeat count
-    (1-based) of each (:func:`~app.mechanisms.jointexp.kernels.level_weights`)."""
+    (1-based) of each (:func:`~app.mechanisms.jointexp.kernels_log.level_weights`)."""
     weights = np.empty(ids.size)
-    ns = int(K.level_weights(levels, ids, nlev, v, log_space, weights))
+    ns = int(KG.level_weights(levels, ids, nlev, v, log_space, weights))
     return weights[:ns], ids[:ns]
 
 
