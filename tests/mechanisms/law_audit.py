@@ -51,6 +51,7 @@ from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import GridHistogram, Support, support_from_grid
 from app.mechanisms.jointexp import kernels_log as _kernels
 from app.mechanisms.jointexp import mechanism as jx
+from app.mechanisms.jointexp import strategy
 from app.mechanisms.validation import FloatArray, IntArray
 
 #: Number of distinct values ``rng.random()`` returns: ``k * 2^-53`` for k in [0, 2^53).
@@ -383,7 +384,7 @@ class _Walk:
                 fwd = retilted or self._log_pass(None)
             except jx._LogGuardTripped as trip:
                 self._no_uniform_drawn(source)
-                fwd = self._log_pass(jx._wider(fwd.keep, trip.needed_keep))
+                fwd = self._log_pass(strategy.wider(fwd.keep, trip.needed_keep))
 
     @staticmethod
     def _no_uniform_drawn(source: Any) -> None:

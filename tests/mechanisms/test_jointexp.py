@@ -13,15 +13,19 @@ from app.mechanisms import MECHANISMS, select
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import kernels_scaled as KS
+from app.mechanisms.jointexp import strategy
 from app.mechanisms.jointexp.mechanism import (
+    LINEAR_RANGE,
     _Forward,
     _LinearGuardTripped,
     _to_scaled,
     jointexp,
     jointexp_sensitivity,
     quantile_gaps,
+    range_room,
     sample_interval_sequence,
 )
+from app.mechanisms.validation import FloatArray, IntArray
 from tests.mechanisms.exact import (
     chi_square_p,
     edges_for,
@@ -50,6 +54,18 @@ CASES = [
     # clamped at both bounds, add/remove (5 and 5 of 13; targets up to 3.9, cap 4)
     ([*[-7.0] * 5, 0.2, 0.4, 0.6, *[7.0] * 5], [0.2, 0.5, 0.8], 1.5, -1.0, 1.0, "add_remove"),
 ]
+
+
+def deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
+    """The deficit's tilts with the range the law's rule leaves to them."""
+    room = range_room(pos.size, gaps.size - 1)
+    return strategy.deficit_tilts(c, pos, gaps, room, LINEAR_RANGE)
+
+
+def tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) -> list[float]:
+    """The tilts a pass tries, with the range the law's rule leaves to them."""
+    room = range_room(pos.size, gaps.size - 1)
+    return strategy.tilt_candidates(c, chosen, pos, gaps, room, LINEAR_RANGE)
 
 
 # linear rows; tilted linear rows; log rows: logaddexp / ext / scaled
@@ -780,14 +796,13 @@ def test_the_undershoot_depth_is_the_fall_from_the_rows_maximum_to_the_mode() ->
     """The model's depth, numerically: the tilted last row ``e^(-a t) t^(m - 1)`` (``t`` in
     gaps' worth of undershoot, ``a`` e-folds per gap) falls from its maximum to the
     posterior's mode, the whole deficit ``t = m + 1``, by ``_undershoot_depth(a, m)``."""
-    from app.mechanisms.jointexp import mechanism as J
 
     t = np.linspace(1e-9, 4000.0, 4_000_001)
     for a, m in ((8.8, 99), (0.5, 29), (25.0, 29), (3.0, 999), (2.0, 1), (40.0, 2)):
         row = -a * t + (m - 1) * np.log(t)
         at_mode = -a * (m + 1.0) + (m - 1) * math.log(m + 1.0)
-        assert J._undershoot_depth(a, m) == pytest.approx(row.max() - at_mode, abs=1e-6)
-    assert J._undershoot_depth((99 - 1) / 100.0, 99) == pytest.approx(0.0, abs=1e-9)
+        assert strategy.undershoot_depth(a, m) == pytest.approx(row.max() - at_mode, abs=1e-6)
+    assert strategy.undershoot_depth((99 - 1) / 100.0, 99) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_deficit_tilts_put_the_undershoot_within_the_linear_range() -> None:
@@ -797,26 +812,26 @@ def test_deficit_tilts_put_the_undershoot_within_the_linear_range() -> None:
     from app.mechanisms.jointexp import mechanism as J
 
     gaps = np.full(100, 10_000.0)
-    assert J._deficit_tilts(0.25, np.arange(1_000_001), gaps) == []
-    assert J._deficit_tilts(0.25, np.arange(1_000_001 - 1_000), gaps) == []  # 2.5 e-folds
+    assert deficit_tilts(0.25, np.arange(1_000_001), gaps) == []
+    assert deficit_tilts(0.25, np.arange(1_000_001 - 1_000), gaps) == []  # 2.5 e-folds
     for c, deficit in ((0.25, 40_000), (2.5, 40_000), (0.025, 40_000), (0.25, 400_000)):
         pos = np.arange(1_000_001 - deficit)
-        tilts = J._deficit_tilts(c, pos, gaps)
+        tilts = deficit_tilts(c, pos, gaps)
         assert tilts and tilts == sorted(tilts) and all(0.0 < t < c for t in tilts)
         room = (
             J.LINEAR_RANGE
             - math.log(4.0 * pos.size)
             - (J.HEADROOM + math.log(100.0))
-            - J.DEFICIT_MARGIN
+            - strategy.DEFICIT_MARGIN
         )
         ks = [-math.log2(1.0 - t / c) for t in tilts]
         k = ks[0]
 
         def depth(k: float, c: float = c, deficit: int = deficit) -> float:
-            return J._undershoot_depth(c * 2.0**-k * deficit / 100.0, 99)
+            return strategy.undershoot_depth(c * 2.0**-k * deficit / 100.0, 99)
 
         assert depth(k) <= room and (k == 0.25 or depth(k - 0.25) > room)
-        assert ks == pytest.approx([k + s for s in J.DEFICIT_STEPS][: len(ks)])
+        assert ks == pytest.approx([k + s for s in strategy.DEFICIT_STEPS][: len(ks)])
         assert all((c - t) * 2.0 * pos[-1] >= J.LINEAR_RANGE for t in tilts)
 
 
@@ -826,13 +841,12 @@ def test_deficit_tilts_end_for_any_number_of_quantiles() -> None:
     went on until ``2^-k`` underflowed to 0.0 and the log raised ValueError (m = 769,414,
     c = 0.0139; 1,905 of 20,000 random (m, c, deficit) with m from 10^3 to 10^7). It now
     stops at the first step past the dip, and the tilts stay inside (0, c)."""
-    from app.mechanisms.jointexp import mechanism as J
 
     pos = np.arange(1_000_000)
     for m, c, deficit in ((769_414, 0.013925509899311435, 469_487_650.0), (50_000, 2.5, 4e5)):
         span = float(pos[-1] - pos[0])
         gaps = np.full(m + 1, (span + deficit) / (m + 1))
-        tilts = J._deficit_tilts(c, pos, gaps)
+        tilts = deficit_tilts(c, pos, gaps)
         assert tilts and all(0.0 < t < c for t in tilts) and tilts == sorted(tilts)
 
 
@@ -855,7 +869,7 @@ def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, sh
     gaps = quantile_gaps(q, n)
     c = 1.0 / 4.0
     cut = inputs.collapsed(J.collapse_cap(gaps))
-    first = J._deficit_tilts(c, cut.pos, gaps)[0]
+    first = deficit_tilts(c, cut.pos, gaps)[0]
     tried: list[float] = []
     original_pass = J._tilted_pass
 
@@ -1301,7 +1315,7 @@ def test_decay_tables_are_bounded_by_public_figures_not_by_n(
     q = np.arange(1, 10) / 10.0
     eps = 0.001
     c = eps / (2.0 * jointexp_sensitivity(q, "add_remove"))
-    cap = max(je.DECAY_TABLE_MAX, 750.0 / c) + 3
+    cap = max(strategy.DECAY_TABLE_MAX, 750.0 / c) + 3
     for n in (10, 10**6, 5 * 10**7):
         sizes.clear()
         hist = GridHistogram.from_arrays(np.array([50]), np.array([n]), 101)
@@ -1314,5 +1328,5 @@ def test_decay_tables_are_bounded_by_public_figures_not_by_n(
     pos = np.array([0, 5 * 10**7], dtype=np.int64)
     gaps = np.diff(np.concatenate(([0.0], q, [1.0]))) * 5e7
     for chosen in (0.0, c * 0.5, c * (1 - 2.0**-8)):
-        for t in je._tilt_candidates(c, chosen, pos, gaps):
-            assert je._decay_reach(c, t) <= je.DECAY_TABLE_MAX
+        for t in tilt_candidates(c, chosen, pos, gaps):
+            assert strategy.decay_reach(c, t) <= strategy.DECAY_TABLE_MAX

@@ -75,6 +75,12 @@ from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import kernels_scaled as KS
 from app.mechanisms.jointexp.error_bound import ErrorBound, width_blocks
+from app.mechanisms.jointexp.strategy import (
+    TILT_MARGIN,
+    TILT_STEPS,
+    tilt_candidates,
+    wider,
+)
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
 from app.mechanisms.sampling import pick_weights
@@ -1121,21 +1127,6 @@ def _keep_after(probe: _Forward) -> float:
     return LOG_KEEP if probe.needed_keep == 0.0 else max(LOG_KEEP, probe.needed_keep + 200.0)
 
 
-#: Tilts tried, as mu = c (1 - 2^-k) for k in quarter steps: the smaller c - mu, the
-#: further below its maximum a linear row reaches (~745 / (c - mu) positions) and the wider
-#: (slower, larger) it is, so the least tilt that holds is worth finding finely: on 5 %
-#: clamped data mu = 0.92 c holds where the next power of two, 0.9375 c, is 25 % slower.
-TILT_STEPS = tuple(k / 4.0 for k in range(4, 49))
-#: e-folds kept in hand when a tilt is judged from the probe's rows. The probe's maxima are
-#: lower bounds; on rows that fall they are far too low (they lack the deep tail the tilt
-#: lifts: on 5 %-clamped data tilts whose estimate fell short by ~120 e-folds held), on the
-#: others within ~2 e-folds. A chosen tilt whose forward rows trip is followed by larger
-#: ones (TILT_RETRIES, while c - mu >= c / 64) before the log pass.
-TILT_MARGIN = 10.0
-#: steps of k (mu = c (1 - 2^-k)) tried after a chosen tilt trips, before the log pass
-TILT_RETRIES = (0.5, 1.0)
-
-
 def _choose_tilt(probe: _Forward) -> float:
     """The tilt under which linear rows should hold the probe's falls (0.0: none found).
 
@@ -1168,11 +1159,6 @@ def _choose_tilt(probe: _Forward) -> float:
         if np.all(floors - idx * g <= later_min - probe.headroom - TILT_MARGIN):
             return mu
     return 0.0
-
-
-def _larger_tilt(c: float, mu: float, step: float) -> float:
-    """The tilt ``step`` further along mu = c (1 - 2^-k): c - mu shrinks by 2^-step."""
-    return c * (1.0 - (1.0 - mu / c) * math.pow(2.0, -step))
 
 
 def _log_kappa(c: float, mu: float, n1: int) -> float:
@@ -1228,12 +1214,7 @@ def _run_log_space(
             fwd.run()
             return fwd
         except _LogGuardTripped as trip:
-            keep = _wider(keep, trip.needed_keep)
-
-
-def _wider(keep: float, needed: float) -> float:
-    new = max(needed + 200.0, 1.5 * keep)
-    return new if new < 1e6 else math.inf  # inf: dense, nothing dropped
+            keep = wider(keep, trip.needed_keep)
 
 
 def _tilted_pass(
@@ -1267,7 +1248,7 @@ def _tilted_pass(
 
 def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
     """After a linear pass's draw lacked range: the next larger tilt whose forward rows hold
-    (None from a log pass, or when no larger tilt is left: :func:`_tilt_candidates`).
+    (None from a log pass, or when no larger tilt is left: :func:`tilt_candidates`).
 
     The tilt was chosen for the forward rows (an untilted pass that held needed none); a
     draw's weights may need more (n = 10^6 with 5 % at one inner point: the last draw
@@ -1278,7 +1259,9 @@ def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
     if fwd.log_space:
         return None
     chosen = fwd.mu if fwd.mu else _choose_tilt(fwd)
-    for mu_try in _tilt_candidates(fwd.c, chosen, fwd.pos, fwd.gaps):
+    for mu_try in tilt_candidates(
+        fwd.c, chosen, fwd.pos, fwd.gaps, range_room(fwd.pos.size, fwd.gaps.size - 1), LINEAR_RANGE
+    ):
         if mu_try <= fwd.mu:
             continue
         tilted = _tilted_pass(
@@ -1287,22 +1270,6 @@ def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
         if tilted is not None:
             return tilted  # (if its draws trip too, the next call goes further)
     return None
-
-
-def _larger_tilts(c: float, mu: float) -> list[float]:
-    """The tilts tried after ``mu`` trips (TILT_RETRIES steps further), while their rows stay
-    narrow enough to be worth it (c - mu >= c / 64)."""
-    return [t for t in (_larger_tilt(c, mu, s) for s in TILT_RETRIES) if c - t >= c / 64]
-
-
-#: steps of k after the deficit's first tilt (:func:`_deficit_tilts`): on continuous data
-#: its first holds, on rounded data (positions in steps of 10 to 1000) up to 1.5 steps
-#: more, whose shorter steps trip within a few rows (n = 10^6 rounded to 10^-3 with 5 %
-#: clamped: four tilted tries, 0.05 s in all)
-DEFICIT_STEPS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)
-#: e-folds the model's depth keeps in hand (:func:`_deficit_tilts`): the model fell short
-#: of the real need by ~10 e-folds for one clamped bound and ~32 for both
-DEFICIT_MARGIN = 32.0
 
 
 def _linear_floor(intervals: int) -> float:
@@ -1318,100 +1285,10 @@ def _headroom(m: int) -> float:
     return HEADROOM + math.log(m + 1.0)
 
 
-def _undershoot_depth(a: float, m: int) -> float:
-    """e-folds between a tilted last row's maximum and its undershoot's mode.
-
-    Model (continuous positions of even density, the cut's deficit ``Δ`` carried by the
-    sequences that only undershoot): the m + 1 undershoots are uniform on the simplex of
-    sum ``Δ``, so the last row's undershoot ``U_m`` has density ``∝ u^(m - 1)`` on
-    ``[0, Δ]``, largest at ``u = Δ``, and the tilted row over it is
-    ``e^(-(c - mu) u) u^(m - 1)`` (the simplex's volume), largest at
-    ``u = (m - 1) / (c - mu)``. With ``a = (c - mu) Δ / (m + 1)`` (e-folds of undershoot per
-    gap) the posterior's mode lies ``a (m + 1) - (m - 1) (1 + log(a (m + 1) / (m - 1)))``
-    e-folds below the row's maximum (``a (m + 1)`` for m = 1); the draws need it within
-    the rows' range. Zero where the two meet (``a (m + 1) = m - 1``), larger on both sides.
-    """
-    t = a * (m + 1.0)
-    if m == 1:
-        return t
-    return t - (m - 1) * (1.0 + math.log(t / (m - 1)))
-
-
-def _deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
-    """Tilts sized by what the heavy-atom cut removed (none when nothing was cut).
-
-    The cut positions end ``deficit = n - P_last`` short of the targets' sum, and the
-    sequences push that much undershoot below the rows' maxima. The first tilt is the
-    least quarter step of k (mu = c (1 - 2^-k), from k = 1/4) under which the last row's
-    undershoot (:func:`_undershoot_depth`) lies within the linear rows' range (the
-    truncation floor less the headroom, as :meth:`_Forward._range_ok` counts them, and
-    DEFICIT_MARGIN); then DEFICIT_STEPS further, while the reach stays within twice the
-    positions' span. None when the untilted rows already reach it.
-
-    Measured (n = 10^6; 5 % beyond the upper or the lower bound or at an inner point,
-    uniform, lognormal data with tight bounds, 2.5 % beyond each bound, 10 % and 2 %
-    clamped; m = 29 and 99; epsilon 0.3, 1 and 3; forced tilts, two samples each): of
-    the 41 cases with a deficit, the least tilt under which the forward rows and every
-    draw hold was the first one in 30 and a quarter step less in 8, never more; the
-    zero-inflated shape at m = 29 (3 cases) held at none of the steps (the probe's choice
-    serves it). The probe (:func:`_choose_tilt`) alone chose a quarter to half a step more
-    on one-sided clamps (k = 3.75 or 4 where 3.5 holds: rows ~20 % narrower) and less at
-    inner atoms, whose draws then tripped and took a second pass. Also used where the
-    probe's rows cannot see the deficit (they keep 750 e-folds; 5 % at one inner point at
-    epsilon = 10 had no tilt from the probe and ran the log pass, ~2 s).
-    """
-    span = float(pos[-1] - pos[0])
-    deficit = float(gaps.sum()) - span
-    m = gaps.size - 1
-    if deficit < 1.0:
-        return []
-    room = _linear_floor(pos.size) - _headroom(m) - DEFICIT_MARGIN
-    a0 = c * deficit / (m + 1.0)  # untilted
-    if a0 * (m + 1.0) <= m - 1 or _undershoot_depth(a0, m) <= room:
-        return []  # the untilted rows reach the undershoot
-    # The depth falls as k grows until the mode reaches the row's maximum (a (m + 1) =
-    # m - 1, depth 0) and rises after it. A quarter step can jump over the dip when m is
-    # large (hundreds of thousands of quantiles: a step changes the depth there by more
-    # than the room; the search then went on until 2^-k underflowed and the log raised),
-    # so it also stops at the first step past the dip.
-    k = 0.25
-    while (a := a0 * math.pow(2.0, -k)) * (m + 1.0) > m - 1 and _undershoot_depth(a, m) > room:
-        k += 0.25
-    tilts = [c * (1.0 - math.pow(2.0, -(k + s))) for s in DEFICIT_STEPS]
-    return [t for t in tilts if t < c and (c - t) * 2.0 * span >= LINEAR_RANGE]
-
-
-def _tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) -> list[float]:
-    """The tilts worth trying, ascending: the chosen one (0.0: none) and its larger steps
-    (:func:`_larger_tilts`), and those the cut's deficit sizes (:func:`_deficit_tilts`),
-    from the deficit's first on. Ascending, because the least tilt that holds has the
-    narrowest rows; none below the deficit's first, which no measured case held below
-    (n = 10^6 with 2 % below the lower bound at epsilon = 3: the probe chose 0.5 c, and the
-    draws tripped at it and at three larger steps before the deficit's 0.875 c)."""
-    tries = [chosen, *_larger_tilts(c, chosen)] if chosen > 0.0 else []
-    deficit = _deficit_tilts(c, pos, gaps)
-    return sorted(
-        {
-            t
-            for t in tries + deficit
-            if (not deficit or t >= deficit[0]) and _decay_reach(c, t) <= DECAY_TABLE_MAX
-        }
-    )
-
-
-#: Longest decay table a tilted pass may build (entries; 32 MiB). A tilted row's near part
-#: decays at c - mu, so its table reaches ``750 / (c - mu)`` positions (capped by the data's
-#: last position, which is private under add/remove neighbours: one atom of 5·10^7 records at
-#: epsilon = 0.001 built tables of 5·10^7 entries, 0.4 s and 400 MB, against 2 ms for 10
-#: records). Tilts are speed-only; one whose table would be longer is not tried, and the
-#: pass runs untilted or in log space, so time and memory are bounded by public figures.
-DECAY_TABLE_MAX = 1 << 22
-
-
-def _decay_reach(c: float, mu: float) -> float:
-    """Entries of the near-part decay table of a pass tilted by ``mu``, before the cap by the
-    data's last position: ``750 / (c - mu)`` (see :class:`_Forward`)."""
-    return 750.0 / (c - mu) + 2.0
+def range_room(intervals: int, m: int) -> float:
+    """e-folds a linear row over ``intervals`` intervals keeps above its truncation floor
+    less the headroom for ``m`` quantiles: the range the range rule leaves to a tilt."""
+    return _linear_floor(intervals) - _headroom(m)
 
 
 def _forward_pass(
@@ -1443,9 +1320,16 @@ def _forward_pass(
         mu = _choose_tilt(fwd) if tilt else 0.0
     else:
         mu = float(tilt)
-    # a chosen tilt that trips is followed by larger ones (:func:`_tilt_candidates`); a
+    # a chosen tilt that trips is followed by larger ones (:func:`tilt_candidates`); a
     # forced one (tests) is not
-    tries = _tilt_candidates(c, mu, pos, gaps) if tilt is True else [mu] if mu > 0.0 else []
+    room = range_room(pos.size, gaps.size - 1)
+    tries = (
+        tilt_candidates(c, mu, pos, gaps, room, LINEAR_RANGE)
+        if tilt is True
+        else [mu]
+        if mu > 0.0
+        else []
+    )
     for mu_try in tries:
         tilted = _tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
         if tilted is not None:
@@ -1536,7 +1420,7 @@ def _sample_interval_sequence(
                 )
                 continue
             except _LogGuardTripped as trip:
-                keep = _wider(fwd.keep, trip.needed_keep)
+                keep = wider(fwd.keep, trip.needed_keep)
                 fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
                 continue
             seq[j - k : j] = i
