@@ -16,14 +16,14 @@ from app.mechanisms.jointexp import kernels_scaled as KS
 from app.mechanisms.jointexp import strategy
 from app.mechanisms.jointexp.mechanism import (
     LINEAR_RANGE,
-    _Forward,
-    _LinearGuardTripped,
-    _to_scaled,
+    Forward,
+    LinearGuardTripped,
     jointexp,
     jointexp_sensitivity,
     quantile_gaps,
     range_room,
     sample_interval_sequence,
+    to_scaled,
 )
 from app.mechanisms.validation import FloatArray, IntArray
 from tests.mechanisms.exact import (
@@ -157,14 +157,14 @@ def _exact_rows(
     return rows
 
 
-def _forward(logw, pos, gaps, c, path: str, **kw) -> _Forward:
+def _forward(logw, pos, gaps, c, path: str, **kw) -> Forward:
     kernel = "log" if path == "linear" else path
-    return _Forward(
+    return Forward(
         logw, pos, gaps, c, log_space=path != "linear", budget=1 << 30, log_kernel=kernel, **kw
     )
 
 
-def _worst_vs_reference(fwd: _Forward, exact, m: int) -> float:
+def _worst_vs_reference(fwd: Forward, exact, m: int) -> float:
     worst = 0.0
     for j in range(1, m + 1):
         got = fwd.dense_total(j)
@@ -210,7 +210,7 @@ def test_forward_rows_in_a_clamped_run_match_high_precision_reference(path: str)
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
     c = 100.0 / 4.0
-    with pytest.raises(_LinearGuardTripped):
+    with pytest.raises(LinearGuardTripped):
         _forward(logw, sup.cum, gaps, c, "linear").run()
     fwd = _forward(logw, sup.cum, gaps, c, path, keep=math.inf)
     fwd.run()
@@ -226,8 +226,8 @@ def _scaled_and_ext_transition(lT, logw, pos, nj: float, c: float, keep: float):
     suf = np.maximum.accumulate(logw[::-1])[::-1].copy()
     size = min(int(pos[-1]), math.floor(nj), 500) + 2  # short tables: longer decays call exp
     qm, qe = KS.scaled_decay_table(c, size)
-    wm, we = _to_scaled(logw)
-    tm, te = _to_scaled(lT)
+    wm, we = to_scaled(logw)
+    tm, te = to_scaled(lT)
     sm, se = np.empty(n1), np.empty(n1, dtype=np.int64)
     scratch = (np.empty(n_t), np.empty(n_t, dtype=np.int64))
     count = KS.transition_scaled(tm, te, 0, wm, we, suf, pos, nj, c, keep, qm, qe, *scratch, sm, se)
@@ -331,8 +331,8 @@ def test_linear_and_log_paths_agree_on_tie_heavy_data() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    lin = _Forward(logw, pos, gaps, 0.05, log_space=False, budget=1 << 30)
-    log = _Forward(logw, pos, gaps, 0.05, log_space=True, budget=1 << 30)
+    lin = Forward(logw, pos, gaps, 0.05, log_space=False, budget=1 << 30)
+    log = Forward(logw, pos, gaps, 0.05, log_space=True, budget=1 << 30)
     lin.run()
     log.run()
     for j in range(1, q.size + 1):
@@ -353,8 +353,8 @@ def test_long_clamped_run_falls_back_to_log_space_and_stays_finite() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    linear = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
-    with pytest.raises(_LinearGuardTripped):
+    linear = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
+    with pytest.raises(LinearGuardTripped):
         linear.run()
     out = MECHANISMS["jointexp"](x, q, epsilon=1.0, lower=0.0, upper=10.0, rng=rng)
     assert np.all(np.isfinite(out))
@@ -393,11 +393,11 @@ def test_rows_that_fit_the_budget_stay_and_the_draws_are_those_of_full_storage(p
     logw, pos, gaps = _prepared(x, q)
     c = 0.25
     kw = {"tilt": 0.96 * c} if path == "tilted" else {"log_space": True, "keep": math.inf}
-    full = _Forward(logw, pos, gaps, c, log_space=kw.pop("log_space", False), budget=1 << 40, **kw)
+    full = Forward(logw, pos, gaps, c, log_space=kw.pop("log_space", False), budget=1 << 40, **kw)
     full.run()
     assert not full.checkpointing and len(full.rows) == q.size
     half = full.stored_bytes // 2
-    part = _Forward(logw, pos, gaps, c, log_space=full.log_space, budget=half, **kw)
+    part = Forward(logw, pos, gaps, c, log_space=full.log_space, budget=half, **kw)
     part.run()
     assert part.checkpointing and 1 < part.switch < q.size
     assert all(j in part.rows for j in range(1, part.switch + 1))  # nothing dropped below
@@ -506,7 +506,7 @@ def test_stable_across_the_epsilon_range(eps: float, neighbors: str) -> None:
 
 def test_trimmed_log_rows_equal_dense_log_rows_where_it_matters() -> None:
     """Keeping only `keep` e-folds per row changes no kept weight beyond rounding."""
-    from app.mechanisms.jointexp.mechanism import _run_log_space
+    from app.mechanisms.jointexp.mechanism import run_log_space
 
     rng = np.random.default_rng(17)
     x = np.concatenate([rng.normal(size=4000), np.full(400, 1e9)])  # clamped top run
@@ -516,8 +516,8 @@ def test_trimmed_log_rows_equal_dense_log_rows_where_it_matters() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    trimmed = _run_log_space(logw, pos, gaps, 0.25, 1 << 30)
-    dense = _Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    trimmed = run_log_space(logw, pos, gaps, 0.25, 1 << 30)
+    dense = Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
     dense.run()
     assert trimmed.keep < math.inf
     for j in range(1, q.size + 1):
@@ -533,7 +533,7 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     with a 200 e-fold range). The cumulative rule refuses such a range and the pass that it
     settles on matches the dense (nothing dropped) pass to rounding.
     """
-    from app.mechanisms.jointexp.mechanism import _LogGuardTripped, _run_log_space
+    from app.mechanisms.jointexp.mechanism import LogGuardTripped, run_log_space
 
     rng = np.random.default_rng(1)
     n = 20_000
@@ -543,18 +543,18 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, n)
-    narrow = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=400.0)
-    with pytest.raises(_LogGuardTripped) as info:
+    narrow = Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=400.0)
+    with pytest.raises(LogGuardTripped) as info:
         narrow.run()
     assert info.value.needed_keep > 400.0
-    chosen = _run_log_space(logw, sup.cum, gaps, 0.25, 1 << 30)
-    dense = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    chosen = run_log_space(logw, sup.cum, gaps, 0.25, 1 << 30)
+    dense = Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
     dense.run()
     assert chosen.keep < math.inf
     for j in range(1, q.size + 1):
         np.testing.assert_allclose(chosen.dense_total(j), dense.dense_total(j), atol=1e-13)
     # The linear pass (range ~700 e-folds) has enough for these falls (~50 each) and agrees.
-    linear = _Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear = Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
     linear.run()
     for j in range(1, q.size + 1):
         np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)
@@ -563,10 +563,10 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     sup2 = support_for(x2, 0.0, 10.0, q)
     with np.errstate(divide="ignore"):
         logw2 = np.log(sup2.widths / sup2.widths.max())
-    linear2 = _Forward(
+    linear2 = Forward(
         logw2, sup2.cum, quantile_gaps(q, x2.size), 0.25, log_space=False, budget=1 << 30
     )
-    with pytest.raises(_LinearGuardTripped):
+    with pytest.raises(LinearGuardTripped):
         linear2.run()
 
 
@@ -586,11 +586,11 @@ def test_linear_rows_on_narrow_data_in_loose_bounds_match_the_dense_log_pass() -
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    linear = _Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear = Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
     linear.run()  # accepted by the range rule
     rows = [linear.get(j) for j in range(1, q.size + 1)]
     assert rows[0].gmax - rows[-1].gmax > 300.0  # the width fall really is that large
-    dense = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    dense = Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
     dense.run()
     for j in range(1, q.size + 1):
         np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)
@@ -623,7 +623,7 @@ def _clamped(kind: str, n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_the_chi_square_cases_hold_in_tilted_rows(case) -> None:
     """The "tilted" chi-square path really samples from tilted linear rows."""
-    from app.mechanisms.jointexp.mechanism import _forward_pass, median_log_width
+    from app.mechanisms.jointexp.mechanism import forward_pass, median_log_width
 
     data, q, eps, lo, hi, nb = case
     sup = support_for(data, lo, hi, q)
@@ -632,7 +632,7 @@ def test_the_chi_square_cases_hold_in_tilted_rows(case) -> None:
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(sup.quantiles, sup.n)
     pos = np.ascontiguousarray(sup.cum, dtype=np.int64)
-    fwd = _forward_pass(logw, pos, gaps, c, 1 << 30, "scaled", 0.75 * c, median_log_width(logw))
+    fwd = forward_pass(logw, pos, gaps, c, 1 << 30, "scaled", 0.75 * c, median_log_width(logw))
     assert not fwd.log_space
     assert fwd.mu == 0.75 * c
 
@@ -645,15 +645,15 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
     clamped mass; tilted by e^(-mu P) they do not, and the pass stays linear (not the log
     pass, several times slower).
     """
-    from app.mechanisms.jointexp.mechanism import _forward_pass, median_log_width
+    from app.mechanisms.jointexp.mechanism import forward_pass, median_log_width
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
     lw = median_log_width(logw)
-    plain = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
-    with pytest.raises(_LinearGuardTripped):
+    plain = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(LinearGuardTripped):
         plain.run()
-    fwd = _forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
+    fwd = forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
     assert not fwd.log_space
     assert 0.0 < fwd.mu < 0.25
 
@@ -661,13 +661,13 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
 def _zero_inflated(seed: int):
     """3·10^5 N(0, 5^2) values with 5 % at 0.0, m = 99: the gap targets and the prepared
     inputs (log widths and positions)."""
-    from app.mechanisms.jointexp.mechanism import _Inputs
+    from app.mechanisms.jointexp.mechanism import Inputs
 
     rng = np.random.default_rng(seed)
     x = rng.normal(0.0, 5.0, size=300_000)
     x[rng.random(x.size) < 0.05] = 0.0
     logw, pos, gaps = _prepared(x, np.arange(1, 100) / 100.0)
-    return gaps, _Inputs.prepare(logw, pos)
+    return gaps, Inputs.prepare(logw, pos)
 
 
 def _forbid_log_pass(monkeypatch) -> None:
@@ -676,7 +676,7 @@ def _forbid_log_pass(monkeypatch) -> None:
     def no_log_pass(*args: object, **kwargs: object) -> None:
         raise AssertionError("the log pass ran")
 
-    monkeypatch.setattr(J, "_run_log_space", no_log_pass)
+    monkeypatch.setattr(J, "run_log_space", no_log_pass)
 
 
 def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkeypatch) -> None:
@@ -693,7 +693,7 @@ def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkey
     assert cut.pos[-1] == pos[-1] - (inputs.max_jump - cap)  # only the atom's step changed
     _forbid_log_pass(monkeypatch)
     for seed in range(3):
-        seq = J._sample_interval_sequence(inputs, gaps, 0.25, np.random.default_rng(seed))
+        seq = J.sample_prepared_sequence(inputs, gaps, 0.25, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
 
 
@@ -710,7 +710,7 @@ def test_prepared_inputs_are_those_of_the_numpy_formulas() -> None:
         x = np.round(rng.normal(0.0, 5.0, n), int(rng.integers(0, 3)))
         x[rng.random(n) < rng.random() * 0.3] = 150.0  # clamped: a heavy last step
         sup = support_for(x, -100.0, 100.0 if trial % 3 else 150.0, np.array([0.25, 0.5]))
-        inputs = J._Inputs.from_widths(sup.widths, sup.cum)
+        inputs = J.Inputs.from_widths(sup.widths, sup.cum)
         widths = sup.widths
         with np.errstate(divide="ignore"):
             ref_log = np.log(widths / widths.max())
@@ -759,16 +759,16 @@ def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatc
     from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
-    original = J._draw_block
+    original = J.draw_block
     tilts: list[float] = []
 
     def tripping(fwd, *args):  # tilts below 0.9 c lack range for this test
         tilts.append(fwd.mu / fwd.c)
         if 0.0 < fwd.mu < 0.9 * fwd.c:
-            raise J._LinearGuardTripped
+            raise J.LinearGuardTripped
         return original(fwd, *args)
 
-    monkeypatch.setattr(J, "_draw_block", tripping)
+    monkeypatch.setattr(J, "draw_block", tripping)
     counts = _position_counts(logw, sup.cum, gaps, c, 21, 0.75 * c)
     assert min(tilts) == 0.75 and max(tilts) >= 0.9  # tripped, then retilted
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
@@ -779,23 +779,23 @@ def test_a_heavy_atom_stays_in_linear_rows_at_small_and_large_epsilon(monkeypatc
     """5 % at one inner point at epsilon = 0.1 and 10 (c = eps / 4): no log pass.
 
     At c = 2.5 the probe's rows (750 e-folds) cannot see the undershoot the cut pushes
-    below the rows' maxima and :func:`_choose_tilt` finds no tilt; at c = 0.025 the
+    below the rows' maxima and :func:`choose_tilt` finds no tilt; at c = 0.025 the
     untilted rows hold and the last draw lacks range. Both ran the log pass (n = 10^6:
-    ~2 s and ~4 s); the deficit's tilts (:func:`_deficit_tilts`) hold in linear rows.
+    ~2 s and ~4 s); the deficit's tilts (:func:`deficit_tilts`) hold in linear rows.
     """
     from app.mechanisms.jointexp import mechanism as J
 
     gaps, inputs = _zero_inflated(9)
     _forbid_log_pass(monkeypatch)
     for seed in range(2):
-        seq = J._sample_interval_sequence(inputs, gaps, c, np.random.default_rng(seed))
+        seq = J.sample_prepared_sequence(inputs, gaps, c, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
 
 
 def test_the_undershoot_depth_is_the_fall_from_the_rows_maximum_to_the_mode() -> None:
     """The model's depth, numerically: the tilted last row ``e^(-a t) t^(m - 1)`` (``t`` in
     gaps' worth of undershoot, ``a`` e-folds per gap) falls from its maximum to the
-    posterior's mode, the whole deficit ``t = m + 1``, by ``_undershoot_depth(a, m)``."""
+    posterior's mode, the whole deficit ``t = m + 1``, by ``undershoot_depth(a, m)``."""
 
     t = np.linspace(1e-9, 4000.0, 4_000_001)
     for a, m in ((8.8, 99), (0.5, 29), (25.0, 29), (3.0, 999), (2.0, 1), (40.0, 2)):
@@ -865,23 +865,23 @@ def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, sh
     x = rng.normal(0.0, 5.0, n)
     x[rng.random(n) < 0.05] = {"above": 150.0, "below": -150.0, "inside": 0.0}[shape]
     sup = support_for(x, -100.0, 100.0, q)
-    inputs = J._support_inputs(sup)
+    inputs = J.support_inputs(sup)
     gaps = quantile_gaps(q, n)
     c = 1.0 / 4.0
     cut = inputs.collapsed(J.collapse_cap(gaps))
     first = deficit_tilts(c, cut.pos, gaps)[0]
     tried: list[float] = []
-    original_pass = J._tilted_pass
+    original_pass = J.tilted_pass
 
     def tilted_pass(*args):
         tried.append(args[5])
         return original_pass(*args)
 
-    monkeypatch.setattr(J, "_tilted_pass", tilted_pass)
+    monkeypatch.setattr(J, "tilted_pass", tilted_pass)
     _forbid_log_pass(monkeypatch)
     for seed in range(2):
         tried.clear()
-        seq = J._sample_interval_sequence(inputs, gaps, c, np.random.default_rng(seed))
+        seq = J.sample_prepared_sequence(inputs, gaps, c, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
         assert tried == [first]
 
@@ -892,16 +892,16 @@ def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> No
     from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
-    original = J._draw_block
+    original = J.draw_block
     kinds: list[str] = []
 
     def tripping(fwd, *args):  # untilted linear rows lack range for this test
         kinds.append("log" if fwd.log_space else "tilted" if fwd.mu else "untilted")
         if not fwd.log_space and not fwd.mu:
-            raise J._LinearGuardTripped
+            raise J.LinearGuardTripped
         return original(fwd, *args)
 
-    monkeypatch.setattr(J, "_draw_block", tripping)
+    monkeypatch.setattr(J, "draw_block", tripping)
     counts = _position_counts(logw, sup.cum, gaps, c, 22, True)
     assert "untilted" in kinds and "tilted" in kinds and "log" not in kinds
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
@@ -948,7 +948,7 @@ def test_a_draw_counts_dropped_entries_where_its_kernel_peaks() -> None:
     x[rng.random(3000) < 0.3] = 1.0
     q = np.arange(1, 10) / 10.0
     logw, pos, gaps = _prepared(x, q)
-    tilted = _Forward(logw, pos, gaps, 1.0, log_space=False, budget=1 << 30, tilt=0.9)
+    tilted = Forward(logw, pos, gaps, 1.0, log_space=False, budget=1 << 30, tilt=0.9)
     tilted.run()  # the forward rows alone pass the range rule
     assert int(pos[tilted.get(q.size).lo + tilted.get(q.size).levels.shape[1] - 1]) < 2000
     for seed in range(10):
@@ -962,17 +962,17 @@ def test_a_draw_counts_dropped_entries_where_its_kernel_peaks() -> None:
 
 def test_tilted_rows_match_the_dense_log_rows_on_clamped_data() -> None:
     """Untilted again, the rows of a tilted pass equal the dense log pass's to rounding."""
-    from app.mechanisms.jointexp.mechanism import _choose_tilt, _probe, median_log_width
+    from app.mechanisms.jointexp.mechanism import choose_tilt, median_log_width, run_probe
 
     q = np.arange(1, 50) / 50.0
     for kind in ("upper", "lower", "both"):
         logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
         lw = median_log_width(logw)
-        mu = _choose_tilt(_probe(logw, pos, gaps, 0.25, "scaled", lw))
+        mu = choose_tilt(run_probe(logw, pos, gaps, 0.25, "scaled", lw))
         assert mu > 0.0
-        tilted = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu)
+        tilted = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu)
         tilted.run()
-        dense = _Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+        dense = Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
         dense.run()
         for j in range(1, q.size + 1):
             np.testing.assert_allclose(tilted.dense_total(j), dense.dense_total(j), atol=1e-13)
@@ -988,22 +988,22 @@ def test_a_tripped_linear_pass_goes_on_as_the_probe(kind: str) -> None:
     probe it ran before: the same modes, maxima never above the log probe's (less range
     only loses mass; a few falling rows are ~50 e-folds lower).
     """
-    from app.mechanisms.jointexp.mechanism import _choose_tilt, _probe, median_log_width
+    from app.mechanisms.jointexp.mechanism import choose_tilt, median_log_width, run_probe
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
     lw = median_log_width(logw)
-    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
-    with pytest.raises(_LinearGuardTripped):
+    lin = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(LinearGuardTripped):
         lin.run(probe_on_trip=True)
     assert lin.probing and not lin.rows
-    log = _probe(logw, pos, gaps, 0.25, "scaled", lw)
+    log = run_probe(logw, pos, gaps, 0.25, "scaled", lw)
     assert np.all(np.isfinite(lin.gmaxes))
     assert np.all(lin.gmaxes <= log.gmaxes + 1e-9)
     np.testing.assert_array_equal(lin.modes, log.modes)
-    mu = _choose_tilt(lin)
+    mu = choose_tilt(lin)
     assert 0.0 < mu < 0.25
-    tilted = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu, lw_ref=lw)
+    tilted = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu, lw_ref=lw)
     tilted.run()
     assert len(tilted.rows) == q.size
 
@@ -1012,7 +1012,7 @@ def test_a_linear_pass_that_holds_is_not_turned_into_a_probe() -> None:
     """Continuous data: the linear rows hold, every row is stored, nothing probes."""
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(np.random.default_rng(2).normal(0.0, 5.0, 50_000), q)
-    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
+    lin = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
     lin.run(probe_on_trip=True)
     assert not lin.probing and len(lin.rows) == q.size
 
@@ -1023,7 +1023,7 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
     Random positions, widths (30 % zero), quantile gaps, c, tilts and kept ranges; the
     windowed row equals the one formed over every interval, bit for bit.
     """
-    from app.mechanisms.jointexp.mechanism import _span
+    from app.mechanisms.jointexp.mechanism import row_span
 
     rng = np.random.default_rng(5)
     for _ in range(300):
@@ -1038,7 +1038,7 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
         log_space = bool(rng.random() < 0.5)
         tilt = c * float(rng.uniform(0.1, 0.99)) if not log_space and rng.random() < 0.5 else 0.0
         keep = float(rng.choice([50.0, 750.0, math.inf]))
-        row = _Forward(
+        row = Forward(
             logw, pos, gaps, c, log_space=log_space, budget=1 << 30, keep=keep, tilt=tilt
         ).first()
         dense = np.empty(n1)
@@ -1047,12 +1047,12 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
             dense -= tilt * (pos - float(gaps[0]))
         if log_space:
             dense -= dense.max()
-            a, b = _span(dense >= -keep)
+            a, b = row_span(dense >= -keep)
             ref = dense[a:b]
         else:
             lin = np.empty(n1)
             KG.exp_normalise(dense, lin)
-            a, b = _span(lin)
+            a, b = row_span(lin)
             ref = lin[a:b]
         assert row.lo == a
         np.testing.assert_array_equal(row.levels[0], ref)
@@ -1122,15 +1122,15 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
     every level at sampled intervals of every row replays to the same double, the compact
     rows take under half the bytes, and the same seeds draw the same sequences.
     """
-    from app.mechanisms.jointexp.mechanism import _levels_at, _Row
+    from app.mechanisms.jointexp.mechanism import Row, stored_levels_at
 
     q = np.arange(1, 50) / 50.0
     logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
-    compact = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
+    compact = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
     compact.run()
     with monkeypatch.context() as mp:
-        mp.setattr(_Row, "compact", lambda self: self)
-        whole = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
+        mp.setattr(Row, "compact", lambda self: self)
+        whole = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
         whole.run()
         ref = [
             sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(s), tilt=0.225)
@@ -1143,7 +1143,7 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
         row = whole.rows[j]
         for v in rng.integers(row.levels.shape[1], size=40):
             want = [float(x) for x in row.levels_at(int(v), row.top_level)]
-            assert _levels_at(compact, j, row.lo + int(v), len(want)).tolist() == want
+            assert stored_levels_at(compact, j, row.lo + int(v), len(want)).tolist() == want
     for s in range(5):
         got = sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(s), tilt=0.225)
         np.testing.assert_array_equal(got, ref[s])
@@ -1160,7 +1160,7 @@ def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) ->
     for n, m in ((1000, 9), (200, 29)):
         q = np.arange(1, m + 1) / (m + 1)
         logw, pos, gaps = _prepared(np.round(rng.normal(0.0, 5.0, n), 2), q)
-        whole = _Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
+        whole = Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
         whole.run()
         assert not any(r.nlev for r in whole.rows.values())
         assert any(r.ids is not None and r.levels.shape[0] > 1 for r in whole.rows.values())
@@ -1170,7 +1170,7 @@ def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) ->
         ]
         with monkeypatch.context() as mp:
             mp.setattr(J, "COMPACT_FROM_BYTES", 0)
-            compact = _Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
+            compact = Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
             compact.run()
             assert sum(1 for r in compact.rows.values() if r.nlev) > m // 2
             want = [
@@ -1193,16 +1193,16 @@ def test_a_chosen_tilt_that_trips_is_followed_by_larger_ones(monkeypatch) -> Non
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped("upper", 200_000, 5), q)
     lw = J.median_log_width(logw)
-    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
-    with pytest.raises(_LinearGuardTripped):
+    lin = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(LinearGuardTripped):
         lin.run(probe_on_trip=True)
-    chosen = J._choose_tilt(lin)
+    chosen = J.choose_tilt(lin)
     small = 0.25 - (0.25 - chosen) * 2.0  # one step of k below
-    assert J._tilted_pass(logw, pos, gaps, 0.25, 1 << 30, small, lw, None) is None
-    monkeypatch.setattr(J, "_choose_tilt", lambda probe: small)
-    fwd = J._forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
+    assert J.tilted_pass(logw, pos, gaps, 0.25, 1 << 30, small, lw, None) is None
+    monkeypatch.setattr(J, "choose_tilt", lambda probe: small)
+    fwd = J.forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
     assert not fwd.log_space and fwd.mu > small
-    forced = J._forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", small, lw)
+    forced = J.forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", small, lw)
     assert forced.log_space
 
 
@@ -1305,13 +1305,13 @@ def test_decay_tables_are_bounded_by_public_figures_not_by_n(
     from app.mechanisms.jointexp import mechanism as je
 
     sizes: list[int] = []
-    real_init = je._Forward.__init__
+    real_init = je.Forward.__init__
 
-    def spy(self: je._Forward, *args: object, **kwargs: object) -> None:
+    def spy(self: je.Forward, *args: object, **kwargs: object) -> None:
         real_init(self, *args, **kwargs)  # type: ignore[arg-type]
         sizes.extend([self.pw.size, self.pwf.size])
 
-    monkeypatch.setattr(je._Forward, "__init__", spy)
+    monkeypatch.setattr(je.Forward, "__init__", spy)
     q = np.arange(1, 10) / 10.0
     eps = 0.001
     c = eps / (2.0 * jointexp_sensitivity(q, "add_remove"))

@@ -164,7 +164,7 @@ def _old_step_weights_linear(
 
 
 def _old_draw_block(
-    fwd: jx._Forward, j: int, i_end: int, pos_ref: int, nj: float, rng: np.random.Generator
+    fwd: jx.Forward, j: int, i_end: int, pos_ref: int, nj: float, rng: np.random.Generator
 ) -> tuple[int, int]:
     """``_draw_block`` before the fix (the comments dropped)."""
     row = fwd.get(j)
@@ -172,7 +172,7 @@ def _old_draw_block(
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.nlev or row.top_level, j)
-    summed = jx._summed(row, fwd.log_space)
+    summed = jx.summed_levels(row, fwd.log_space)
     buf = np.empty(count)
     pos = fwd.pos
     lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
@@ -207,9 +207,9 @@ def _old_draw_block(
     g_rel = g_draw - lk
     if not fwd._range_ok(row.peak, g_rel, j):
         if not fwd.log_space:
-            raise jx._LinearGuardTripped
+            raise jx.LinearGuardTripped
         short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
-        raise jx._LogGuardTripped(fwd.keep + short)
+        raise jx.LogGuardTripped(fwd.keep + short)
     u_interval, u_level = rng.random(), rng.random()
     pick = int(_jx.inverse_cdf_pick(buf, u_interval))
     if pick < 0:
@@ -217,8 +217,8 @@ def _old_draw_block(
     k = 0
     if nlev > 1:
         if row.nlev:
-            at_pick = jx._levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = int(KG.pick_level(at_pick, jx._level_ids(nlev), nlev, 0, False, u_level))
+            at_pick = jx.stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
+            k = int(KG.pick_level(at_pick, jx.repeat_level_ids(nlev), nlev, 0, False, u_level))
         else:
             k = int(KG.pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, u_level))
         if k < 0:
@@ -229,7 +229,7 @@ def _old_draw_block(
 @pytest.fixture
 def old_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pre-fix ``_draw_block`` and ``step_weights_linear`` (issue 27) put back."""
-    monkeypatch.setattr(jx, "_draw_block", _old_draw_block)
+    monkeypatch.setattr(jx, "draw_block", _old_draw_block)
     monkeypatch.setattr(KL, "step_weights_linear", _old_step_weights_linear)
     # the old draw picked by inverse CDF over 53-bit uniforms
     monkeypatch.setattr(jx, "inverse_cdf_pick", inverse_cdf_pick, raising=False)

@@ -7,7 +7,7 @@ on the pass's common log scale) plus what the earlier rows' errors became throug
 recursion, which multiplies an error landing on interval i by i's width. The draws read the
 rows through a kernel, so what matters is the error *near the sampled position*, relative
 to the draw's largest weight. This module bounds it without assuming anything about the
-widths (the speed rule in :meth:`~app.mechanisms.jointexp.mechanism._Forward._range_ok` charges the
+widths (the speed rule in :meth:`~app.mechanisms.jointexp.mechanism.Forward._range_ok` charges the
 median width, which is not a worst-case bound).
 
 **The weighted norm.** For a region ``Z_j = [T_j - R - D, T_j + R]`` around row j's target
@@ -94,7 +94,7 @@ def width_blocks(logw: FloatArray, pos: IntArray) -> tuple[FloatArray, FloatArra
     """The block maxima of the inner intervals' widths (1 .. d - 1; the two end intervals
     are tracked on their own), with each block's first and last position: what
     :class:`ErrorBound` reads of the widths. They depend on the intervals alone, so a
-    histogram keeps them (``_Inputs``)."""
+    histogram keeps them (``Inputs``)."""
     inner = max(0, logw.size - 2)
     nb = -(-inner // BLOCK)
     bmax, bfirst, blast = np.empty(nb), np.empty(nb), np.empty(nb)

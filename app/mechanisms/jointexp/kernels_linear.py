@@ -70,7 +70,7 @@ def transition_linear(
 
     The kernel is ``k(D) = r**|D - nj| * exp(-mu (D - nj))``: the module's kernel for
     ``mu = 0``; with a tilt ``0 <= mu < c`` (rows stored as ``alpha e^(-mu P)``, see
-    ``jointexp._Forward``) its near part decays at rate ``c - mu`` (table ``pw``) and its far
+    ``jointexp.Forward``) its near part decays at rate ``c - mu`` (table ``pw``) and its far
     part at ``c + mu`` (table ``pwf``; the same table when ``mu = 0``).
     """
     nT = T.size

@@ -32,7 +32,7 @@ without the O(m^2 n) table:
   at the same interval with at least the same weight, so the error this introduces in any
   later weight is below 2^-60 of that weight's row (times m).
 * Rows are max-normalised in linear space (fast path). Each row carries its maximum on a
-  common log scale; the range rule (:meth:`_Forward._range_ok`) requires every earlier row's
+  common log scale; the range rule (:meth:`Forward._range_ok`) requires every earlier row's
   truncation floor, grown per row, to stay 2^-52 below the current row's maximum (and below
   each backward draw's largest weight). A linear row that breaks it sends the pass to log
   space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
@@ -108,7 +108,7 @@ EXT_TABLE_MAX = 2**20
 MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
 #: Linear rows are stored whole (every repeat level) while the stored rows take at most this
 #: much, and compact beyond (level 1 and the sum over levels; a draw replays the levels at
-#: the interval it picks, :func:`_levels_at`). Replaying walks the chain of compact rows
+#: the interval it picks, :func:`stored_levels_at`). Replaying walks the chain of compact rows
 #: down to a whole one in Python, ~1 us per row for each draw (~11 % of a run at n = 10^3,
 #: m = 99). Whole rows cost memory that a plain process gives back to the OS after each run
 #: and faults in again on the next: 32 MiB kept that case whole (24 MiB instead of 4) and
@@ -134,17 +134,17 @@ def quantile_gaps(quantiles: FloatArray, n: int) -> FloatArray:
     return np.diff(np.concatenate(([0.0], quantiles, [1.0]))) * float(n)
 
 
-class _LinearGuardTripped(Exception):
+class LinearGuardTripped(Exception):
     """A linear-space row lost too much range; the log-space pass must be used."""
 
 
-class _SoundGuardTripped(_LinearGuardTripped):
+class SoundGuardTripped(LinearGuardTripped):
     """An untilted linear pass's draw met the median-width rule but not the sound error bound
     (error_bound): the retry is the log pass, not a tilted one (tilted passes are held to
     the median-width rule alone, which this input has just shown to be too weak)."""
 
 
-class _LogGuardTripped(Exception):
+class LogGuardTripped(Exception):
     """A log-space row fell further than its kept range allows; keep more and start over."""
 
     def __init__(self, needed_keep: float = 0.0) -> None:
@@ -152,12 +152,12 @@ class _LogGuardTripped(Exception):
         self.needed_keep = needed_keep
 
 
-def _level_ids(nlev: int) -> IntArray:
+def repeat_level_ids(nlev: int) -> IntArray:
     """Repeat counts 1..nlev: the ids of a row that stores every level."""
     return np.arange(1, nlev + 1, dtype=np.int64)
 
 
-class _Row(NamedTuple):
+class Row(NamedTuple):
     """One forward row: ``levels[s, v]`` is alpha(j, lo + v, ids[s]) (linear) or its log.
 
     Linear rows keep only the span between their first and last non-zero entry (everything
@@ -179,7 +179,7 @@ class _Row(NamedTuple):
     total: FloatArray | None = None
     #: compact linear rows (stored for the draws only): ``levels`` holds level 1 alone, of
     #: ``nlev`` levels (0: ``levels`` is complete); the others are replayed at the one
-    #: interval a draw picks (:func:`_levels_at`) from earlier rows and ``stay``, the
+    #: interval a draw picks (:func:`stored_levels_at`) from earlier rows and ``stay``, the
     #: row's repeat factor
     nlev: int = 0
     stay: float = 0.0
@@ -195,7 +195,7 @@ class _Row(NamedTuple):
         """The repeat count of each stored level."""
         if self.ids is not None:
             return self.ids
-        return _level_ids(self.levels.shape[0])
+        return repeat_level_ids(self.levels.shape[0])
 
     @property
     def top_level(self) -> int:
@@ -210,13 +210,13 @@ class _Row(NamedTuple):
         out[ids[sel] - 1] = self.levels[sel, v]
         return out
 
-    def compact(self) -> _Row:
+    def compact(self) -> Row:
         """This linear row with level 1 and the sum over levels only (see ``nlev``)."""
         lo, levels, top, gmax, peak, total, _, stay, _ = self
-        return _Row(lo, levels[:1].copy(), top, gmax, peak, total, self.top_level, stay, None)
+        return Row(lo, levels[:1].copy(), top, gmax, peak, total, self.top_level, stay, None)
 
 
-def _summed(row: _Row, log_space: bool) -> FloatArray:
+def summed_levels(row: Row, log_space: bool) -> FloatArray:
     """The row summed over repeat counts (log rows: its log); stored with rows that have
     repeat levels, the single level itself otherwise."""
     if row.total is not None:
@@ -266,7 +266,7 @@ def _logsumexp_levels(levels: FloatArray) -> FloatArray:
     return out
 
 
-def _to_scaled(lx: FloatArray) -> tuple[FloatArray, IntArray]:
+def to_scaled(lx: FloatArray) -> tuple[FloatArray, IntArray]:
     """``exp(lx) = m * e**(SCALE_STEP * k)``: the scaled form of a log row (numpy's exp)."""
     xr = np.empty(lx.size)
     xe = np.empty(lx.size, dtype=np.int64)
@@ -274,12 +274,12 @@ def _to_scaled(lx: FloatArray) -> tuple[FloatArray, IntArray]:
     return np.exp(xr), xe
 
 
-def _span(total: NDArray[np.float64] | NDArray[np.bool_]) -> tuple[int, int]:
+def row_span(total: NDArray[np.float64] | NDArray[np.bool_]) -> tuple[int, int]:
     nz = np.flatnonzero(total)
     return int(nz[0]), int(nz[-1]) + 1
 
 
-class _Inputs:
+class Inputs:
     """Arrays every pass over the same (log widths, positions) derives: computed once.
 
     A sample may run the plain linear pass, a probe, a tilted pass and log passes over the
@@ -291,16 +291,16 @@ class _Inputs:
     def __init__(self, logw: FloatArray, pos: IntArray) -> None:
         self.logw = logw
         self.pos = pos
-        self._collapsed: dict[int, _Inputs] = {}  # by cap (:meth:`collapsed`)
+        self._collapsed: dict[int, Inputs] = {}  # by cap (:meth:`collapsed`)
 
     @classmethod
-    def prepare(cls, logw: ArrayLike, pos: ArrayLike) -> _Inputs:
+    def prepare(cls, logw: ArrayLike, pos: ArrayLike) -> Inputs:
         """From log weights with any constant shift (max-normalised here) and positions."""
         lw = np.asarray(logw, dtype=np.float64)
         return cls(lw - float(np.max(lw)), np.ascontiguousarray(pos, dtype=np.int64))
 
     @classmethod
-    def from_widths(cls, widths: FloatArray, pos: ArrayLike) -> _Inputs:
+    def from_widths(cls, widths: FloatArray, pos: ArrayLike) -> Inputs:
         """From interval widths (non-negative, some positive) and positions.
 
         The log widths are ``log(width / max)`` where that quotient is a normal double, and
@@ -335,7 +335,7 @@ class _Inputs:
         distinct value (0 for a single interval)."""
         return int(KL.largest_step(self.pos))
 
-    def collapsed(self, cap: int) -> _Inputs:
+    def collapsed(self, cap: int) -> Inputs:
         """These intervals with every position step larger than ``cap`` cut to ``cap``.
 
         With ``cap`` at least every gap target, the JointExp distribution over interval
@@ -350,7 +350,7 @@ class _Inputs:
         if out is None:
             pos = np.empty_like(self.pos)
             KL.capped_positions(self.pos, cap, pos)
-            out = _Inputs(self.logw, pos)
+            out = Inputs(self.logw, pos)
             for name in _WIDTH_ONLY:
                 if name in self.__dict__:
                     out.__dict__[name] = self.__dict__[name]
@@ -391,7 +391,7 @@ class _Inputs:
 
     @functools.cached_property
     def scaled_w(self) -> tuple[FloatArray, IntArray]:
-        return _to_scaled(self.logw)
+        return to_scaled(self.logw)
 
     @functools.cached_property
     def width_blocks(self) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -401,10 +401,10 @@ class _Inputs:
         return width_blocks(self.logw, self.pos)
 
 
-#: The :class:`_Inputs` properties that depend on the widths alone (shared when collapsed).
+#: The :class:`Inputs` properties that depend on the widths alone (shared when collapsed).
 _WIDTH_ONLY = ("lw_ref", "w", "narrow", "live_idx", "suf_logw", "scaled_w")
 #: Normalised widths below this are not normal doubles (or flush to 0.0 in the passes,
-#: fpmode): inputs with a positive width below it run the log pass (:attr:`_Inputs.narrow`).
+#: fpmode): inputs with a positive width below it run the log pass (:attr:`Inputs.narrow`).
 _W_NORMAL = 2.0**-1000
 _LOG_W_NORMAL = math.log(_W_NORMAL)
 
@@ -427,7 +427,7 @@ def collapse_cap(gaps: FloatArray) -> int:
     return max(1, math.ceil(float(gaps.max())))
 
 
-class _Forward:
+class Forward:
     """Forward rows of the dynamic program, linear or log space, with checkpointing."""
 
     def __init__(
@@ -443,12 +443,12 @@ class _Forward:
         log_kernel: str = "scaled",
         tilt: float = 0.0,
         lw_ref: float | None = None,
-        inputs: _Inputs | None = None,
+        inputs: Inputs | None = None,
     ) -> None:
         if tilt and (log_space or not 0.0 < tilt < c):
             raise ValueError("a tilt needs linear rows and 0 < tilt < c")
         if inputs is None or inputs.logw is not logw or inputs.pos is not pos:
-            inputs = _Inputs(logw, pos)
+            inputs = Inputs(logw, pos)
         self.inputs = inputs
         self.logw = logw
         self.pos = pos
@@ -456,7 +456,7 @@ class _Forward:
         # Linear rows may be tilted: stored as alpha(j, i, k) e^(-mu (P_i - (n_1 + .. + n_j))),
         # which turns the kernel into r^|D - n_j| e^(-mu (D - n_j)) (near part decaying at
         # c - mu, far part at c + mu) and leaves the repeat levels as they are. A row whose
-        # mass lies far below its maximum then fits the linear range (see _choose_tilt).
+        # mass lies far below its maximum then fits the linear range (see choose_tilt).
         self.mu = tilt
         # suffix maxima of the log widths bound the log pass's geometric tails (log pass only)
         self.suf_logw = inputs.suf_logw if log_space else logw
@@ -501,11 +501,11 @@ class _Forward:
         self.floors = np.full(self.m + 1, -math.inf)
         self._errors: ErrorBound | None = None
         self._norms: FloatArray | None = None
-        # each row's maximum (common log scale) and where it is (a position), for _choose_tilt
+        # each row's maximum (common log scale) and where it is (a position), for choose_tilt
         self.gmaxes = np.zeros(self.m)
         self.modes = np.zeros(self.m)
         # and a coarse profile of each untilted row: log values (common scale) at
-        # PROFILE_POINTS columns spread over its span, for _choose_tilt
+        # PROFILE_POINTS columns spread over its span, for choose_tilt
         # (see prof_val: the values as recorded, their shift, and whether they are linear)
         self.prof_pos = np.zeros((self.m, PROFILE_POINTS))
         self.prof_raw = np.full((self.m, PROFILE_POINTS), -math.inf)
@@ -520,15 +520,15 @@ class _Forward:
             self.pwf = np.exp(-(c + tilt) * np.arange(max(pwf_len, 2), dtype=np.float64))
         self.budget = budget
         self.block = max(1, math.isqrt(self.m - 1) + 1)  # ~sqrt(m) rows per checkpoint block
-        self.rows: dict[int, _Row] = {}
-        self.cache: dict[int, _Row] = {}
+        self.rows: dict[int, Row] = {}
+        self.cache: dict[int, Row] = {}
         self.checkpointing = False
         self.switch = 0  # the first row stored past the budget (0: none yet)
         self.stored_bytes = 0
         #: linear pass that broke the range rule and goes on as a probe (:meth:`run`)
         self.probing = False
         #: probing: a log pass over the intervals from some index on (_probe_row_via_logs)
-        self._tail: tuple[int, _Forward] | None = None
+        self._tail: tuple[int, Forward] | None = None
 
     # -- one row ----------------------------------------------------------------------------
 
@@ -546,7 +546,7 @@ class _Forward:
         """Where row j's profile goes (positions, values), for a kernel to fill."""
         return self.prof_pos[j - 1], self.prof_raw[j - 1]
 
-    def _copy_profile(self, j: int, other: _Forward) -> None:
+    def _copy_profile(self, j: int, other: Forward) -> None:
         """Row j's profile as ``other`` recorded it."""
         self.prof_pos[j - 1] = other.prof_pos[j - 1]
         self.prof_raw[j - 1] = other.prof_raw[j - 1]
@@ -558,7 +558,7 @@ class _Forward:
         """Each row's profile as logs on the common scale (-inf where none was recorded).
 
         Linear rows' values are logged here, once for all rows, rather than per row while
-        the pass runs: only :func:`_choose_tilt` reads them, after a linear pass tripped.
+        the pass runs: only :func:`choose_tilt` reads them, after a linear pass tripped.
         The same doubles as logging each row's values as it is formed (numpy's log is
         elementwise, then the row's ``shift`` is added).
         """
@@ -579,7 +579,7 @@ class _Forward:
             self.live_pos, self.live_idx, self.logw, self.pos, n1, self.c, self.mu, reach
         )
 
-    def first(self) -> _Row:
+    def first(self) -> Row:
         n1 = float(self.gaps[0])
         # entries more than 746 e-folds below the maximum are 0.0 in a linear row; a log row
         # keeps ``keep``: only the window that can hold anything else is formed
@@ -591,18 +591,18 @@ class _Forward:
         self.modes[0] = float(self.pos[i0 + int(np.argmax(lrow))])
         if self.log_space:
             lrow -= lrow.max()
-            a, b = _span(lrow >= -self.keep)
+            a, b = row_span(lrow >= -self.keep)
             peak = -self.keep - self.log_growth
             self.floors[1] = -self.keep
             self._profile(1, i0 + a, lrow[a:b], 0.0, True)
-            return _Row(i0 + a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
+            return Row(i0 + a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
         row = np.empty(i1 - i0)
         KG.exp_normalise(lrow, row)
-        a, b = _span(row)
+        a, b = row_span(row)
         peak = -self.linear_floor - self.log_growth
         self.floors[1] = -self.linear_floor
         self._profile(1, i0 + a, row[a:b], 0.0, False)
-        return _Row(i0 + a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
+        return Row(i0 + a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
 
     def _range_ok(self, peak: float, gmax: float, j: int) -> bool:
         """Whether every earlier truncation, grown per row, is 2^-52 below ``gmax``.
@@ -628,13 +628,13 @@ class _Forward:
             self._norms = self._errors.norms(self.floors)
         return self._errors.at_draw(self._norms[j], j, t, i_end)
 
-    def step(self, prev: _Row, j: int) -> _Row:
+    def step(self, prev: Row, j: int) -> Row:
         """Row j (1-based, j >= 2) from row j - 1."""
         return self._step_log(prev, j) if self.log_space else self._step_linear(prev, j)
 
-    def _step_linear(self, prev: _Row, j: int) -> _Row:
+    def _step_linear(self, prev: Row, j: int) -> Row:
         nj = float(self.gaps[j - 1])
-        total = _summed(prev, False)
+        total = summed_levels(prev, False)
         n_t = total.size
         scale = 1.0 / prev.top
         # Past the window, S decays by r per step; from ln(n_t) + 746 e-folds on it is 0.0.
@@ -667,13 +667,13 @@ class _Forward:
         if not (top > 0.0 and math.isfinite(top)):
             if self.probing:
                 return self._probe_row_via_logs(prev, j)
-            raise _LinearGuardTripped
+            raise LinearGuardTripped
         gmax = prev.gmax + math.log(top)  # values are in units of the previous row's max
         trunc = max(prev.gmax, gmax) - self.linear_floor  # this row's truncation floor
         peak = max(prev.peak, trunc - j * self.log_growth)
         self.floors[j] = trunc
         if not self.probing and not self._range_ok(peak, gmax, j):
-            raise _LinearGuardTripped
+            raise LinearGuardTripped
         self.gmaxes[j - 1] = gmax
         self.modes[j - 1] = float(self.pos[prev.lo + at])
         if not self.mu:  # the profile linear_row recorded: linear values, in units of top
@@ -681,9 +681,9 @@ class _Forward:
             self.prof_linear[j - 1] = True
         multi = out.shape[0] > 1
         total_out = tot if multi else None
-        return _Row(prev.lo + a, out, top, gmax, peak, total_out, 0, stay, ids if multi else None)
+        return Row(prev.lo + a, out, top, gmax, peak, total_out, 0, stay, ids if multi else None)
 
-    def _probe_row_via_logs(self, prev: _Row, j: int) -> _Row:
+    def _probe_row_via_logs(self, prev: Row, j: int) -> Row:
         """Probing only: row j formed in log space from a linear row whose successor underflows.
 
         The previous row's logs keep what it holds (its own linear range); the transition
@@ -697,7 +697,7 @@ class _Forward:
             raise ValueError("probing runs untilted")
         tail = self._tail
         if tail is None or tail[0] > prev.lo:
-            sub = _Forward(
+            sub = Forward(
                 self.logw[prev.lo :],
                 self.pos[prev.lo :],
                 self.gaps,
@@ -717,17 +717,17 @@ class _Forward:
             llev = np.log(dense / prev.top)
             ltot = None
             if prev.levels.shape[0] > 1:
-                ltot = np.log(_summed(prev, False) / prev.top)
-        lrow = sub._step_log(_Row(prev.lo - off, llev, 1.0, prev.gmax, prev.peak, ltot), j)
+                ltot = np.log(summed_levels(prev, False) / prev.top)
+        lrow = sub._step_log(Row(prev.lo - off, llev, 1.0, prev.gmax, prev.peak, ltot), j)
         self.gmaxes[j - 1] = sub.gmaxes[j - 1]
         self.modes[j - 1] = sub.modes[j - 1]
         self._copy_profile(j, sub)
         # back to linear: the log row's maximum over its sum over levels is 0
         levels = np.exp(lrow.levels)
         total = None if lrow.total is None else np.exp(lrow.total)
-        return _Row(lrow.lo + off, levels, 1.0, lrow.gmax, lrow.peak, total)
+        return Row(lrow.lo + off, levels, 1.0, lrow.gmax, lrow.peak, total)
 
-    def _step_log(self, prev: _Row, j: int) -> _Row:
+    def _step_log(self, prev: Row, j: int) -> Row:
         """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
 
         The same range rule as the linear pass (:meth:`_range_ok`) with a truncation floor of
@@ -737,11 +737,11 @@ class _Forward:
         """
         nj = float(self.gaps[j - 1])
         lev = prev.levels
-        ltotal = _summed(prev, True)
+        ltotal = summed_levels(prev, True)
         n_t = ltotal.size
         ls = np.empty(self.n1 - prev.lo)
         if self.log_kernel == "scaled":
-            tm, te = _to_scaled(ltotal)
+            tm, te = to_scaled(ltotal)
             sm = np.empty(self.n1 - prev.lo)
             se = np.empty(self.n1 - prev.lo, dtype=np.int64)
             count = KS.transition_scaled(
@@ -821,7 +821,7 @@ class _Forward:
             short = peak + j * self.log_growth - (gmax - self.headroom)
             self.needed_keep = max(self.needed_keep, self.keep + short)
         total = tot if tot.size else None
-        return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0, gmax, peak, total)
+        return Row(prev.lo + a, np.ascontiguousarray(out), 1.0, gmax, peak, total)
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -829,7 +829,7 @@ class _Forward:
         """Whether row j is a checkpoint: kept whole, a block is recomputed from it."""
         return j == 1 or j == self.m or (j - 1) % self.block == 0 or j == self.switch
 
-    def _store(self, j: int, row: _Row) -> None:
+    def _store(self, j: int, row: Row) -> None:
         self.rows[j] = row
         self.stored_bytes += row.nbytes
         if not self.checkpointing and self.stored_bytes > self.budget:
@@ -846,14 +846,14 @@ class _Forward:
         """All rows. ``probe_on_trip`` (untilted linear passes): a row that breaks the range
         rule does not end the pass; it drops its rows and goes on as a probe (every row's
         maximum and mode, a row that underflows formed through logs), then raises
-        :class:`_LinearGuardTripped`, so one pass serves as the linear attempt and as the
-        measurement for :func:`_choose_tilt`."""
+        :class:`LinearGuardTripped`, so one pass serves as the linear attempt and as the
+        measurement for :func:`choose_tilt`."""
         row = self.first()
         self._store(1, row)
         for j in range(2, self.m + 1):
             try:
                 nxt = self.step(row, j)
-            except _LinearGuardTripped:
+            except LinearGuardTripped:
                 if not probe_on_trip or self.log_space or self.mu:
                     raise
                 self.probing = True
@@ -874,7 +874,7 @@ class _Forward:
             ):
                 # Row j - 1 has served row j: the draws need its sum over levels and, at
                 # the one interval each picks, its levels, which level 1 of this and the
-                # earlier rows determine (_levels_at). Checkpoint rows stay whole (a block
+                # earlier rows determine (stored_levels_at). Checkpoint rows stay whole (a block
                 # is recomputed from them), and so do all rows while the stored rows take
                 # little memory (COMPACT_FROM_BYTES).
                 self.stored_bytes -= row.nbytes
@@ -883,14 +883,14 @@ class _Forward:
             self._store(j, nxt)
             row = nxt
         if self.probing:
-            raise _LinearGuardTripped
+            raise LinearGuardTripped
         if self.needed_keep > 0.0:
-            raise _LogGuardTripped(self.needed_keep)
+            raise LogGuardTripped(self.needed_keep)
 
     def dense_total(self, j: int) -> FloatArray:
         """Row j summed over repeat counts, dense over all n + 1 intervals, max 1 (for tests)."""
         row = self.get(j)
-        summed = _summed(row, self.log_space)
+        summed = summed_levels(row, self.log_space)
         out = np.zeros(self.n1)
         out[row.lo : row.lo + summed.size] = np.exp(summed) if self.log_space else summed
         if self.mu:  # tilted: back to alpha (in logs: the tilt spans thousands of e-folds)
@@ -899,7 +899,7 @@ class _Forward:
             return np.asarray(np.exp(lout - lout.max()), dtype=np.float64)
         return np.asarray(out / out.max(), dtype=np.float64)
 
-    def get(self, j: int) -> _Row:
+    def get(self, j: int) -> Row:
         """Row j, recomputing its checkpoint block when it was not kept."""
         if j in self.rows:
             return self.rows[j]
@@ -918,7 +918,7 @@ _NO_LEVELS = np.zeros(0)
 _NO_PROFILE = np.zeros(0)  # a row that records no profile (tilted rows)
 
 
-def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
+def stored_levels_at(fwd: Forward, j: int, g: int, nlev: int) -> FloatArray:
     """alpha(j, g, k) for k = 1..nlev of a linear row, as its pass formed them, exactly.
 
     A compact row keeps level 1 only; level k + 1 at interval g is level k of row j - 1 at g
@@ -950,8 +950,8 @@ def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
     return out
 
 
-def _draw_block(
-    fwd: _Forward,
+def draw_block(
+    fwd: Forward,
     j: int,
     i_end: int,
     pos_ref: int,
@@ -973,7 +973,7 @@ def _draw_block(
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.nlev or row.top_level, j)
-    summed = _summed(row, fwd.log_space)  # one weight per interval
+    summed = summed_levels(row, fwd.log_space)  # one weight per interval
     buf = np.empty(count)
     pos = fwd.pos
     # Each weight's error is the row entry's error times its kernel factor, so the check
@@ -1039,8 +1039,8 @@ def _draw_block(
         if not fwd.log_space:
             # the sound bound alone rejected it: the median rule, which tilted passes
             # answer to, is too weak here, so the retry is the log pass
-            raise _SoundGuardTripped if short <= 0.0 else _LinearGuardTripped
-        raise _LogGuardTripped(fwd.keep + max(short, sound))
+            raise SoundGuardTripped if short <= 0.0 else LinearGuardTripped
+        raise LogGuardTripped(fwd.keep + max(short, sound))
     # Two raw 64-bit words per block, always (so passes that keep different numbers of
     # levels stay in step, and the generator advances as two rng.random() calls would): the
     # interval from its weight summed over repeat counts, then the count from that
@@ -1054,16 +1054,18 @@ def _draw_block(
     k = 0
     if nlev > 1:
         if row.nlev:  # compact: the levels at the picked interval, replayed
-            at_pick = _levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = _pick_level(at_pick, _level_ids(nlev), nlev, 0, False, w_level, rng)
+            at_pick = stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
+            k = pick_repeat_level(at_pick, repeat_level_ids(nlev), nlev, 0, False, w_level, rng)
         else:  # the stored levels at the picked interval
-            k = _pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, w_level, rng)
+            k = pick_repeat_level(
+                row.levels, row.level_ids, nlev, pick, fwd.log_space, w_level, rng
+            )
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick, k + 1
 
 
-def _pick_level(
+def pick_repeat_level(
     levels: FloatArray,
     ids: IntArray,
     nlev: int,
@@ -1073,13 +1075,13 @@ def _pick_level(
     rng: np.random.Generator,
 ) -> int:
     """The repeat count (0-based) at column v, drawn exactly ∝ its levels 1..nlev
-    (:func:`_level_weights`); -1 if they are all zero."""
-    weights, counts = _level_weights(levels, ids, nlev, v, log_space)
+    (:func:`repeat_level_weights`); -1 if they are all zero."""
+    weights, counts = repeat_level_weights(levels, ids, nlev, v, log_space)
     s = pick_weights(weights, word, rng)
     return -1 if s < 0 else int(counts[s]) - 1
 
 
-def _level_weights(
+def repeat_level_weights(
     levels: FloatArray, ids: IntArray, nlev: int, v: int, log_space: bool
 ) -> tuple[FloatArray, IntArray]:
     """The weights a level pick draws from (relative to the largest) and the repeat count
@@ -1089,15 +1091,15 @@ def _level_weights(
     return weights[:ns], ids[:ns]
 
 
-def _probe(
+def run_probe(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
     c: float,
     log_kernel: str,
     lw_ref: float | None = None,
-    inputs: _Inputs | None = None,
-) -> _Forward:
+    inputs: Inputs | None = None,
+) -> Forward:
     """A narrow log pass (``PROBE_KEEP`` e-folds, rows a quarter as wide) that measures rows.
 
     It runs to the end even when its range is short, recording each row's maximum, where
@@ -1105,7 +1107,7 @@ def _probe(
     range, so the falls it sees are at least the true ones (missing mass only lowers a
     row's maximum).
     """
-    probe = _Forward(
+    probe = Forward(
         logw,
         pos,
         gaps,
@@ -1117,17 +1119,17 @@ def _probe(
         lw_ref=lw_ref,
         inputs=inputs,
     )
-    with contextlib.suppress(_LogGuardTripped):
+    with contextlib.suppress(LogGuardTripped):
         probe.run()
     return probe
 
 
-def _keep_after(probe: _Forward) -> float:
+def _keep_after(probe: Forward) -> float:
     """The range the exact log pass starts with: enough for the falls the probe saw."""
     return LOG_KEEP if probe.needed_keep == 0.0 else max(LOG_KEEP, probe.needed_keep + 200.0)
 
 
-def _choose_tilt(probe: _Forward) -> float:
+def choose_tilt(probe: Forward) -> float:
     """The tilt under which linear rows should hold the probe's falls (0.0: none found).
 
     A tilted row j is stored as ``alpha e^(-mu (P - T_j))`` (``T_j = n_1 + .. + n_j``), so
@@ -1174,7 +1176,7 @@ def _log_kappa(c: float, mu: float, n1: int) -> float:
     return math.log(min(kern, float(n1)) + 0.5)
 
 
-def _run_log_space(
+def run_log_space(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
@@ -1183,22 +1185,22 @@ def _run_log_space(
     keep: float | None = None,
     log_kernel: str = "scaled",
     lw_ref: float | None = None,
-    inputs: _Inputs | None = None,
-) -> _Forward:
+    inputs: Inputs | None = None,
+) -> Forward:
     """Forward pass in log space, widening the kept range until every row has enough.
 
     A pass that comes up short reports the largest range any row asked for; the next pass
-    keeps that much (plus slack). Without a ``keep`` a probe pass (:func:`_probe`) measures
+    keeps that much (plus slack). Without a ``keep`` a probe pass (:func:`run_probe`) measures
     the rows' falls first and the exact pass starts with the range they need. Every pass
-    checks its own range (:meth:`_Forward._range_ok`), so the probe only decides speed,
+    checks its own range (:meth:`Forward._range_ok`), so the probe only decides speed,
     never the result.
     """
     if lw_ref is None:
         lw_ref = median_log_width(logw)
     if keep is None:
-        keep = _keep_after(_probe(logw, pos, gaps, c, log_kernel, lw_ref, inputs))
+        keep = _keep_after(run_probe(logw, pos, gaps, c, log_kernel, lw_ref, inputs))
     while True:
-        fwd = _Forward(
+        fwd = Forward(
             logw,
             pos,
             gaps,
@@ -1213,11 +1215,11 @@ def _run_log_space(
         try:
             fwd.run()
             return fwd
-        except _LogGuardTripped as trip:
+        except LogGuardTripped as trip:
             keep = wider(keep, trip.needed_keep)
 
 
-def _tilted_pass(
+def tilted_pass(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
@@ -1225,10 +1227,10 @@ def _tilted_pass(
     budget: int,
     mu: float,
     lw_ref: float,
-    inputs: _Inputs | None,
-) -> _Forward | None:
+    inputs: Inputs | None,
+) -> Forward | None:
     """Tilted linear rows (``mu``), or None where they break the range rule."""
-    fwd = _Forward(
+    fwd = Forward(
         logw,
         pos,
         gaps,
@@ -1241,12 +1243,12 @@ def _tilted_pass(
     )
     try:
         fwd.run()
-    except _LinearGuardTripped:
+    except LinearGuardTripped:
         return None
     return fwd
 
 
-def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
+def next_tilted_pass(fwd: Forward, budget: int, inputs: Inputs) -> Forward | None:
     """After a linear pass's draw lacked range: the next larger tilt whose forward rows hold
     (None from a log pass, or when no larger tilt is left: :func:`tilt_candidates`).
 
@@ -1258,15 +1260,13 @@ def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
     """
     if fwd.log_space:
         return None
-    chosen = fwd.mu if fwd.mu else _choose_tilt(fwd)
+    chosen = fwd.mu if fwd.mu else choose_tilt(fwd)
     for mu_try in tilt_candidates(
         fwd.c, chosen, fwd.pos, fwd.gaps, range_room(fwd.pos.size, fwd.gaps.size - 1), LINEAR_RANGE
     ):
         if mu_try <= fwd.mu:
             continue
-        tilted = _tilted_pass(
-            fwd.logw, fwd.pos, fwd.gaps, fwd.c, budget, mu_try, fwd.lw_ref, inputs
-        )
+        tilted = tilted_pass(fwd.logw, fwd.pos, fwd.gaps, fwd.c, budget, mu_try, fwd.lw_ref, inputs)
         if tilted is not None:
             return tilted  # (if its draws trip too, the next call goes further)
     return None
@@ -1291,7 +1291,7 @@ def range_room(intervals: int, m: int) -> float:
     return _linear_floor(intervals) - _headroom(m)
 
 
-def _forward_pass(
+def forward_pass(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
@@ -1300,24 +1300,24 @@ def _forward_pass(
     log_kernel: str,
     tilt: bool | float,
     lw_ref: float,
-    inputs: _Inputs | None = None,
-) -> _Forward:
+    inputs: Inputs | None = None,
+) -> Forward:
     """Linear rows; tilted linear rows where a probe says they hold; else the log pass.
 
-    ``tilt``: True chooses a tilt from the probe (:func:`_choose_tilt`), False never
+    ``tilt``: True chooses a tilt from the probe (:func:`choose_tilt`), False never
     tilts, a number forces that tilt (tests).
     """
     if tilt is True or tilt is False:
-        fwd = _Forward(
+        fwd = Forward(
             logw, pos, gaps, c, log_space=False, budget=budget, lw_ref=lw_ref, inputs=inputs
         )
         try:
             fwd.run(probe_on_trip=bool(tilt))
             return fwd
-        except _LinearGuardTripped:
+        except LinearGuardTripped:
             pass
         # the linear pass went on as a probe: its rows' maxima and modes choose the tilt
-        mu = _choose_tilt(fwd) if tilt else 0.0
+        mu = choose_tilt(fwd) if tilt else 0.0
     else:
         mu = float(tilt)
     # a chosen tilt that trips is followed by larger ones (:func:`tilt_candidates`); a
@@ -1331,10 +1331,10 @@ def _forward_pass(
         else []
     )
     for mu_try in tries:
-        tilted = _tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
+        tilted = tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
         if tilted is not None:
             return tilted
-    return _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
+    return run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
 
 
 def sample_interval_sequence(
@@ -1367,8 +1367,8 @@ def sample_interval_sequence(
         tilt: whether a failed linear pass may be retried with tilted linear rows before
             the log pass (True), never (False), or that tilt ``mu`` forced (tests).
     """
-    return _sample_interval_sequence(
-        _Inputs.prepare(logw, pos),
+    return sample_prepared_sequence(
+        Inputs.prepare(logw, pos),
         gaps,
         c,
         rng,
@@ -1379,8 +1379,8 @@ def sample_interval_sequence(
     )
 
 
-def _sample_interval_sequence(
-    inputs: _Inputs,
+def sample_prepared_sequence(
+    inputs: Inputs,
     gaps: FloatArray,
     c: float,
     rng: np.random.Generator,
@@ -1390,7 +1390,7 @@ def _sample_interval_sequence(
     log_kernel: str = "scaled",
     tilt: bool | float = True,
 ) -> IntArray:
-    """:func:`sample_interval_sequence` on prepared inputs (:meth:`_Inputs.prepare`)."""
+    """:func:`sample_interval_sequence` on prepared inputs (:meth:`Inputs.prepare`)."""
     # Heavy atoms cut to the largest gap target: the same distribution, shallower rows.
     inputs = inputs.collapsed(collapse_cap(gaps))
     # Rows and weights are exact only down to the smallest normal double below their
@@ -1401,27 +1401,27 @@ def _sample_interval_sequence(
         d1 = logw.size
         m = gaps.size - 1
         if force_log_space or inputs.narrow:
-            fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
+            fwd = run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
         else:
-            fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
+            fwd = forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
         seq = np.empty(m, dtype=np.int64)
         j, i_end, pos_ref = m, d1, int(pos[-1])
         while j > 0:
             try:
-                i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
-            except _LinearGuardTripped as trip:
+                i, k = draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+            except LinearGuardTripped as trip:
                 # a larger tilt while one is worth it (as the forward pass retries; never
                 # with tilt=False, nor after the sound bound tripped), then the log pass;
                 # either way the same step with exact weights: nothing was drawn
-                retry_tilt = tilt is not False and not isinstance(trip, _SoundGuardTripped)
-                retilted = _retilted(fwd, budget, inputs) if retry_tilt else None
-                fwd = retilted or _run_log_space(
+                retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
+                retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
+                fwd = retilted or run_log_space(
                     logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs
                 )
                 continue
-            except _LogGuardTripped as trip:
+            except LogGuardTripped as trip:
                 keep = wider(fwd.keep, trip.needed_keep)
-                fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
+                fwd = run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
                 continue
             seq[j - k : j] = i
             j -= k
@@ -1433,12 +1433,12 @@ def _sample_interval_sequence(
 _MEMO_KEY = "jointexp.inputs"
 
 
-def _support_inputs(sup: Support) -> _Inputs:
+def support_inputs(sup: Support) -> Inputs:
     """The support's log widths (max 0) and positions with what the passes derive from them:
     from ``sup.memo`` when a run on the same histogram prepared them, else prepared here."""
     inputs = sup.memo.get(_MEMO_KEY)
-    if not isinstance(inputs, _Inputs):
-        inputs = _Inputs.from_widths(sup.widths, sup.cum)
+    if not isinstance(inputs, Inputs):
+        inputs = Inputs.from_widths(sup.widths, sup.cum)
         sup.memo[_MEMO_KEY] = inputs
     return inputs
 
@@ -1452,7 +1452,7 @@ def jointexp_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArr
     """
     c = sup.epsilon / (2.0 * jointexp_sensitivity(sup.quantiles, sup.neighbors))
     gaps = quantile_gaps(sup.quantiles, sup.n)
-    seq = _sample_interval_sequence(_support_inputs(sup), gaps, c, rng)
+    seq = sample_prepared_sequence(support_inputs(sup), gaps, c, rng)
     return sup.points_in(seq, rng)
 
 

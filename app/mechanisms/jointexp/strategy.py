@@ -117,7 +117,7 @@ def deficit_tilts(
     the 41 cases with a deficit, the least tilt under which the forward rows and every
     draw hold was the first one in 30 and a quarter step less in 8, never more; the
     zero-inflated shape at m = 29 (3 cases) held at none of the steps (the probe's choice
-    serves it). The probe (:func:`_choose_tilt`) alone chose a quarter to half a step more
+    serves it). The probe (:func:`choose_tilt`) alone chose a quarter to half a step more
     on one-sided clamps (k = 3.75 or 4 where 3.5 holds: rows ~20 % narrower) and less at
     inner atoms, whose draws then tripped and took a second pass. Also used where the
     probe's rows cannot see the deficit (they keep 750 e-folds; 5 % at one inner point at
