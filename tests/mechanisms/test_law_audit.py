@@ -25,7 +25,7 @@ import pytest
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import mechanism as jx
-from app.mechanisms.jointexp.kernels_linear import _pw
+from app.mechanisms.jointexp.kernels_linear import decay_power
 from app.mechanisms.sampling import inverse_cdf_pick
 from tests.mechanisms import law_audit as LA
 
@@ -155,7 +155,7 @@ def _old_step_weights_linear(
     top = 0.0
     for v in range(count):
         d = pos_ref - P[lo + v]
-        kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pwf, d - L - 1)
+        kern = r_f * decay_power(pw, L - d) if d <= L else r_1mf * decay_power(pwf, d - L - 1)
         x = total[v] * kern
         out[v] = x
         if x > top:
@@ -205,7 +205,7 @@ def _old_draw_block(
             ltop = KG.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk
-    if not fwd._range_ok(row.peak, g_rel, j):
+    if not fwd.range_ok(row.peak, g_rel, j):
         if not fwd.log_space:
             raise jx.LinearGuardTripped
         short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)

@@ -7,7 +7,7 @@ on the pass's common log scale) plus what the earlier rows' errors became throug
 recursion, which multiplies an error landing on interval i by i's width. The draws read the
 rows through a kernel, so what matters is the error *near the sampled position*, relative
 to the draw's largest weight. This module bounds it without assuming anything about the
-widths (the speed rule in :meth:`~app.mechanisms.jointexp.mechanism.Forward._range_ok` charges the
+widths (the speed rule in :meth:`~app.mechanisms.jointexp.mechanism.Forward.range_ok` charges the
 median width, which is not a worst-case bound).
 
 **The weighted norm.** For a region ``Z_j = [T_j - R - D, T_j + R]`` around row j's target

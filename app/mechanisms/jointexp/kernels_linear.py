@@ -39,7 +39,7 @@ NEG_INF = -np.inf
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _pw(pw: np.ndarray, e: int) -> float:
+def decay_power(pw: np.ndarray, e: int) -> float:
     if e < pw.size:
         return float(pw[e])
     return 0.0
@@ -106,7 +106,7 @@ def transition_linear(
             acc = T[wh]
             SA[wh] = acc
             for k in range(wh - 1, -1, -1):
-                acc = T[k] + _pw(pw, Pl[k + 1] - Pl[k]) * acc
+                acc = T[k] + decay_power(pw, Pl[k + 1] - Pl[k]) * acc
                 SA[k] = acc
         B = wh + 1
         PB = Pl[B] if n_out > B else 0  # (unused while the back stack is empty)
@@ -117,7 +117,7 @@ def transition_linear(
         u = v - 1
         if u < nT:  # u joins the back of the window
             if u >= B:
-                BA += T[u] * _pw(pw, Pl[u] - PB)
+                BA += T[u] * decay_power(pw, Pl[u] - PB)
             else:
                 B = u
                 PB = Pl[u]
@@ -127,7 +127,7 @@ def transition_linear(
         while t + 1 < nT and Pl[t + 1] <= lim:
             t += 1
             pt = Pl[t]
-            G = T[t] + (_pw(pwf, pt - Ptp) * G if t > 0 else 0.0)
+            G = T[t] + (decay_power(pwf, pt - Ptp) * G if t > 0 else 0.0)
             Ptp = pt
         a = 0.0
         wl = t + 1
@@ -136,7 +136,7 @@ def transition_linear(
                 acc = T[wh]
                 SA[wh] = acc
                 for k in range(wh - 1, wl - 1, -1):
-                    acc = T[k] + _pw(pw, Pl[k + 1] - Pl[k]) * acc
+                    acc = T[k] + decay_power(pw, Pl[k + 1] - Pl[k]) * acc
                     SA[k] = acc
                 B = wh + 1
                 PB = Pl[B] if n_out > B else 0  # (unused while the back stack is empty)
@@ -144,11 +144,11 @@ def transition_linear(
             agg = SA[wl]
             pwl = Pl[wl]
             if BA > 0.0:
-                agg += _pw(pw, PB - pwl) * BA
-            a = r_f * _pw(pw, L - (pv - pwl)) * agg
+                agg += decay_power(pw, PB - pwl) * BA
+            a = r_f * decay_power(pw, L - (pv - pwl)) * agg
         far = 0.0
         if t >= 0:
-            far = r_1mf * G * _pw(pwf, pv - Ptp - L - 1)
+            far = r_1mf * G * decay_power(pwf, pv - Ptp - L - 1)
             a += far
         val = wl_[v] * (scale * a)
         S[v] = val
@@ -461,10 +461,10 @@ def step_weights_linear(
         d = pos_ref - P[lo + v]
         if d <= L:
             e = L - d
-            kern = _scaled_factor(_pw(pw, e), r_f, lscale - (c - mu) * (e + f))
+            kern = _scaled_factor(decay_power(pw, e), r_f, lscale - (c - mu) * (e + f))
         else:
             e = d - L - 1
-            kern = _scaled_factor(_pw(pwf, e), r_1mf, lscale - (c + mu) * (e + 1.0 - f))
+            kern = _scaled_factor(decay_power(pwf, e), r_1mf, lscale - (c + mu) * (e + 1.0 - f))
         x = total[v] * kern
         out[v] = x
         if x > top:

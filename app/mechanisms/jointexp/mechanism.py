@@ -32,7 +32,7 @@ without the O(m^2 n) table:
   at the same interval with at least the same weight, so the error this introduces in any
   later weight is below 2^-60 of that weight's row (times m).
 * Rows are max-normalised in linear space (fast path). Each row carries its maximum on a
-  common log scale; the range rule (:meth:`Forward._range_ok`) requires every earlier row's
+  common log scale; the range rule (:meth:`Forward.range_ok`) requires every earlier row's
   truncation floor, grown per row, to stay 2^-52 below the current row's maximum (and below
   each backward draw's largest weight). A linear row that breaks it sends the pass to log
   space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
@@ -604,7 +604,7 @@ class Forward:
         self._profile(1, i0 + a, row[a:b], 0.0, False)
         return Row(i0 + a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
 
-    def _range_ok(self, peak: float, gmax: float, j: int) -> bool:
+    def range_ok(self, peak: float, gmax: float, j: int) -> bool:
         """Whether every earlier truncation, grown per row, is 2^-52 below ``gmax``.
 
         With ``g = log_growth`` (kappa times the median width) and
@@ -672,7 +672,7 @@ class Forward:
         trunc = max(prev.gmax, gmax) - self.linear_floor  # this row's truncation floor
         peak = max(prev.peak, trunc - j * self.log_growth)
         self.floors[j] = trunc
-        if not self.probing and not self._range_ok(peak, gmax, j):
+        if not self.probing and not self.range_ok(peak, gmax, j):
             raise LinearGuardTripped
         self.gmaxes[j - 1] = gmax
         self.modes[j - 1] = float(self.pos[prev.lo + at])
@@ -730,7 +730,7 @@ class Forward:
     def _step_log(self, prev: Row, j: int) -> Row:
         """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
 
-        The same range rule as the linear pass (:meth:`_range_ok`) with a truncation floor of
+        The same range rule as the linear pass (:meth:`range_ok`) with a truncation floor of
         ``keep`` e-folds below each row's maximum. A row that needs more range records how
         much (``needed_keep``) and the pass goes on, so that one restart can size the range
         for every row; :meth:`run` raises at the end.
@@ -816,7 +816,7 @@ class Forward:
         self._profile(j, prev.lo + a, tot if tot.size else out[0], gmax, True)
         peak = max(prev.peak, gmax - self.keep - j * self.log_growth)
         self.floors[j] = gmax - self.keep
-        if not self._range_ok(peak, gmax, j):
+        if not self.range_ok(peak, gmax, j):
             # this row needs the earlier rows' floors lower by the shortfall
             short = peak + j * self.log_growth - (gmax - self.headroom)
             self.needed_keep = max(self.needed_keep, self.keep + short)
@@ -1026,7 +1026,7 @@ def draw_block(
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk  # g_draw - log(max kernel factor)
     # The sound bound on the weights' total error (error_bound) must be 2^-52 m below
-    # the largest weight, and so must the median-width rule's (_range_ok: the rule the
+    # the largest weight, and so must the median-width rule's (range_ok: the rule the
     # forward rows were built to; it only ever asks for more range). Tilted passes are
     # held to the median-width rule alone: the bound's rates are limited by c - mu there
     # and it asks several times more range than they have on clamped data (see
@@ -1192,7 +1192,7 @@ def run_log_space(
     A pass that comes up short reports the largest range any row asked for; the next pass
     keeps that much (plus slack). Without a ``keep`` a probe pass (:func:`run_probe`) measures
     the rows' falls first and the exact pass starts with the range they need. Every pass
-    checks its own range (:meth:`Forward._range_ok`), so the probe only decides speed,
+    checks its own range (:meth:`Forward.range_ok`), so the probe only decides speed,
     never the result.
     """
     if lw_ref is None:
