@@ -10,7 +10,7 @@ Same stress supports as the CI tier (``tests/mechanisms/test_jointexp_errors.py`
 heavy atoms, close quantiles, c from 0.05 to 3, a log range of 8 to 40 e-folds so that the
 dropped mass is large enough to measure). For every case, row and 9 positions per row it
 measures the total error of a draw's weights against the dense log pass and compares it
-with :mod:`app.mechanisms.jointexp_errors`'s bound. Prints the number of cases and
+with :mod:`app.mechanisms.jointexp.error_bound`'s bound. Prints the number of cases and
 measurements, how many exceed the bound (must be 0), and the distribution over cases of
 each case's largest ``log(measured) - log(bound)`` (e-folds; negative: below the bound, and
 how far says how conservative it is).

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from app.mechanisms import MECHANISMS
-from app.mechanisms import jointexp_kernels as K
 from app.mechanisms.fpmode import flush_subnormals
+from app.mechanisms.jointexp import kernels_linear as K
 from benchmarks.bench_mechanisms import CASES, _case_data
 
 KERNELS = {"levels": "linear_levels_step", "transition": "transition_linear"}

@@ -30,8 +30,8 @@ import time
 
 import numpy as np
 
-from app.mechanisms import jointexp as J
 from app.mechanisms.histogram import support_from_values
+from app.mechanisms.jointexp import mechanism as J
 
 SHAPES = ["upper", "lower", "both", "upper20", "int", "tie", "cont"]
 

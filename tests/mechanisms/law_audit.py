@@ -7,9 +7,9 @@ Two laws are computed for one input and compared in total variation:
   ``rng.random()``, which returns ``k * 2^-53`` for a uniform integer ``k`` in
   ``[0, 2^53)``; everything else (forward rows, rebuilds after a guard trip) is a
   deterministic function of the inputs and of the blocks drawn so far. The walker replays
-  the loop of ``_sample_interval_sequence`` with the real pass builders and the real
-  ``_draw_block``, but feeds the draws from a scripted uniform source and intercepts the two
-  picks each draw makes (``inverse_cdf_pick`` for the interval, ``K.pick_level`` for the
+  the loop of ``sample_prepared_sequence`` with the real pass builders and the real
+  ``draw_block``, but feeds the draws from a scripted uniform source and intercepts the two
+  picks each draw makes (``inverse_cdf_pick`` for the interval, ``KG.pick_level`` for the
   repeat count). Both picks are monotone step functions of ``u``, so the set of ``k`` that
   gives one outcome is an integer range, whose ends bisection over ``k`` finds exactly
   (:func:`pick_law`, compiled; it calls the real pick functions). A depth-first search over
@@ -23,7 +23,7 @@ Two laws are computed for one input and compared in total variation:
   original positions is the reference).
 
 :func:`sample_walk` runs the same walker with a real generator and the real picks; it must
-draw exactly what ``_sample_interval_sequence`` draws for the same seed, which guards the
+draw exactly what ``sample_prepared_sequence`` draws for the same seed, which guards the
 walker against drifting from the real loop (:func:`walker_matches_sampler`).
 
 The case generator (:func:`make_case`) and the forced sampling paths (:data:`PATHS`) are
@@ -46,11 +46,12 @@ import mpmath
 import numba
 import numpy as np
 
-from app.mechanisms import jointexp as jx
-from app.mechanisms import jointexp_kernels as _kernels
 from app.mechanisms import sampling as _sampling
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import GridHistogram, Support, support_from_grid
+from app.mechanisms.jointexp import kernels_log as _kernels
+from app.mechanisms.jointexp import mechanism as jx
+from app.mechanisms.jointexp import strategy
 from app.mechanisms.validation import FloatArray, IntArray
 
 #: Number of distinct values ``rng.random()`` returns: ``k * 2^-53`` for k in [0, 2^53).
@@ -58,7 +59,7 @@ GRID = 1 << 53
 _ULP = 2.0**-53
 
 # The real pick functions, bound at import (the walker patches the module attributes that
-# ``_draw_block`` looks up at call time; the law is always computed with these).
+# ``draw_block`` looks up at call time; the law is always computed with these).
 _REAL_INTERVAL_PICK = _sampling.inverse_cdf_pick
 _NEG_INF = -np.inf
 
@@ -191,7 +192,7 @@ def pick_law(
 ) -> list[tuple[int, int]]:
     """The exact law of one pick as ``[(outcome, number of k in [0, 2^53))]``, ascending.
 
-    With ``buf``: ``inverse_cdf_pick(buf, k 2^-53)``; else ``K.pick_level(levels, ids, nlev,
+    With ``buf``: ``inverse_cdf_pick(buf, k 2^-53)``; else ``KG.pick_level(levels, ids, nlev,
     v, log_space, k 2^-53)``. Counts sum to 2^53. Exact by bisection on the monotone pick.
     """
     interval = buf is not None
@@ -273,11 +274,11 @@ def _intercept_exact_level(
     word: int,
     rng: Any,
 ) -> int:
-    """``jx._pick_level`` in exact mode: the same weights and repeat counts
-    (``jx._level_weights``); records the law over repeat counts (0-based) and returns the
+    """``jx.pick_repeat_level`` in exact mode: the same weights and repeat counts
+    (``jx.repeat_level_weights``); records the law over repeat counts (0-based) and returns the
     first."""
     script = _ACTIVE[-1]
-    weights, counts = jx._level_weights(levels, ids, nlev, v, log_space)
+    weights, counts = jx.repeat_level_weights(levels, ids, nlev, v, log_space)
     law = [(int(counts[s]) - 1, p) for s, p in exact_pick_law(weights)]
     script.level_law = law
     return law[0][0]
@@ -307,15 +308,17 @@ def _intercept_level(
 
 @contextlib.contextmanager
 def _intercepted_picks() -> Iterator[None]:
-    """``_draw_block``'s picks routed to the recording wrappers (restored on exit).
+    """``draw_block``'s picks routed to the recording wrappers (restored on exit).
 
-    ``_draw_block`` looks ``pick_weights`` up in its module at call time (both picks, exact
+    ``draw_block`` looks ``pick_weights`` up in its module at call time (both picks, exact
     with respect to the weights). A re-inserted older draw (the negative control) picks
-    with ``inverse_cdf_pick`` and ``K.pick_level`` over 53-bit uniforms instead: where
+    with ``inverse_cdf_pick`` and ``KG.pick_level`` over 53-bit uniforms instead: where
     those names are set on the modules they are intercepted too, and their laws counted
     over all 2^53 uniforms.
     """
-    patches = [(jx, {"pick_weights": _intercept_exact, "_pick_level": _intercept_exact_level})]
+    patches = [
+        (jx, {"pick_weights": _intercept_exact, "pick_repeat_level": _intercept_exact_level})
+    ]
     if hasattr(jx, "inverse_cdf_pick"):
         patches.append((jx, {"inverse_cdf_pick": _intercept_interval}))
     if hasattr(_kernels, "pick_level"):
@@ -328,9 +331,9 @@ def _intercepted_picks() -> Iterator[None]:
 
 @dataclass
 class _Walk:
-    """One input with the options of ``_sample_interval_sequence``: the passes it builds."""
+    """One input with the options of ``sample_prepared_sequence``: the passes it builds."""
 
-    inputs: Any  # jx._Inputs, already cut to the collapse cap
+    inputs: Any  # jx.Inputs, already cut to the collapse cap
     gaps: FloatArray
     c: float
     force_log_space: bool
@@ -344,16 +347,16 @@ class _Walk:
 
     def _log_pass(self, keep: float | None) -> Any:
         i = self.inputs
-        return jx._run_log_space(
+        return jx.run_log_space(
             i.logw, i.pos, self.gaps, self.c, self.budget, keep, self.log_kernel, i.lw_ref, i
         )
 
     def first_pass(self) -> Any:
-        """The forward pass the sampler starts with (as ``_sample_interval_sequence``)."""
+        """The forward pass the sampler starts with (as ``sample_prepared_sequence``)."""
         i = self.inputs
         if self.force_log_space:
             return self._log_pass(None)
-        return jx._forward_pass(
+        return jx.forward_pass(
             i.logw,
             i.pos,
             self.gaps,
@@ -374,16 +377,18 @@ class _Walk:
         nj = float(self.gaps[j])
         while True:
             try:
-                i, k = jx._draw_block(fwd, j, i_end, pos_ref, nj, source)
+                i, k = jx.draw_block(fwd, j, i_end, pos_ref, nj, source)
                 return fwd, i, k
-            except jx._LinearGuardTripped as trip:
+            except jx.LinearGuardTripped as trip:
                 self._no_uniform_drawn(source)
-                retry_tilt = self.tilt is not False and not isinstance(trip, jx._SoundGuardTripped)
-                retilted = jx._retilted(fwd, self.budget, self.inputs) if retry_tilt else None
+                retry_tilt = self.tilt is not False and not isinstance(trip, jx.SoundGuardTripped)
+                retilted = (
+                    jx.next_tilted_pass(fwd, self.budget, self.inputs) if retry_tilt else None
+                )
                 fwd = retilted or self._log_pass(None)
-            except jx._LogGuardTripped as trip:
+            except jx.LogGuardTripped as trip:
                 self._no_uniform_drawn(source)
-                fwd = self._log_pass(jx._wider(fwd.keep, trip.needed_keep))
+                fwd = self._log_pass(strategy.wider(fwd.keep, trip.needed_keep))
 
     @staticmethod
     def _no_uniform_drawn(source: Any) -> None:
@@ -401,7 +406,7 @@ def _make_walk(
     tilt: bool | float,
 ) -> _Walk:
     if isinstance(inputs_or_support, Support):
-        inputs = jx._support_inputs(inputs_or_support)
+        inputs = jx.support_inputs(inputs_or_support)
     else:
         inputs = inputs_or_support
     gaps = np.asarray(gaps, dtype=np.float64)
@@ -475,9 +480,9 @@ def implementation_law(
     log_kernel: str = "scaled",
     tilt: bool | float = True,
 ) -> Law:
-    """The exact law of ``_sample_interval_sequence``'s output for these inputs and options.
+    """The exact law of ``sample_prepared_sequence``'s output for these inputs and options.
 
-    ``inputs_or_support``: a ``jx._Inputs`` or a :class:`Support` (its prepared inputs, as
+    ``inputs_or_support``: a ``jx.Inputs`` or a :class:`Support` (its prepared inputs, as
     ``jointexp_core`` uses them). Every sequence of positive probability is a key; the
     values sum to 1 up to double rounding. Exact: the walk follows the sampler's loop with
     its real pass builders and draws, and each pick's law is counted over all 2^53 values
@@ -517,7 +522,7 @@ def sample_walk(
 ) -> IntArray:
     """The walker in sample mode: one sequence drawn with ``rng`` and the real picks.
 
-    Must equal ``_sample_interval_sequence`` with the same generator state (the walker
+    Must equal ``sample_prepared_sequence`` with the same generator state (the walker
     replays the sampler's loop; :func:`walker_matches_sampler`).
     """
     walk = _make_walk(inputs_or_support, gaps, c, force_log_space, budget, log_kernel, tilt)
@@ -631,7 +636,7 @@ def rounding_scale(
 def walker_matches_sampler(
     sup: Support, seed: int, *, patches: Mapping[str, Any] | None = None, **options: Any
 ) -> tuple[bool, IntArray, IntArray]:
-    """Run :func:`sample_walk` and ``_sample_interval_sequence`` from ``default_rng(seed)``.
+    """Run :func:`sample_walk` and ``sample_prepared_sequence`` from ``default_rng(seed)``.
 
     Returns whether both drew the same sequence and left their generators in the same state
     (same number of uniforms consumed), and the two sequences.
@@ -640,7 +645,7 @@ def walker_matches_sampler(
     with _patched(jx, patches or {}):
         rng_a, rng_b = np.random.default_rng(seed), np.random.default_rng(seed)
         a = sample_walk(sup, gaps, c, rng_a, **options)
-        b = jx._sample_interval_sequence(jx._support_inputs(sup), gaps, c, rng_b, **options)
+        b = jx.sample_prepared_sequence(jx.support_inputs(sup), gaps, c, rng_b, **options)
     same = bool(np.array_equal(a, b)) and rng_a.random() == rng_b.random()
     return same, a, np.asarray(b)
 
@@ -650,7 +655,7 @@ def walker_matches_sampler(
 
 @dataclass(frozen=True)
 class Path:
-    """One forced sampling path: options of ``_sample_interval_sequence`` and module patches."""
+    """One forced sampling path: options of ``sample_prepared_sequence`` and module patches."""
 
     name: str
     options: Mapping[str, Any]

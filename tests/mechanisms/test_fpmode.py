@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from app.mechanisms import MECHANISMS, fpmode
-from app.mechanisms import jointexp as je
+from app.mechanisms.jointexp import mechanism as je
 
 pytestmark = pytest.mark.skipif(
     not fpmode.available(), reason="MXCSR (flush-to-zero) exists on x86-64 only"
@@ -51,13 +51,13 @@ def test_jointexp_flushes_during_its_pass_and_leaves_the_thread_as_it_was(
     """The forward rows run with FTZ/DAZ set; after the call (and after a failure inside
     it) this thread's floating-point state is what it was."""
     seen: list[int] = []
-    real = je._Forward.run
+    real = je.Forward.run
 
-    def spy(self: je._Forward, *a: object, **k: object) -> None:
+    def spy(self: je.Forward, *a: object, **k: object) -> None:
         seen.append(fpmode.read_mxcsr())
         real(self, *a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(je._Forward, "run", spy)
+    monkeypatch.setattr(je.Forward, "run", spy)
     before = _control()
     rng = np.random.default_rng(3)
     x = rng.normal(0.0, 5.0, size=20_000)
@@ -70,10 +70,10 @@ def test_jointexp_flushes_during_its_pass_and_leaves_the_thread_as_it_was(
     assert seen and all(s & fpmode.FTZ_DAZ == fpmode.FTZ_DAZ for s in seen)
     assert _control() == before
 
-    def boom(self: je._Forward, *a: object, **k: object) -> None:
+    def boom(self: je.Forward, *a: object, **k: object) -> None:
         raise FloatingPointError("injected")
 
-    monkeypatch.setattr(je._Forward, "run", boom)
+    monkeypatch.setattr(je.Forward, "run", boom)
     with pytest.raises(FloatingPointError):
         MECHANISMS["jointexp"].run(x, q, epsilon=1.0, delta=None, lower=-100.0, upper=100.0)
     assert _control() == before

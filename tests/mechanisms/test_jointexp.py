@@ -9,17 +9,23 @@ import mpmath
 import numpy as np
 import pytest
 
-from app.mechanisms import MECHANISMS
-from app.mechanisms import jointexp_kernels as K
-from app.mechanisms.jointexp import (
-    _Forward,
-    _LinearGuardTripped,
-    _to_scaled,
+from app.mechanisms import MECHANISMS, select
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import kernels_log as KG
+from app.mechanisms.jointexp import kernels_scaled as KS
+from app.mechanisms.jointexp import strategy
+from app.mechanisms.jointexp.mechanism import (
+    LINEAR_RANGE,
+    Forward,
+    LinearGuardTripped,
     jointexp,
     jointexp_sensitivity,
     quantile_gaps,
+    range_room,
     sample_interval_sequence,
+    to_scaled,
 )
+from app.mechanisms.validation import FloatArray, IntArray
 from tests.mechanisms.exact import (
     chi_square_p,
     edges_for,
@@ -48,6 +54,18 @@ CASES = [
     # clamped at both bounds, add/remove (5 and 5 of 13; targets up to 3.9, cap 4)
     ([*[-7.0] * 5, 0.2, 0.4, 0.6, *[7.0] * 5], [0.2, 0.5, 0.8], 1.5, -1.0, 1.0, "add_remove"),
 ]
+
+
+def deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
+    """The deficit's tilts with the range the law's rule leaves to them."""
+    room = range_room(pos.size, gaps.size - 1)
+    return strategy.deficit_tilts(c, pos, gaps, room, LINEAR_RANGE)
+
+
+def tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) -> list[float]:
+    """The tilts a pass tries, with the range the law's rule leaves to them."""
+    room = range_room(pos.size, gaps.size - 1)
+    return strategy.tilt_candidates(c, chosen, pos, gaps, room, LINEAR_RANGE)
 
 
 # linear rows; tilted linear rows; log rows: logaddexp / ext / scaled
@@ -139,14 +157,14 @@ def _exact_rows(
     return rows
 
 
-def _forward(logw, pos, gaps, c, path: str, **kw) -> _Forward:
+def _forward(logw, pos, gaps, c, path: str, **kw) -> Forward:
     kernel = "log" if path == "linear" else path
-    return _Forward(
+    return Forward(
         logw, pos, gaps, c, log_space=path != "linear", budget=1 << 30, log_kernel=kernel, **kw
     )
 
 
-def _worst_vs_reference(fwd: _Forward, exact, m: int) -> float:
+def _worst_vs_reference(fwd: Forward, exact, m: int) -> float:
     worst = 0.0
     for j in range(1, m + 1):
         got = fwd.dense_total(j)
@@ -192,7 +210,7 @@ def test_forward_rows_in_a_clamped_run_match_high_precision_reference(path: str)
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
     c = 100.0 / 4.0
-    with pytest.raises(_LinearGuardTripped):
+    with pytest.raises(LinearGuardTripped):
         _forward(logw, sup.cum, gaps, c, "linear").run()
     fwd = _forward(logw, sup.cum, gaps, c, path, keep=math.inf)
     fwd.run()
@@ -207,18 +225,18 @@ def _scaled_and_ext_transition(lT, logw, pos, nj: float, c: float, keep: float):
     n_t = lT.size
     suf = np.maximum.accumulate(logw[::-1])[::-1].copy()
     size = min(int(pos[-1]), math.floor(nj), 500) + 2  # short tables: longer decays call exp
-    qm, qe = K.scaled_decay_table(c, size)
-    wm, we = _to_scaled(logw)
-    tm, te = _to_scaled(lT)
+    qm, qe = KS.scaled_decay_table(c, size)
+    wm, we = to_scaled(logw)
+    tm, te = to_scaled(lT)
     sm, se = np.empty(n1), np.empty(n1, dtype=np.int64)
     scratch = (np.empty(n_t), np.empty(n_t, dtype=np.int64))
-    count = K.transition_scaled(tm, te, 0, wm, we, suf, pos, nj, c, keep, qm, qe, *scratch, sm, se)
+    count = KS.transition_scaled(tm, te, 0, wm, we, suf, pos, nj, c, keep, qm, qe, *scratch, sm, se)
     with np.errstate(divide="ignore"):
-        got = np.log(sm[:count]) + se[:count] * K.SCALE_STEP + logw[:count]
-    pm, pe = K.ext_decay_table(c, size)
+        got = np.log(sm[:count]) + se[:count] * KS.SCALE_STEP + logw[:count]
+    pm, pe = KS.ext_decay_table(c, size)
     ref = np.empty(n1)
     scratch2 = (np.empty(n_t), np.empty(n_t, dtype=np.int64))
-    count_ref, _ = K.transition_ext(
+    count_ref, _ = KS.transition_ext(
         lT, 0, logw, suf, pos, nj, c, keep, pm, pe, *scratch, *scratch2, ref
     )
     return got, ref[:count_ref]
@@ -313,8 +331,8 @@ def test_linear_and_log_paths_agree_on_tie_heavy_data() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    lin = _Forward(logw, pos, gaps, 0.05, log_space=False, budget=1 << 30)
-    log = _Forward(logw, pos, gaps, 0.05, log_space=True, budget=1 << 30)
+    lin = Forward(logw, pos, gaps, 0.05, log_space=False, budget=1 << 30)
+    log = Forward(logw, pos, gaps, 0.05, log_space=True, budget=1 << 30)
     lin.run()
     log.run()
     for j in range(1, q.size + 1):
@@ -335,8 +353,8 @@ def test_long_clamped_run_falls_back_to_log_space_and_stays_finite() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    linear = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
-    with pytest.raises(_LinearGuardTripped):
+    linear = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
+    with pytest.raises(LinearGuardTripped):
         linear.run()
     out = MECHANISMS["jointexp"](x, q, epsilon=1.0, lower=0.0, upper=10.0, rng=rng)
     assert np.all(np.isfinite(out))
@@ -375,11 +393,11 @@ def test_rows_that_fit_the_budget_stay_and_the_draws_are_those_of_full_storage(p
     logw, pos, gaps = _prepared(x, q)
     c = 0.25
     kw = {"tilt": 0.96 * c} if path == "tilted" else {"log_space": True, "keep": math.inf}
-    full = _Forward(logw, pos, gaps, c, log_space=kw.pop("log_space", False), budget=1 << 40, **kw)
+    full = Forward(logw, pos, gaps, c, log_space=kw.pop("log_space", False), budget=1 << 40, **kw)
     full.run()
     assert not full.checkpointing and len(full.rows) == q.size
     half = full.stored_bytes // 2
-    part = _Forward(logw, pos, gaps, c, log_space=full.log_space, budget=half, **kw)
+    part = Forward(logw, pos, gaps, c, log_space=full.log_space, budget=half, **kw)
     part.run()
     assert part.checkpointing and 1 < part.switch < q.size
     assert all(j in part.rows for j in range(1, part.switch + 1))  # nothing dropped below
@@ -488,7 +506,7 @@ def test_stable_across_the_epsilon_range(eps: float, neighbors: str) -> None:
 
 def test_trimmed_log_rows_equal_dense_log_rows_where_it_matters() -> None:
     """Keeping only `keep` e-folds per row changes no kept weight beyond rounding."""
-    from app.mechanisms.jointexp import _run_log_space
+    from app.mechanisms.jointexp.mechanism import run_log_space
 
     rng = np.random.default_rng(17)
     x = np.concatenate([rng.normal(size=4000), np.full(400, 1e9)])  # clamped top run
@@ -498,8 +516,8 @@ def test_trimmed_log_rows_equal_dense_log_rows_where_it_matters() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    trimmed = _run_log_space(logw, pos, gaps, 0.25, 1 << 30)
-    dense = _Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    trimmed = run_log_space(logw, pos, gaps, 0.25, 1 << 30)
+    dense = Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
     dense.run()
     assert trimmed.keep < math.inf
     for j in range(1, q.size + 1):
@@ -515,7 +533,7 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     with a 200 e-fold range). The cumulative rule refuses such a range and the pass that it
     settles on matches the dense (nothing dropped) pass to rounding.
     """
-    from app.mechanisms.jointexp import _LogGuardTripped, _run_log_space
+    from app.mechanisms.jointexp.mechanism import LogGuardTripped, run_log_space
 
     rng = np.random.default_rng(1)
     n = 20_000
@@ -525,18 +543,18 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, n)
-    narrow = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=400.0)
-    with pytest.raises(_LogGuardTripped) as info:
+    narrow = Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=400.0)
+    with pytest.raises(LogGuardTripped) as info:
         narrow.run()
     assert info.value.needed_keep > 400.0
-    chosen = _run_log_space(logw, sup.cum, gaps, 0.25, 1 << 30)
-    dense = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    chosen = run_log_space(logw, sup.cum, gaps, 0.25, 1 << 30)
+    dense = Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
     dense.run()
     assert chosen.keep < math.inf
     for j in range(1, q.size + 1):
         np.testing.assert_allclose(chosen.dense_total(j), dense.dense_total(j), atol=1e-13)
     # The linear pass (range ~700 e-folds) has enough for these falls (~50 each) and agrees.
-    linear = _Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear = Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
     linear.run()
     for j in range(1, q.size + 1):
         np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)
@@ -545,10 +563,10 @@ def test_several_falling_rows_in_a_row_need_range_for_their_sum() -> None:
     sup2 = support_for(x2, 0.0, 10.0, q)
     with np.errstate(divide="ignore"):
         logw2 = np.log(sup2.widths / sup2.widths.max())
-    linear2 = _Forward(
+    linear2 = Forward(
         logw2, sup2.cum, quantile_gaps(q, x2.size), 0.25, log_space=False, budget=1 << 30
     )
-    with pytest.raises(_LinearGuardTripped):
+    with pytest.raises(LinearGuardTripped):
         linear2.run()
 
 
@@ -568,11 +586,11 @@ def test_linear_rows_on_narrow_data_in_loose_bounds_match_the_dense_log_pass() -
     with np.errstate(divide="ignore"):
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(q, x.size)
-    linear = _Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
+    linear = Forward(logw, sup.cum, gaps, 0.25, log_space=False, budget=1 << 30)
     linear.run()  # accepted by the range rule
     rows = [linear.get(j) for j in range(1, q.size + 1)]
     assert rows[0].gmax - rows[-1].gmax > 300.0  # the width fall really is that large
-    dense = _Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+    dense = Forward(logw, sup.cum, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
     dense.run()
     for j in range(1, q.size + 1):
         np.testing.assert_allclose(linear.dense_total(j), dense.dense_total(j), atol=1e-13)
@@ -605,7 +623,7 @@ def _clamped(kind: str, n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_the_chi_square_cases_hold_in_tilted_rows(case) -> None:
     """The "tilted" chi-square path really samples from tilted linear rows."""
-    from app.mechanisms.jointexp import _forward_pass, median_log_width
+    from app.mechanisms.jointexp.mechanism import forward_pass, median_log_width
 
     data, q, eps, lo, hi, nb = case
     sup = support_for(data, lo, hi, q)
@@ -614,7 +632,7 @@ def test_the_chi_square_cases_hold_in_tilted_rows(case) -> None:
         logw = np.log(sup.widths / sup.widths.max())
     gaps = quantile_gaps(sup.quantiles, sup.n)
     pos = np.ascontiguousarray(sup.cum, dtype=np.int64)
-    fwd = _forward_pass(logw, pos, gaps, c, 1 << 30, "scaled", 0.75 * c, median_log_width(logw))
+    fwd = forward_pass(logw, pos, gaps, c, 1 << 30, "scaled", 0.75 * c, median_log_width(logw))
     assert not fwd.log_space
     assert fwd.mu == 0.75 * c
 
@@ -627,15 +645,15 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
     clamped mass; tilted by e^(-mu P) they do not, and the pass stays linear (not the log
     pass, several times slower).
     """
-    from app.mechanisms.jointexp import _forward_pass, median_log_width
+    from app.mechanisms.jointexp.mechanism import forward_pass, median_log_width
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
     lw = median_log_width(logw)
-    plain = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
-    with pytest.raises(_LinearGuardTripped):
+    plain = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(LinearGuardTripped):
         plain.run()
-    fwd = _forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
+    fwd = forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
     assert not fwd.log_space
     assert 0.0 < fwd.mu < 0.25
 
@@ -643,29 +661,29 @@ def test_clamped_data_is_sampled_from_tilted_linear_rows(kind: str) -> None:
 def _zero_inflated(seed: int):
     """3·10^5 N(0, 5^2) values with 5 % at 0.0, m = 99: the gap targets and the prepared
     inputs (log widths and positions)."""
-    from app.mechanisms.jointexp import _Inputs
+    from app.mechanisms.jointexp.mechanism import Inputs
 
     rng = np.random.default_rng(seed)
     x = rng.normal(0.0, 5.0, size=300_000)
     x[rng.random(x.size) < 0.05] = 0.0
     logw, pos, gaps = _prepared(x, np.arange(1, 100) / 100.0)
-    return gaps, _Inputs.prepare(logw, pos)
+    return gaps, Inputs.prepare(logw, pos)
 
 
 def _forbid_log_pass(monkeypatch) -> None:
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     def no_log_pass(*args: object, **kwargs: object) -> None:
         raise AssertionError("the log pass ran")
 
-    monkeypatch.setattr(J, "_run_log_space", no_log_pass)
+    monkeypatch.setattr(J, "run_log_space", no_log_pass)
 
 
 def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkeypatch) -> None:
     """5 % of the values at one inner point (zero-inflated data): the atom's step is cut to
     the largest gap target (collapse_cap) and the whole draw stays in linear rows; before
     the cut every draw ran the log pass with ~10^4 e-folds (n = 10^6: ~60 s)."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     gaps, inputs = _zero_inflated(8)
     pos = inputs.pos
@@ -675,7 +693,7 @@ def test_a_heavy_atom_inside_the_data_is_cut_and_sampled_from_linear_rows(monkey
     assert cut.pos[-1] == pos[-1] - (inputs.max_jump - cap)  # only the atom's step changed
     _forbid_log_pass(monkeypatch)
     for seed in range(3):
-        seq = J._sample_interval_sequence(inputs, gaps, 0.25, np.random.default_rng(seed))
+        seq = J.sample_prepared_sequence(inputs, gaps, 0.25, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
 
 
@@ -684,7 +702,7 @@ def test_prepared_inputs_are_those_of_the_numpy_formulas() -> None:
     and zero-width supports: the cut positions and largest step exactly, the log widths
     the same doubles as ``log(widths / max)`` and the normalised widths within the
     rounding of their logs exponentiated back, zero exactly where the width is zero."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     rng = np.random.default_rng(31)
     for trial in range(40):
@@ -692,7 +710,7 @@ def test_prepared_inputs_are_those_of_the_numpy_formulas() -> None:
         x = np.round(rng.normal(0.0, 5.0, n), int(rng.integers(0, 3)))
         x[rng.random(n) < rng.random() * 0.3] = 150.0  # clamped: a heavy last step
         sup = support_for(x, -100.0, 100.0 if trial % 3 else 150.0, np.array([0.25, 0.5]))
-        inputs = J._Inputs.from_widths(sup.widths, sup.cum)
+        inputs = J.Inputs.from_widths(sup.widths, sup.cum)
         widths = sup.widths
         with np.errstate(divide="ignore"):
             ref_log = np.log(widths / widths.max())
@@ -710,7 +728,7 @@ def test_prepared_inputs_are_those_of_the_numpy_formulas() -> None:
         cap = int(rng.integers(1, max(2, inputs.max_jump + 2)))
         ref_pos = np.concatenate(([sup.cum[0]], sup.cum[0] + np.cumsum(np.minimum(steps, cap))))
         np.testing.assert_array_equal(inputs.collapsed(cap).pos, ref_pos)
-    assert K.largest_step(np.array([7], dtype=np.int64)) == 0
+    assert KL.largest_step(np.array([7], dtype=np.int64)) == 0
 
 
 def _heavy_atom_case():
@@ -738,19 +756,19 @@ def _position_counts(logw, cum, gaps, c, seed: int, tilt) -> collections.Counter
 def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatch) -> None:
     """A tilted pass whose draw trips is replaced by a more tilted one (then the log pass),
     and the sequences keep the exact distribution (brute force, chi-square)."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
-    original = J._draw_block
+    original = J.draw_block
     tilts: list[float] = []
 
     def tripping(fwd, *args):  # tilts below 0.9 c lack range for this test
         tilts.append(fwd.mu / fwd.c)
         if 0.0 < fwd.mu < 0.9 * fwd.c:
-            raise J._LinearGuardTripped
+            raise J.LinearGuardTripped
         return original(fwd, *args)
 
-    monkeypatch.setattr(J, "_draw_block", tripping)
+    monkeypatch.setattr(J, "draw_block", tripping)
     counts = _position_counts(logw, sup.cum, gaps, c, 21, 0.75 * c)
     assert min(tilts) == 0.75 and max(tilts) >= 0.9  # tripped, then retilted
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
@@ -761,60 +779,59 @@ def test_a_heavy_atom_stays_in_linear_rows_at_small_and_large_epsilon(monkeypatc
     """5 % at one inner point at epsilon = 0.1 and 10 (c = eps / 4): no log pass.
 
     At c = 2.5 the probe's rows (750 e-folds) cannot see the undershoot the cut pushes
-    below the rows' maxima and :func:`_choose_tilt` finds no tilt; at c = 0.025 the
+    below the rows' maxima and :func:`choose_tilt` finds no tilt; at c = 0.025 the
     untilted rows hold and the last draw lacks range. Both ran the log pass (n = 10^6:
-    ~2 s and ~4 s); the deficit's tilts (:func:`_deficit_tilts`) hold in linear rows.
+    ~2 s and ~4 s); the deficit's tilts (:func:`deficit_tilts`) hold in linear rows.
     """
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     gaps, inputs = _zero_inflated(9)
     _forbid_log_pass(monkeypatch)
     for seed in range(2):
-        seq = J._sample_interval_sequence(inputs, gaps, c, np.random.default_rng(seed))
+        seq = J.sample_prepared_sequence(inputs, gaps, c, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
 
 
 def test_the_undershoot_depth_is_the_fall_from_the_rows_maximum_to_the_mode() -> None:
     """The model's depth, numerically: the tilted last row ``e^(-a t) t^(m - 1)`` (``t`` in
     gaps' worth of undershoot, ``a`` e-folds per gap) falls from its maximum to the
-    posterior's mode, the whole deficit ``t = m + 1``, by ``_undershoot_depth(a, m)``."""
-    from app.mechanisms import jointexp as J
+    posterior's mode, the whole deficit ``t = m + 1``, by ``undershoot_depth(a, m)``."""
 
     t = np.linspace(1e-9, 4000.0, 4_000_001)
     for a, m in ((8.8, 99), (0.5, 29), (25.0, 29), (3.0, 999), (2.0, 1), (40.0, 2)):
         row = -a * t + (m - 1) * np.log(t)
         at_mode = -a * (m + 1.0) + (m - 1) * math.log(m + 1.0)
-        assert J._undershoot_depth(a, m) == pytest.approx(row.max() - at_mode, abs=1e-6)
-    assert J._undershoot_depth((99 - 1) / 100.0, 99) == pytest.approx(0.0, abs=1e-9)
+        assert strategy.undershoot_depth(a, m) == pytest.approx(row.max() - at_mode, abs=1e-6)
+    assert strategy.undershoot_depth((99 - 1) / 100.0, 99) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_deficit_tilts_put_the_undershoot_within_the_linear_range() -> None:
     """No cut, or one the untilted rows reach: no tilts. A cut of D positions: the first
     tilt is the least quarter step of k whose last row holds the undershoot's mode within
     the range (the step before does not), then DEFICIT_STEPS further, inside (0, c)."""
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     gaps = np.full(100, 10_000.0)
-    assert J._deficit_tilts(0.25, np.arange(1_000_001), gaps) == []
-    assert J._deficit_tilts(0.25, np.arange(1_000_001 - 1_000), gaps) == []  # 2.5 e-folds
+    assert deficit_tilts(0.25, np.arange(1_000_001), gaps) == []
+    assert deficit_tilts(0.25, np.arange(1_000_001 - 1_000), gaps) == []  # 2.5 e-folds
     for c, deficit in ((0.25, 40_000), (2.5, 40_000), (0.025, 40_000), (0.25, 400_000)):
         pos = np.arange(1_000_001 - deficit)
-        tilts = J._deficit_tilts(c, pos, gaps)
+        tilts = deficit_tilts(c, pos, gaps)
         assert tilts and tilts == sorted(tilts) and all(0.0 < t < c for t in tilts)
         room = (
             J.LINEAR_RANGE
             - math.log(4.0 * pos.size)
             - (J.HEADROOM + math.log(100.0))
-            - J.DEFICIT_MARGIN
+            - strategy.DEFICIT_MARGIN
         )
         ks = [-math.log2(1.0 - t / c) for t in tilts]
         k = ks[0]
 
         def depth(k: float, c: float = c, deficit: int = deficit) -> float:
-            return J._undershoot_depth(c * 2.0**-k * deficit / 100.0, 99)
+            return strategy.undershoot_depth(c * 2.0**-k * deficit / 100.0, 99)
 
         assert depth(k) <= room and (k == 0.25 or depth(k - 0.25) > room)
-        assert ks == pytest.approx([k + s for s in J.DEFICIT_STEPS][: len(ks)])
+        assert ks == pytest.approx([k + s for s in strategy.DEFICIT_STEPS][: len(ks)])
         assert all((c - t) * 2.0 * pos[-1] >= J.LINEAR_RANGE for t in tilts)
 
 
@@ -824,13 +841,12 @@ def test_deficit_tilts_end_for_any_number_of_quantiles() -> None:
     went on until ``2^-k`` underflowed to 0.0 and the log raised ValueError (m = 769,414,
     c = 0.0139; 1,905 of 20,000 random (m, c, deficit) with m from 10^3 to 10^7). It now
     stops at the first step past the dip, and the tilts stay inside (0, c)."""
-    from app.mechanisms import jointexp as J
 
     pos = np.arange(1_000_000)
     for m, c, deficit in ((769_414, 0.013925509899311435, 469_487_650.0), (50_000, 2.5, 4e5)):
         span = float(pos[-1] - pos[0])
         gaps = np.full(m + 1, (span + deficit) / (m + 1))
-        tilts = J._deficit_tilts(c, pos, gaps)
+        tilts = deficit_tilts(c, pos, gaps)
         assert tilts and all(0.0 < t < c for t in tilts) and tilts == sorted(tilts)
 
 
@@ -842,30 +858,30 @@ def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, sh
     Before the deficit's model the probe's choice came first: at n = 10^6 a quarter to
     half a step larger (wider rows) above the data, a quarter step smaller at the inner
     point, whose draws tripped and took a second pass."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     n, q = 1_000_000, np.arange(1, 100) / 100.0
     rng = np.random.default_rng({"above": 41, "below": 42, "inside": 43}[shape])
     x = rng.normal(0.0, 5.0, n)
     x[rng.random(n) < 0.05] = {"above": 150.0, "below": -150.0, "inside": 0.0}[shape]
     sup = support_for(x, -100.0, 100.0, q)
-    inputs = J._support_inputs(sup)
+    inputs = J.support_inputs(sup)
     gaps = quantile_gaps(q, n)
     c = 1.0 / 4.0
     cut = inputs.collapsed(J.collapse_cap(gaps))
-    first = J._deficit_tilts(c, cut.pos, gaps)[0]
+    first = deficit_tilts(c, cut.pos, gaps)[0]
     tried: list[float] = []
-    original_pass = J._tilted_pass
+    original_pass = J.tilted_pass
 
     def tilted_pass(*args):
         tried.append(args[5])
         return original_pass(*args)
 
-    monkeypatch.setattr(J, "_tilted_pass", tilted_pass)
+    monkeypatch.setattr(J, "tilted_pass", tilted_pass)
     _forbid_log_pass(monkeypatch)
     for seed in range(2):
         tried.clear()
-        seq = J._sample_interval_sequence(inputs, gaps, c, np.random.default_rng(seed))
+        seq = J.sample_prepared_sequence(inputs, gaps, c, np.random.default_rng(seed))
         assert np.all(np.diff(seq) >= 0)
         assert tried == [first]
 
@@ -873,19 +889,19 @@ def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, sh
 def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> None:
     """An untilted linear pass whose draw trips is followed by tilted rows before the log
     pass, and the sequences keep the exact distribution (brute force, chi-square)."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
-    original = J._draw_block
+    original = J.draw_block
     kinds: list[str] = []
 
     def tripping(fwd, *args):  # untilted linear rows lack range for this test
         kinds.append("log" if fwd.log_space else "tilted" if fwd.mu else "untilted")
         if not fwd.log_space and not fwd.mu:
-            raise J._LinearGuardTripped
+            raise J.LinearGuardTripped
         return original(fwd, *args)
 
-    monkeypatch.setattr(J, "_draw_block", tripping)
+    monkeypatch.setattr(J, "draw_block", tripping)
     counts = _position_counts(logw, sup.cum, gaps, c, 22, True)
     assert "untilted" in kinds and "tilted" in kinds and "log" not in kinds
     assert chi_square_p(counts, probs, DRAWS) > 1e-4
@@ -932,7 +948,7 @@ def test_a_draw_counts_dropped_entries_where_its_kernel_peaks() -> None:
     x[rng.random(3000) < 0.3] = 1.0
     q = np.arange(1, 10) / 10.0
     logw, pos, gaps = _prepared(x, q)
-    tilted = _Forward(logw, pos, gaps, 1.0, log_space=False, budget=1 << 30, tilt=0.9)
+    tilted = Forward(logw, pos, gaps, 1.0, log_space=False, budget=1 << 30, tilt=0.9)
     tilted.run()  # the forward rows alone pass the range rule
     assert int(pos[tilted.get(q.size).lo + tilted.get(q.size).levels.shape[1] - 1]) < 2000
     for seed in range(10):
@@ -946,17 +962,17 @@ def test_a_draw_counts_dropped_entries_where_its_kernel_peaks() -> None:
 
 def test_tilted_rows_match_the_dense_log_rows_on_clamped_data() -> None:
     """Untilted again, the rows of a tilted pass equal the dense log pass's to rounding."""
-    from app.mechanisms.jointexp import _choose_tilt, _probe, median_log_width
+    from app.mechanisms.jointexp.mechanism import choose_tilt, median_log_width, run_probe
 
     q = np.arange(1, 50) / 50.0
     for kind in ("upper", "lower", "both"):
         logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
         lw = median_log_width(logw)
-        mu = _choose_tilt(_probe(logw, pos, gaps, 0.25, "scaled", lw))
+        mu = choose_tilt(run_probe(logw, pos, gaps, 0.25, "scaled", lw))
         assert mu > 0.0
-        tilted = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu)
+        tilted = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu)
         tilted.run()
-        dense = _Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
+        dense = Forward(logw, pos, gaps, 0.25, log_space=True, budget=1 << 30, keep=math.inf)
         dense.run()
         for j in range(1, q.size + 1):
             np.testing.assert_allclose(tilted.dense_total(j), dense.dense_total(j), atol=1e-13)
@@ -972,22 +988,22 @@ def test_a_tripped_linear_pass_goes_on_as_the_probe(kind: str) -> None:
     probe it ran before: the same modes, maxima never above the log probe's (less range
     only loses mass; a few falling rows are ~50 e-folds lower).
     """
-    from app.mechanisms.jointexp import _choose_tilt, _probe, median_log_width
+    from app.mechanisms.jointexp.mechanism import choose_tilt, median_log_width, run_probe
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
     lw = median_log_width(logw)
-    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
-    with pytest.raises(_LinearGuardTripped):
+    lin = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(LinearGuardTripped):
         lin.run(probe_on_trip=True)
     assert lin.probing and not lin.rows
-    log = _probe(logw, pos, gaps, 0.25, "scaled", lw)
+    log = run_probe(logw, pos, gaps, 0.25, "scaled", lw)
     assert np.all(np.isfinite(lin.gmaxes))
     assert np.all(lin.gmaxes <= log.gmaxes + 1e-9)
     np.testing.assert_array_equal(lin.modes, log.modes)
-    mu = _choose_tilt(lin)
+    mu = choose_tilt(lin)
     assert 0.0 < mu < 0.25
-    tilted = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu, lw_ref=lw)
+    tilted = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu, lw_ref=lw)
     tilted.run()
     assert len(tilted.rows) == q.size
 
@@ -996,7 +1012,7 @@ def test_a_linear_pass_that_holds_is_not_turned_into_a_probe() -> None:
     """Continuous data: the linear rows hold, every row is stored, nothing probes."""
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(np.random.default_rng(2).normal(0.0, 5.0, 50_000), q)
-    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
+    lin = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30)
     lin.run(probe_on_trip=True)
     assert not lin.probing and len(lin.rows) == q.size
 
@@ -1007,7 +1023,7 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
     Random positions, widths (30 % zero), quantile gaps, c, tilts and kept ranges; the
     windowed row equals the one formed over every interval, bit for bit.
     """
-    from app.mechanisms.jointexp import _span
+    from app.mechanisms.jointexp.mechanism import row_span
 
     rng = np.random.default_rng(5)
     for _ in range(300):
@@ -1022,21 +1038,21 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
         log_space = bool(rng.random() < 0.5)
         tilt = c * float(rng.uniform(0.1, 0.99)) if not log_space and rng.random() < 0.5 else 0.0
         keep = float(rng.choice([50.0, 750.0, math.inf]))
-        row = _Forward(
+        row = Forward(
             logw, pos, gaps, c, log_space=log_space, budget=1 << 30, keep=keep, tilt=tilt
         ).first()
         dense = np.empty(n1)
-        K.first_row_log(logw, pos, float(gaps[0]), c, dense)
+        KG.first_row_log(logw, pos, float(gaps[0]), c, dense)
         if tilt:
             dense -= tilt * (pos - float(gaps[0]))
         if log_space:
             dense -= dense.max()
-            a, b = _span(dense >= -keep)
+            a, b = row_span(dense >= -keep)
             ref = dense[a:b]
         else:
             lin = np.empty(n1)
-            K.exp_normalise(dense, lin)
-            a, b = _span(lin)
+            KG.exp_normalise(dense, lin)
+            a, b = row_span(lin)
             ref = lin[a:b]
         assert row.lo == a
         np.testing.assert_array_equal(row.levels[0], ref)
@@ -1090,7 +1106,7 @@ def test_kth_smallest_is_the_sorted_value() -> None:
         n = int(rng.integers(1, 60))
         x = rng.choice(pool, size=n) if trial % 2 else rng.normal(size=n).round(trial % 3)
         k = int(rng.integers(0, n))
-        got = K.kth_smallest(x, k)
+        got = select.kth_smallest(x, k)
         want = np.sort(x)[k]
         assert got == want
         if want == 0.0:  # a tie of signed zeros: either sign is the k-th smallest value
@@ -1106,15 +1122,15 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
     every level at sampled intervals of every row replays to the same double, the compact
     rows take under half the bytes, and the same seeds draw the same sequences.
     """
-    from app.mechanisms.jointexp import _levels_at, _Row
+    from app.mechanisms.jointexp.mechanism import Row, stored_levels_at
 
     q = np.arange(1, 50) / 50.0
     logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
-    compact = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
+    compact = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
     compact.run()
     with monkeypatch.context() as mp:
-        mp.setattr(_Row, "compact", lambda self: self)
-        whole = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
+        mp.setattr(Row, "compact", lambda self: self)
+        whole = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 40, tilt=0.225)
         whole.run()
         ref = [
             sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(s), tilt=0.225)
@@ -1127,7 +1143,7 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
         row = whole.rows[j]
         for v in rng.integers(row.levels.shape[1], size=40):
             want = [float(x) for x in row.levels_at(int(v), row.top_level)]
-            assert _levels_at(compact, j, row.lo + int(v), len(want)).tolist() == want
+            assert stored_levels_at(compact, j, row.lo + int(v), len(want)).tolist() == want
     for s in range(5):
         got = sample_interval_sequence(logw, pos, gaps, 0.25, np.random.default_rng(s), tilt=0.225)
         np.testing.assert_array_equal(got, ref[s])
@@ -1138,13 +1154,13 @@ def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) ->
     """Small passes keep every row whole (COMPACT_FROM_BYTES) and pick repeat counts from the
     stored levels; compacting every row instead (threshold 0) replays the same levels, so
     the same seeds draw the same sequences (wide empty end blocks: many repeat levels)."""
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     rng = np.random.default_rng(2)
     for n, m in ((1000, 9), (200, 29)):
         q = np.arange(1, m + 1) / (m + 1)
         logw, pos, gaps = _prepared(np.round(rng.normal(0.0, 5.0, n), 2), q)
-        whole = _Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
+        whole = Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
         whole.run()
         assert not any(r.nlev for r in whole.rows.values())
         assert any(r.ids is not None and r.levels.shape[0] > 1 for r in whole.rows.values())
@@ -1154,7 +1170,7 @@ def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) ->
         ]
         with monkeypatch.context() as mp:
             mp.setattr(J, "COMPACT_FROM_BYTES", 0)
-            compact = _Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
+            compact = Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
             compact.run()
             assert sum(1 for r in compact.rows.values() if r.nlev) > m // 2
             want = [
@@ -1172,21 +1188,21 @@ def test_a_chosen_tilt_that_trips_is_followed_by_larger_ones(monkeypatch) -> Non
     below it does not. Made to choose that one, the forward pass still ends on tilted linear
     rows, at a larger tilt. A forced tilt (tests) is not retried: it goes to the log pass.
     """
-    from app.mechanisms import jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped("upper", 200_000, 5), q)
     lw = J.median_log_width(logw)
-    lin = _Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
-    with pytest.raises(_LinearGuardTripped):
+    lin = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
+    with pytest.raises(LinearGuardTripped):
         lin.run(probe_on_trip=True)
-    chosen = J._choose_tilt(lin)
+    chosen = J.choose_tilt(lin)
     small = 0.25 - (0.25 - chosen) * 2.0  # one step of k below
-    assert J._tilted_pass(logw, pos, gaps, 0.25, 1 << 30, small, lw, None) is None
-    monkeypatch.setattr(J, "_choose_tilt", lambda probe: small)
-    fwd = J._forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
+    assert J.tilted_pass(logw, pos, gaps, 0.25, 1 << 30, small, lw, None) is None
+    monkeypatch.setattr(J, "choose_tilt", lambda probe: small)
+    fwd = J.forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
     assert not fwd.log_space and fwd.mu > small
-    forced = J._forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", small, lw)
+    forced = J.forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", small, lw)
     assert forced.log_space
 
 
@@ -1233,7 +1249,7 @@ def test_levels_that_are_zero_everywhere_are_not_stored() -> None:
             acc = ref[0].copy()  # summed over levels in order, as the kernel sums
             for k in range(1, ref.shape[0]):
                 acc += ref[k]
-            out, tot, new_ids, top, a, at = K.linear_levels_step(lev, ids, w, stay, lev1, prune)
+            out, tot, new_ids, top, a, at = KL.linear_levels_step(lev, ids, w, stay, lev1, prune)
             nz = np.flatnonzero(acc > 0.0)
             if nz.size == 0:
                 assert top == 0.0 and out.shape[1] == 0
@@ -1286,20 +1302,20 @@ def test_decay_tables_are_bounded_by_public_figures_not_by_n(
     every table of every pass is at most max(DECAY_TABLE_MAX, 750 / c) + 2 entries (c is
     public), whatever n, and the draws stay exact (a tilt is speed-only)."""
     from app.mechanisms import GridHistogram
-    from app.mechanisms import jointexp as je
+    from app.mechanisms.jointexp import mechanism as je
 
     sizes: list[int] = []
-    real_init = je._Forward.__init__
+    real_init = je.Forward.__init__
 
-    def spy(self: je._Forward, *args: object, **kwargs: object) -> None:
+    def spy(self: je.Forward, *args: object, **kwargs: object) -> None:
         real_init(self, *args, **kwargs)  # type: ignore[arg-type]
         sizes.extend([self.pw.size, self.pwf.size])
 
-    monkeypatch.setattr(je._Forward, "__init__", spy)
+    monkeypatch.setattr(je.Forward, "__init__", spy)
     q = np.arange(1, 10) / 10.0
     eps = 0.001
     c = eps / (2.0 * jointexp_sensitivity(q, "add_remove"))
-    cap = max(je.DECAY_TABLE_MAX, 750.0 / c) + 3
+    cap = max(strategy.DECAY_TABLE_MAX, 750.0 / c) + 3
     for n in (10, 10**6, 5 * 10**7):
         sizes.clear()
         hist = GridHistogram.from_arrays(np.array([50]), np.array([n]), 101)
@@ -1312,5 +1328,5 @@ def test_decay_tables_are_bounded_by_public_figures_not_by_n(
     pos = np.array([0, 5 * 10**7], dtype=np.int64)
     gaps = np.diff(np.concatenate(([0.0], q, [1.0]))) * 5e7
     for chosen in (0.0, c * 0.5, c * (1 - 2.0**-8)):
-        for t in je._tilt_candidates(c, chosen, pos, gaps):
-            assert je._decay_reach(c, t) <= je.DECAY_TABLE_MAX
+        for t in tilt_candidates(c, chosen, pos, gaps):
+            assert strategy.decay_reach(c, t) <= strategy.DECAY_TABLE_MAX

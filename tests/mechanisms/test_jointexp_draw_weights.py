@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from app.mechanisms import MECHANISMS, GridHistogram, MechanismInputError
-from app.mechanisms import jointexp_kernels as K
 from app.mechanisms.fpmode import flush_subnormals
+from app.mechanisms.jointexp import kernels_linear as K
 from tests.mechanisms.exact import chi_square_p
 
 EPS = 1.0

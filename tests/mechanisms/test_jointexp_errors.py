@@ -20,23 +20,23 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
-from app.mechanisms import jointexp_errors as E
-from app.mechanisms.jointexp import (
-    _Forward,
-    _Inputs,
-    _LogGuardTripped,
-    _sample_interval_sequence,
-    _summed,
+from app.mechanisms.jointexp import error_bound as E
+from app.mechanisms.jointexp.mechanism import (
+    Forward,
+    Inputs,
+    LogGuardTripped,
     quantile_gaps,
+    sample_prepared_sequence,
+    summed_levels,
 )
 
 
-def _dense_logs(fwd: _Forward, j: int) -> np.ndarray:
+def _dense_logs(fwd: Forward, j: int) -> np.ndarray:
     """Row j summed over repeat counts, as logs on the pass's common scale, dense (-inf
     where the row holds nothing)."""
     row = fwd.get(j)
     out = np.full(fwd.n1, -math.inf)
-    out[row.lo : row.lo + row.levels.shape[1]] = _summed(row, True) + row.gmax
+    out[row.lo : row.lo + row.levels.shape[1]] = summed_levels(row, True) + row.gmax
     return out
 
 
@@ -77,7 +77,7 @@ def _case(seed: int):
     return pos, logw, gaps, c, keep
 
 
-def _measured(fwd: _Forward, exact: _Forward, j: int, t: float) -> float:
+def _measured(fwd: Forward, exact: Forward, j: int, t: float) -> float:
     """log of sum_i |row_j(i) - exact_j(i)| e^{-c |t - P_i|} (-inf if no error)."""
     a, b = _dense_logs(fwd, j), _dense_logs(exact, j)
     top = max(a.max(), b.max())
@@ -90,10 +90,10 @@ def _measured(fwd: _Forward, exact: _Forward, j: int, t: float) -> float:
 def _check(seed: int, bound_of=None) -> tuple[int, float]:
     """(rows checked, worst measured - bound) over every row and 9 positions per row."""
     pos, logw, gaps, c, keep = _case(seed)
-    fwd = _Forward(logw, pos, gaps, c, log_space=True, budget=1 << 30, keep=keep)
-    exact = _Forward(logw, pos, gaps, c, log_space=True, budget=1 << 30, keep=math.inf)
+    fwd = Forward(logw, pos, gaps, c, log_space=True, budget=1 << 30, keep=keep)
+    exact = Forward(logw, pos, gaps, c, log_space=True, budget=1 << 30, keep=math.inf)
     for f in (fwd, exact):
-        with contextlib.suppress(_LogGuardTripped):  # the rows are all there
+        with contextlib.suppress(LogGuardTripped):  # the rows are all there
             f.run()
     m = gaps.size - 1
     worst = -math.inf
@@ -125,7 +125,7 @@ def test_the_bound_holds_where_rows_drop_much(block: int) -> None:
     assert total > 500  # errors were measured, not absent
 
 
-def _widthless(fwd: _Forward, j: int, t: float) -> float:
+def _widthless(fwd: Forward, j: int, t: float) -> float:
     """A negative control: the same bound with every width charged at the median (the
     width-blind rule)."""
     eb = E.ErrorBound(fwd.logw, fwd.pos, fwd.gaps, fwd.c, fwd.mu)
@@ -135,7 +135,7 @@ def _widthless(fwd: _Forward, j: int, t: float) -> float:
     return eb.at_draw(eb.norms(fwd.floors)[j], j, t, fwd.n1)
 
 
-def _no_discount(fwd: _Forward, j: int, t: float) -> float:
+def _no_discount(fwd: Forward, j: int, t: float) -> float:
     """A negative control: the bound without the kernel's geometric sum."""
     eb = E.ErrorBound(fwd.logw, fwd.pos, fwd.gaps, fwd.c, fwd.mu)
     eb.draw_k[:] = 0.0
@@ -154,23 +154,23 @@ def test_wide_intervals_ask_for_more_range_than_the_median_rule_and_stay_exact()
     """Both edges 10^16 wider than the data, 30 close quantiles at c = 2.5: the sound bound
     asks for more range than the median-width rule gives, the sampler widens it (the same
     law: a rebuilt pass draws nothing twice), and the draws follow the exact law."""
-    from app.mechanisms.jointexp import _draw_block, _run_log_space
+    from app.mechanisms.jointexp.mechanism import draw_block, run_log_space
 
     pos = np.arange(7, dtype=np.int64)
     logw = np.array([0.0, -37.0, -37.0, -37.5, -37.0, -37.0, -0.2])
     q = 0.5 + np.arange(30) / 1000.0
     gaps = quantile_gaps(q, int(pos[-1]))
     c = 2.5
-    fwd = _run_log_space(logw, pos, gaps, c, 1 << 30, 60.0)
+    fwd = run_log_space(logw, pos, gaps, c, 1 << 30, 60.0)
     m = q.size
     rng = np.random.default_rng(0)
-    with pytest.raises(_LogGuardTripped):
-        _draw_block(fwd, m, pos.size, int(pos[-1]), float(gaps[m]), rng)
+    with pytest.raises(LogGuardTripped):
+        draw_block(fwd, m, pos.size, int(pos[-1]), float(gaps[m]), rng)
     # the whole sampler: the law of the number of quantiles above the data
-    inputs = _Inputs.prepare(logw, pos)
+    inputs = Inputs.prepare(logw, pos)
     draws = np.array(
         [
-            (_sample_interval_sequence(inputs, gaps, c, rng) == pos.size - 1).sum()
+            (sample_prepared_sequence(inputs, gaps, c, rng) == pos.size - 1).sum()
             for _ in range(2000)
         ]
     )
@@ -224,25 +224,25 @@ def test_a_draw_the_sound_bound_rejects_goes_to_the_log_pass_not_a_tilt(monkeypa
     """Untilted linear rows that the median-width rule accepts but the sound bound does not:
     the retry is the log pass (tilted passes answer to the median rule alone), and the
     sampler completes every block from it."""
-    import app.mechanisms.jointexp as J
+    from app.mechanisms.jointexp import mechanism as J
 
     rejected = 0
     for seed in range(400):
         pos, logw, gaps, c, _ = _case(seed)
-        fwd = J._Forward(logw, pos, gaps, c, log_space=False, budget=1 << 30)
+        fwd = J.Forward(logw, pos, gaps, c, log_space=False, budget=1 << 30)
         try:
             fwd.run()
-        except J._LinearGuardTripped:
+        except J.LinearGuardTripped:
             continue
         m = gaps.size - 1
         try:
-            J._draw_block(fwd, m, pos.size, int(pos[-1]), float(gaps[m]), np.random.default_rng(0))
-        except J._SoundGuardTripped:
+            J.draw_block(fwd, m, pos.size, int(pos[-1]), float(gaps[m]), np.random.default_rng(0))
+        except J.SoundGuardTripped:
             rejected += 1
             with monkeypatch.context() as patch:
-                patch.setattr(J, "_retilted", _no_tilt)
-                seq = J._sample_interval_sequence(
-                    _Inputs.prepare(logw, pos), gaps, c, np.random.default_rng(seed)
+                patch.setattr(J, "next_tilted_pass", _no_tilt)
+                seq = J.sample_prepared_sequence(
+                    Inputs.prepare(logw, pos), gaps, c, np.random.default_rng(seed)
                 )
             assert seq.size == m and np.all(np.diff(seq) >= 0)
     assert rejected >= 3

@@ -22,9 +22,10 @@ import numba
 import numpy as np
 import pytest
 
-from app.mechanisms import jointexp as jx
-from app.mechanisms import jointexp_kernels as K
-from app.mechanisms.jointexp_kernels import _pw
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import kernels_log as KG
+from app.mechanisms.jointexp import mechanism as jx
+from app.mechanisms.jointexp.kernels_linear import decay_power
 from app.mechanisms.sampling import inverse_cdf_pick
 from tests.mechanisms import law_audit as LA
 
@@ -154,7 +155,7 @@ def _old_step_weights_linear(
     top = 0.0
     for v in range(count):
         d = pos_ref - P[lo + v]
-        kern = r_f * _pw(pw, L - d) if d <= L else r_1mf * _pw(pwf, d - L - 1)
+        kern = r_f * decay_power(pw, L - d) if d <= L else r_1mf * decay_power(pwf, d - L - 1)
         x = total[v] * kern
         out[v] = x
         if x > top:
@@ -163,7 +164,7 @@ def _old_step_weights_linear(
 
 
 def _old_draw_block(
-    fwd: jx._Forward, j: int, i_end: int, pos_ref: int, nj: float, rng: np.random.Generator
+    fwd: jx.Forward, j: int, i_end: int, pos_ref: int, nj: float, rng: np.random.Generator
 ) -> tuple[int, int]:
     """``_draw_block`` before the fix (the comments dropped)."""
     row = fwd.get(j)
@@ -171,18 +172,18 @@ def _old_draw_block(
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.nlev or row.top_level, j)
-    summed = jx._summed(row, fwd.log_space)
+    summed = jx.summed_levels(row, fwd.log_space)
     buf = np.empty(count)
     pos = fwd.pos
-    lk = float(K.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
+    lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
     if lk == -math.inf:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     if fwd.log_space:
-        ltop = K.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+        ltop = KG.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
         g_draw = row.gmax + ltop
     else:
         lscale = min(-lk, 300.0)
-        top = K.step_weights_linear(
+        top = KL.step_weights_linear(
             summed,
             row.lo,
             count,
@@ -200,15 +201,15 @@ def _old_draw_block(
             g_draw = row.gmax + math.log(top / row.top) - lscale
         else:
             lsummed = np.empty_like(summed)
-            K.log_of(summed, lsummed)
-            ltop = K.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+            KG.log_of(summed, lsummed)
+            ltop = KG.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk
-    if not fwd._range_ok(row.peak, g_rel, j):
+    if not fwd.range_ok(row.peak, g_rel, j):
         if not fwd.log_space:
-            raise jx._LinearGuardTripped
+            raise jx.LinearGuardTripped
         short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
-        raise jx._LogGuardTripped(fwd.keep + short)
+        raise jx.LogGuardTripped(fwd.keep + short)
     u_interval, u_level = rng.random(), rng.random()
     pick = int(_jx.inverse_cdf_pick(buf, u_interval))
     if pick < 0:
@@ -216,10 +217,10 @@ def _old_draw_block(
     k = 0
     if nlev > 1:
         if row.nlev:
-            at_pick = jx._levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = int(K.pick_level(at_pick, jx._level_ids(nlev), nlev, 0, False, u_level))
+            at_pick = jx.stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
+            k = int(KG.pick_level(at_pick, jx.repeat_level_ids(nlev), nlev, 0, False, u_level))
         else:
-            k = int(K.pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, u_level))
+            k = int(KG.pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, u_level))
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick, k + 1
@@ -228,11 +229,11 @@ def _old_draw_block(
 @pytest.fixture
 def old_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pre-fix ``_draw_block`` and ``step_weights_linear`` (issue 27) put back."""
-    monkeypatch.setattr(jx, "_draw_block", _old_draw_block)
-    monkeypatch.setattr(K, "step_weights_linear", _old_step_weights_linear)
+    monkeypatch.setattr(jx, "draw_block", _old_draw_block)
+    monkeypatch.setattr(KL, "step_weights_linear", _old_step_weights_linear)
     # the old draw picked by inverse CDF over 53-bit uniforms
     monkeypatch.setattr(jx, "inverse_cdf_pick", inverse_cdf_pick, raising=False)
-    monkeypatch.setattr(K, "pick_level", LA.old_pick_level, raising=False)
+    monkeypatch.setattr(KG, "pick_level", LA.old_pick_level, raising=False)
 
 
 @pytest.mark.parametrize(("a", "b"), [(853, 7273), (1673, 21051)])

@@ -7,7 +7,7 @@ on the pass's common log scale) plus what the earlier rows' errors became throug
 recursion, which multiplies an error landing on interval i by i's width. The draws read the
 rows through a kernel, so what matters is the error *near the sampled position*, relative
 to the draw's largest weight. This module bounds it without assuming anything about the
-widths (the speed rule in :meth:`~app.mechanisms.jointexp._Forward._range_ok` charges the
+widths (the speed rule in :meth:`~app.mechanisms.jointexp.mechanism.Forward.range_ok` charges the
 median width, which is not a worst-case bound).
 
 **The weighted norm.** For a region ``Z_j = [T_j - R - D, T_j + R]`` around row j's target
@@ -44,7 +44,7 @@ weights' total error is at most
     N_j exp(psi_j(t)) k_j + (the end intervals' errors times their kernel factors),
 
 and the draw goes ahead only if that is ``e^{-H}`` below its largest weight (``H`` the
-headroom of :func:`~app.mechanisms.jointexp._headroom`). Any ``(R, D, f)`` gives a valid
+headroom of :func:`~app.mechanisms.jointexp.mechanism._headroom`). Any ``(R, D, f)`` gives a valid
 bound; a few are tracked side by side and the smallest is used. ``W_j`` is read from the
 widths' block maxima (:func:`width_blocks`): a block that meets the region counts at its
 widest interval, one that does not at its widest discounted from its nearest end, an upper
@@ -65,9 +65,9 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
-from app.mechanisms import jointexp_kernels as K
 from app.mechanisms.validation import FloatArray, IntArray
 
 #: The norms tracked side by side: (radius as a multiple of the largest gap, the rates'
@@ -82,10 +82,11 @@ CONFIGS: tuple[tuple[float, float, bool], ...] = (
     (1.0, 0.5, True),
     (0.0, 0.9, True),
 )
-#: intervals per block of the widths' block maxima (:func:`~app.mechanisms.
-#: jointexp_kernels.block_maxima`): a block that meets a row's region counts at its widest
-#: interval, one that does not at its widest discounted from its nearest end
+#: intervals per block of the widths' block maxima (:func:`block_maxima`): a block that
+#: meets a row's region counts at its widest interval, one that does not at its widest
+#: discounted from its nearest end
 BLOCK = 64
+NEG_INF = -np.inf
 _U = 2.0**-52
 
 
@@ -93,12 +94,12 @@ def width_blocks(logw: FloatArray, pos: IntArray) -> tuple[FloatArray, FloatArra
     """The block maxima of the inner intervals' widths (1 .. d - 1; the two end intervals
     are tracked on their own), with each block's first and last position: what
     :class:`ErrorBound` reads of the widths. They depend on the intervals alone, so a
-    histogram keeps them (``_Inputs``)."""
+    histogram keeps them (``Inputs``)."""
     inner = max(0, logw.size - 2)
     nb = -(-inner // BLOCK)
     bmax, bfirst, blast = np.empty(nb), np.empty(nb), np.empty(nb)
     if nb:
-        K.block_maxima(logw[: logw.size - 1], pos, 1, BLOCK, bmax, bfirst, blast)
+        block_maxima(logw[: logw.size - 1], pos, 1, BLOCK, bmax, bfirst, blast)
     return bmax, bfirst, blast
 
 
@@ -163,7 +164,7 @@ class ErrorBound:
             self.lefts[s] = centers - radius - (deficit if below else 0.0)
             self.rights[s] = centers + radius
             if bmax.size:
-                K.discounted_max_blocks(
+                discounted_max_blocks(
                     bmax, bfirst, blast, self.lefts[s], self.rights[s], dl, dr, hop
                 )
                 self.hop[s, 1:] = hop
@@ -235,3 +236,76 @@ class ErrorBound:
                 v = _lae(v, float(norms[count + 1 + s]) + self._log_k(t - self.pd))
             best = min(best, v)
         return best
+
+
+@numba.njit(cache=True, nogil=True)
+def block_maxima(
+    logw: np.ndarray,
+    pos: np.ndarray,
+    first: int,
+    block: int,
+    bmax: np.ndarray,
+    bfirst: np.ndarray,
+    blast: np.ndarray,
+) -> None:
+    """Per block of ``block`` consecutive intervals from ``first`` on: the largest log width
+    (-inf if the block holds only zero widths) and the block's first and last positions, for
+    :func:`discounted_max_blocks`. One pass over the intervals."""
+    n = logw.size
+    for b in range(bmax.size):
+        lo = first + b * block
+        hi = min(n, lo + block)
+        best = NEG_INF
+        for i in range(lo, hi):
+            if logw[i] > best:
+                best = logw[i]
+        bmax[b] = best
+        bfirst[b] = float(pos[lo])
+        blast[b] = float(pos[hi - 1])
+
+
+@numba.njit(cache=True, nogil=True)
+def discounted_max_blocks(
+    bmax: np.ndarray,
+    bfirst: np.ndarray,
+    blast: np.ndarray,
+    lefts: np.ndarray,
+    rights: np.ndarray,
+    delta_left: float,
+    delta_right: float,
+    out: np.ndarray,
+) -> None:
+    """An upper bound of ``max_i logw[i] - delta_left (lefts[j] - pos[i])+ - delta_right
+    (pos[i] - rights[j])+`` for each window j, from :func:`block_maxima`: a block wholly
+    left of the window counts at its largest width discounted from its last position, one
+    wholly right of it from its first position, and a block that meets the window at its
+    largest width. ``lefts``, ``rights`` ascending: O(blocks + m) plus the blocks that meet
+    each window."""
+    nb = bmax.size
+    m = lefts.size
+    ref = 0.5 * (bfirst[0] + blast[nb - 1])
+    # blocks left of a window: max of bmax + delta_left (blast - ref), a running maximum as
+    # the window moves right; right of it: suffix maxima of bmax - delta_right (bfirst - ref)
+    suf = np.empty(nb + 1)
+    suf[nb] = NEG_INF
+    for b in range(nb - 1, -1, -1):
+        v = bmax[b] - delta_right * (bfirst[b] - ref) if bmax[b] > NEG_INF else NEG_INF
+        suf[b] = max(suf[b + 1], v)
+    pre = NEG_INF
+    lo = 0  # first block whose last position is >= the window's left end
+    hi = 0  # first block whose first position is > the window's right end
+    for j in range(m):
+        left = lefts[j]
+        right = rights[j]
+        while lo < nb and blast[lo] < left:
+            if bmax[lo] > NEG_INF:
+                pre = max(pre, bmax[lo] + delta_left * (blast[lo] - ref))
+            lo += 1
+        while hi < nb and bfirst[hi] <= right:
+            hi += 1
+        res = NEG_INF
+        for b in range(lo, hi):
+            res = max(res, bmax[b])
+        res = max(res, pre - delta_left * (left - ref))
+        res = max(res, suf[max(hi, lo)] + delta_right * (right - ref))
+        out[j] = res

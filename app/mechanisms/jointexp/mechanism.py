@@ -25,23 +25,23 @@ without the O(m^2 n) table:
 * The single-copy transition ``alpha(j, i, 1) = w_i sum_{i' < i} alpha(j-1, i') r^|P_i - P_i'
   - n_j|`` is a two-sided geometric kernel in the position difference, evaluated for all i in
   O(d) by a causal recursion and a two-stack window queue
-  (:mod:`app.mechanisms.jointexp_kernels`) that only ever add non-negative terms.
+  (:mod:`app.mechanisms.jointexp.kernels_linear`) that only ever add non-negative terms.
 * Repeats ``alpha(j, i, k) = w_i r^{n_j} alpha(j-1, i, k-1) / k`` are kept as extra rows only
   where they are not dominated: an entry below 2^-60 of ``alpha(j, i, 1)`` at the same interval
   is dropped. Every completion of such a prefix is also a completion of the single-copy prefix
   at the same interval with at least the same weight, so the error this introduces in any
   later weight is below 2^-60 of that weight's row (times m).
 * Rows are max-normalised in linear space (fast path). Each row carries its maximum on a
-  common log scale; the range rule (:meth:`_Forward._range_ok`) requires every earlier row's
+  common log scale; the range rule (:meth:`Forward.range_ok`) requires every earlier row's
   truncation floor, grown per row, to stay 2^-52 below the current row's maximum (and below
   each backward draw's largest weight). A linear row that breaks it sends the pass to log
   space (no underflow), which keeps ``keep`` e-folds per row, sized by a narrow probe pass
   and widened until every row and draw has enough. Untilted passes are also held, at each
   draw, to a sound bound on the error the rows carry into it, which charges every width
-  where it lies (:mod:`app.mechanisms.jointexp_errors`); the median-width rule alone is not
+  where it lies (:mod:`app.mechanisms.jointexp.error_bound`); the median-width rule alone is not
   a worst-case bound (docs/mechanisms.md, "Range rule").
   Log rows are stored as logs; their transition sums are formed in scaled linear
-  arithmetic (a double mantissa times e^(350 k), ``jointexp_kernels.transition_scaled``;
+  arithmetic (a double mantissa times e^(350 k), ``kernels_scaled.transition_scaled``;
   the row's exp and log are vectorised numpy calls), ~5x faster than a logaddexp per
   operation (still available as ``log_kernel="log"``, and the per-value-exponent
   ``"ext"``).
@@ -68,10 +68,19 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from app.mechanisms import jointexp_kernels as K
+from app.mechanisms import select
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import Support, support_from_values
-from app.mechanisms.jointexp_errors import ErrorBound, width_blocks
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import kernels_log as KG
+from app.mechanisms.jointexp import kernels_scaled as KS
+from app.mechanisms.jointexp.error_bound import ErrorBound, width_blocks
+from app.mechanisms.jointexp.strategy import (
+    TILT_MARGIN,
+    TILT_STEPS,
+    tilt_candidates,
+    wider,
+)
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
 from app.mechanisms.sampling import pick_weights
@@ -82,7 +91,7 @@ PRUNE = 2.0**-60  # repeat entries below this fraction of the single-copy entry 
 #: are formed in): the weights it loses, products below the smallest normal double flushed
 #: to 0.0, are then each < 2^-1022 and, fewer than 2^30 of them, < 2^-92 of it together. Kernel
 #: factors are never dropped while their scaled value is a normal double
-#: (:func:`~app.mechanisms.jointexp_kernels.step_weights_linear`); below this the draw's
+#: (:func:`~app.mechanisms.jointexp.kernels_linear.step_weights_linear`); below this the draw's
 #: weights are formed in log space instead.
 TINY_DRAW = 2.0**-900
 LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
@@ -99,7 +108,7 @@ EXT_TABLE_MAX = 2**20
 MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
 #: Linear rows are stored whole (every repeat level) while the stored rows take at most this
 #: much, and compact beyond (level 1 and the sum over levels; a draw replays the levels at
-#: the interval it picks, :func:`_levels_at`). Replaying walks the chain of compact rows
+#: the interval it picks, :func:`stored_levels_at`). Replaying walks the chain of compact rows
 #: down to a whole one in Python, ~1 us per row for each draw (~11 % of a run at n = 10^3,
 #: m = 99). Whole rows cost memory that a plain process gives back to the OS after each run
 #: and faults in again on the next: 32 MiB kept that case whole (24 MiB instead of 4) and
@@ -125,17 +134,17 @@ def quantile_gaps(quantiles: FloatArray, n: int) -> FloatArray:
     return np.diff(np.concatenate(([0.0], quantiles, [1.0]))) * float(n)
 
 
-class _LinearGuardTripped(Exception):
+class LinearGuardTripped(Exception):
     """A linear-space row lost too much range; the log-space pass must be used."""
 
 
-class _SoundGuardTripped(_LinearGuardTripped):
+class SoundGuardTripped(LinearGuardTripped):
     """An untilted linear pass's draw met the median-width rule but not the sound error bound
-    (jointexp_errors): the retry is the log pass, not a tilted one (tilted passes are held to
+    (error_bound): the retry is the log pass, not a tilted one (tilted passes are held to
     the median-width rule alone, which this input has just shown to be too weak)."""
 
 
-class _LogGuardTripped(Exception):
+class LogGuardTripped(Exception):
     """A log-space row fell further than its kept range allows; keep more and start over."""
 
     def __init__(self, needed_keep: float = 0.0) -> None:
@@ -143,12 +152,12 @@ class _LogGuardTripped(Exception):
         self.needed_keep = needed_keep
 
 
-def _level_ids(nlev: int) -> IntArray:
+def repeat_level_ids(nlev: int) -> IntArray:
     """Repeat counts 1..nlev: the ids of a row that stores every level."""
     return np.arange(1, nlev + 1, dtype=np.int64)
 
 
-class _Row(NamedTuple):
+class Row(NamedTuple):
     """One forward row: ``levels[s, v]`` is alpha(j, lo + v, ids[s]) (linear) or its log.
 
     Linear rows keep only the span between their first and last non-zero entry (everything
@@ -170,7 +179,7 @@ class _Row(NamedTuple):
     total: FloatArray | None = None
     #: compact linear rows (stored for the draws only): ``levels`` holds level 1 alone, of
     #: ``nlev`` levels (0: ``levels`` is complete); the others are replayed at the one
-    #: interval a draw picks (:func:`_levels_at`) from earlier rows and ``stay``, the
+    #: interval a draw picks (:func:`stored_levels_at`) from earlier rows and ``stay``, the
     #: row's repeat factor
     nlev: int = 0
     stay: float = 0.0
@@ -186,7 +195,7 @@ class _Row(NamedTuple):
         """The repeat count of each stored level."""
         if self.ids is not None:
             return self.ids
-        return _level_ids(self.levels.shape[0])
+        return repeat_level_ids(self.levels.shape[0])
 
     @property
     def top_level(self) -> int:
@@ -201,13 +210,13 @@ class _Row(NamedTuple):
         out[ids[sel] - 1] = self.levels[sel, v]
         return out
 
-    def compact(self) -> _Row:
+    def compact(self) -> Row:
         """This linear row with level 1 and the sum over levels only (see ``nlev``)."""
         lo, levels, top, gmax, peak, total, _, stay, _ = self
-        return _Row(lo, levels[:1].copy(), top, gmax, peak, total, self.top_level, stay, None)
+        return Row(lo, levels[:1].copy(), top, gmax, peak, total, self.top_level, stay, None)
 
 
-def _summed(row: _Row, log_space: bool) -> FloatArray:
+def summed_levels(row: Row, log_space: bool) -> FloatArray:
     """The row summed over repeat counts (log rows: its log); stored with rows that have
     repeat levels, the single level itself otherwise."""
     if row.total is not None:
@@ -239,10 +248,10 @@ def median_log_width(logw: FloatArray) -> float:
         if size % 2:
             return float(s[zeros + half])
         return float((s[zeros + half - 1] + s[zeros + half]) / 2.0)
-    upper = K.kth_smallest(x, zeros + half)
+    upper = select.kth_smallest(x, zeros + half)
     if size % 2:
         return upper
-    below, largest = K.max_below(x, upper)
+    below, largest = select.max_below(x, upper)
     lower = largest if below - zeros == half else upper  # else upper is also the (half-1)-th
     return float((lower + upper) / 2.0)
 
@@ -253,24 +262,24 @@ _SORT_BELOW = 1 << 12
 
 def _logsumexp_levels(levels: FloatArray) -> FloatArray:
     out = np.empty(levels.shape[1])
-    K.logsumexp_rows(levels, out)
+    KG.logsumexp_rows(levels, out)
     return out
 
 
-def _to_scaled(lx: FloatArray) -> tuple[FloatArray, IntArray]:
+def to_scaled(lx: FloatArray) -> tuple[FloatArray, IntArray]:
     """``exp(lx) = m * e**(SCALE_STEP * k)``: the scaled form of a log row (numpy's exp)."""
     xr = np.empty(lx.size)
     xe = np.empty(lx.size, dtype=np.int64)
-    K.split_scaled(lx, xr, xe)
+    KS.split_scaled(lx, xr, xe)
     return np.exp(xr), xe
 
 
-def _span(total: NDArray[np.float64] | NDArray[np.bool_]) -> tuple[int, int]:
+def row_span(total: NDArray[np.float64] | NDArray[np.bool_]) -> tuple[int, int]:
     nz = np.flatnonzero(total)
     return int(nz[0]), int(nz[-1]) + 1
 
 
-class _Inputs:
+class Inputs:
     """Arrays every pass over the same (log widths, positions) derives: computed once.
 
     A sample may run the plain linear pass, a probe, a tilted pass and log passes over the
@@ -282,16 +291,16 @@ class _Inputs:
     def __init__(self, logw: FloatArray, pos: IntArray) -> None:
         self.logw = logw
         self.pos = pos
-        self._collapsed: dict[int, _Inputs] = {}  # by cap (:meth:`collapsed`)
+        self._collapsed: dict[int, Inputs] = {}  # by cap (:meth:`collapsed`)
 
     @classmethod
-    def prepare(cls, logw: ArrayLike, pos: ArrayLike) -> _Inputs:
+    def prepare(cls, logw: ArrayLike, pos: ArrayLike) -> Inputs:
         """From log weights with any constant shift (max-normalised here) and positions."""
         lw = np.asarray(logw, dtype=np.float64)
         return cls(lw - float(np.max(lw)), np.ascontiguousarray(pos, dtype=np.int64))
 
     @classmethod
-    def from_widths(cls, widths: FloatArray, pos: ArrayLike) -> _Inputs:
+    def from_widths(cls, widths: FloatArray, pos: ArrayLike) -> Inputs:
         """From interval widths (non-negative, some positive) and positions.
 
         The log widths are ``log(width / max)`` where that quotient is a normal double, and
@@ -324,9 +333,9 @@ class _Inputs:
     def max_jump(self) -> int:
         """The largest step between neighbouring positions: the count of the most frequent
         distinct value (0 for a single interval)."""
-        return int(K.largest_step(self.pos))
+        return int(KL.largest_step(self.pos))
 
-    def collapsed(self, cap: int) -> _Inputs:
+    def collapsed(self, cap: int) -> Inputs:
         """These intervals with every position step larger than ``cap`` cut to ``cap``.
 
         With ``cap`` at least every gap target, the JointExp distribution over interval
@@ -340,8 +349,8 @@ class _Inputs:
         out = kept.get(cap)
         if out is None:
             pos = np.empty_like(self.pos)
-            K.capped_positions(self.pos, cap, pos)
-            out = _Inputs(self.logw, pos)
+            KL.capped_positions(self.pos, cap, pos)
+            out = Inputs(self.logw, pos)
             for name in _WIDTH_ONLY:
                 if name in self.__dict__:
                     out.__dict__[name] = self.__dict__[name]
@@ -382,20 +391,20 @@ class _Inputs:
 
     @functools.cached_property
     def scaled_w(self) -> tuple[FloatArray, IntArray]:
-        return _to_scaled(self.logw)
+        return to_scaled(self.logw)
 
     @functools.cached_property
     def width_blocks(self) -> tuple[FloatArray, FloatArray, FloatArray]:
         """The widths' block maxima and the blocks' first and last positions, what the sound
-        error bound reads of the widths (:func:`~app.mechanisms.jointexp_errors.
+        error bound reads of the widths (:func:`~app.mechanisms.jointexp.error_bound.
         width_blocks`)."""
         return width_blocks(self.logw, self.pos)
 
 
-#: The :class:`_Inputs` properties that depend on the widths alone (shared when collapsed).
+#: The :class:`Inputs` properties that depend on the widths alone (shared when collapsed).
 _WIDTH_ONLY = ("lw_ref", "w", "narrow", "live_idx", "suf_logw", "scaled_w")
 #: Normalised widths below this are not normal doubles (or flush to 0.0 in the passes,
-#: fpmode): inputs with a positive width below it run the log pass (:attr:`_Inputs.narrow`).
+#: fpmode): inputs with a positive width below it run the log pass (:attr:`Inputs.narrow`).
 _W_NORMAL = 2.0**-1000
 _LOG_W_NORMAL = math.log(_W_NORMAL)
 
@@ -418,7 +427,7 @@ def collapse_cap(gaps: FloatArray) -> int:
     return max(1, math.ceil(float(gaps.max())))
 
 
-class _Forward:
+class Forward:
     """Forward rows of the dynamic program, linear or log space, with checkpointing."""
 
     def __init__(
@@ -434,12 +443,12 @@ class _Forward:
         log_kernel: str = "scaled",
         tilt: float = 0.0,
         lw_ref: float | None = None,
-        inputs: _Inputs | None = None,
+        inputs: Inputs | None = None,
     ) -> None:
         if tilt and (log_space or not 0.0 < tilt < c):
             raise ValueError("a tilt needs linear rows and 0 < tilt < c")
         if inputs is None or inputs.logw is not logw or inputs.pos is not pos:
-            inputs = _Inputs(logw, pos)
+            inputs = Inputs(logw, pos)
         self.inputs = inputs
         self.logw = logw
         self.pos = pos
@@ -447,7 +456,7 @@ class _Forward:
         # Linear rows may be tilted: stored as alpha(j, i, k) e^(-mu (P_i - (n_1 + .. + n_j))),
         # which turns the kernel into r^|D - n_j| e^(-mu (D - n_j)) (near part decaying at
         # c - mu, far part at c + mu) and leaves the repeat levels as they are. A row whose
-        # mass lies far below its maximum then fits the linear range (see _choose_tilt).
+        # mass lies far below its maximum then fits the linear range (see choose_tilt).
         self.mu = tilt
         # suffix maxima of the log widths bound the log pass's geometric tails (log pass only)
         self.suf_logw = inputs.suf_logw if log_space else logw
@@ -462,9 +471,9 @@ class _Forward:
         if log_space and log_kernel in ("ext", "scaled"):
             size = min(int(pos[-1]), math.floor(float(gaps.max())), EXT_TABLE_MAX) + 2
             if log_kernel == "ext":
-                self.pm, self.pe = K.ext_decay_table(c, size)
+                self.pm, self.pe = KS.ext_decay_table(c, size)
             else:
-                self.qm, self.qe = K.scaled_decay_table(c, size)
+                self.qm, self.qe = KS.scaled_decay_table(c, size)
                 self.wm, self.we = inputs.scaled_w
         self.m = gaps.size - 1
         self.n1 = logw.size
@@ -488,15 +497,15 @@ class _Forward:
         self.linear_floor = _linear_floor(self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
         # each row's truncation floor (log, common scale) and, from the first draw on, the
-        # sound bound on the error they carry into the draws (jointexp_errors)
+        # sound bound on the error they carry into the draws (error_bound)
         self.floors = np.full(self.m + 1, -math.inf)
         self._errors: ErrorBound | None = None
         self._norms: FloatArray | None = None
-        # each row's maximum (common log scale) and where it is (a position), for _choose_tilt
+        # each row's maximum (common log scale) and where it is (a position), for choose_tilt
         self.gmaxes = np.zeros(self.m)
         self.modes = np.zeros(self.m)
         # and a coarse profile of each untilted row: log values (common scale) at
-        # PROFILE_POINTS columns spread over its span, for _choose_tilt
+        # PROFILE_POINTS columns spread over its span, for choose_tilt
         # (see prof_val: the values as recorded, their shift, and whether they are linear)
         self.prof_pos = np.zeros((self.m, PROFILE_POINTS))
         self.prof_raw = np.full((self.m, PROFILE_POINTS), -math.inf)
@@ -511,25 +520,25 @@ class _Forward:
             self.pwf = np.exp(-(c + tilt) * np.arange(max(pwf_len, 2), dtype=np.float64))
         self.budget = budget
         self.block = max(1, math.isqrt(self.m - 1) + 1)  # ~sqrt(m) rows per checkpoint block
-        self.rows: dict[int, _Row] = {}
-        self.cache: dict[int, _Row] = {}
+        self.rows: dict[int, Row] = {}
+        self.cache: dict[int, Row] = {}
         self.checkpointing = False
         self.switch = 0  # the first row stored past the budget (0: none yet)
         self.stored_bytes = 0
         #: linear pass that broke the range rule and goes on as a probe (:meth:`run`)
         self.probing = False
         #: probing: a log pass over the intervals from some index on (_probe_row_via_logs)
-        self._tail: tuple[int, _Forward] | None = None
+        self._tail: tuple[int, Forward] | None = None
 
     # -- one row ----------------------------------------------------------------------------
 
     def _profile(self, j: int, lo: int, values: FloatArray, shift: float, logs: bool) -> None:
         """Record row j's profile: ``values`` (its sum over levels from global column
-        ``lo``) at PROFILE_POINTS spread columns (:func:`~app.mechanisms.jointexp_kernels.
+        ``lo``) at PROFILE_POINTS spread columns (:func:`~app.mechanisms.jointexp.kernels_linear.
         profile_columns`), for :attr:`prof_val`. Untilted rows only."""
         if self.mu or values.size == 0:
             return
-        K.profile_columns(values, self.pos, lo, self.prof_pos[j - 1], self.prof_raw[j - 1])
+        KL.profile_columns(values, self.pos, lo, self.prof_pos[j - 1], self.prof_raw[j - 1])
         self.prof_shift[j - 1] = shift
         self.prof_linear[j - 1] = not logs
 
@@ -537,7 +546,7 @@ class _Forward:
         """Where row j's profile goes (positions, values), for a kernel to fill."""
         return self.prof_pos[j - 1], self.prof_raw[j - 1]
 
-    def _copy_profile(self, j: int, other: _Forward) -> None:
+    def _copy_profile(self, j: int, other: Forward) -> None:
         """Row j's profile as ``other`` recorded it."""
         self.prof_pos[j - 1] = other.prof_pos[j - 1]
         self.prof_raw[j - 1] = other.prof_raw[j - 1]
@@ -549,7 +558,7 @@ class _Forward:
         """Each row's profile as logs on the common scale (-inf where none was recorded).
 
         Linear rows' values are logged here, once for all rows, rather than per row while
-        the pass runs: only :func:`_choose_tilt` reads them, after a linear pass tripped.
+        the pass runs: only :func:`choose_tilt` reads them, after a linear pass tripped.
         The same doubles as logging each row's values as it is formed (numpy's log is
         elementwise, then the row's ``shift`` is added).
         """
@@ -562,40 +571,40 @@ class _Forward:
 
     def _first_window(self, n1: float, reach: float) -> tuple[int, int]:
         """Intervals [i0, i1) outside which row 1 is more than ``reach`` e-folds below its max
-        (:func:`~app.mechanisms.jointexp_kernels.first_window`; all of them if ``reach`` is
+        (:func:`~app.mechanisms.jointexp.kernels_linear.first_window`; all of them if ``reach`` is
         infinite)."""
         if not math.isfinite(reach):
             return 0, self.n1
-        return K.first_window(
+        return KL.first_window(
             self.live_pos, self.live_idx, self.logw, self.pos, n1, self.c, self.mu, reach
         )
 
-    def first(self) -> _Row:
+    def first(self) -> Row:
         n1 = float(self.gaps[0])
         # entries more than 746 e-folds below the maximum are 0.0 in a linear row; a log row
         # keeps ``keep``: only the window that can hold anything else is formed
         i0, i1 = self._first_window(n1, self.keep if self.log_space else 746.0)
         lrow = np.empty(i1 - i0)
-        K.first_row_log(self.logw[i0:i1], self.pos[i0:i1], n1, self.c, lrow)
+        KG.first_row_log(self.logw[i0:i1], self.pos[i0:i1], n1, self.c, lrow)
         if self.mu:
             lrow -= self.mu * (self.pos[i0:i1] - n1)
         self.modes[0] = float(self.pos[i0 + int(np.argmax(lrow))])
         if self.log_space:
             lrow -= lrow.max()
-            a, b = _span(lrow >= -self.keep)
+            a, b = row_span(lrow >= -self.keep)
             peak = -self.keep - self.log_growth
             self.floors[1] = -self.keep
             self._profile(1, i0 + a, lrow[a:b], 0.0, True)
-            return _Row(i0 + a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
+            return Row(i0 + a, lrow[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
         row = np.empty(i1 - i0)
-        K.exp_normalise(lrow, row)
-        a, b = _span(row)
+        KG.exp_normalise(lrow, row)
+        a, b = row_span(row)
         peak = -self.linear_floor - self.log_growth
         self.floors[1] = -self.linear_floor
         self._profile(1, i0 + a, row[a:b], 0.0, False)
-        return _Row(i0 + a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
+        return Row(i0 + a, row[a:b].reshape(1, -1).copy(), 1.0, 0.0, peak)
 
-    def _range_ok(self, peak: float, gmax: float, j: int) -> bool:
+    def range_ok(self, peak: float, gmax: float, j: int) -> bool:
         """Whether every earlier truncation, grown per row, is 2^-52 below ``gmax``.
 
         With ``g = log_growth`` (kappa times the median width) and
@@ -610,7 +619,7 @@ class _Forward:
     def error_at_draw(self, j: int, t: float, i_end: int) -> float:
         """log of a sound bound on the total error of a draw's weights from row j at
         ``t = P_next - n_{j+1}`` over the intervals below ``i_end``, on the pass's common
-        scale (:mod:`~app.mechanisms.jointexp_errors`; formed from the rows' floors at the
+        scale (:mod:`~app.mechanisms.jointexp.error_bound`; formed from the rows' floors at the
         first draw)."""
         if self._errors is None or self._norms is None:
             self._errors = ErrorBound(
@@ -619,13 +628,13 @@ class _Forward:
             self._norms = self._errors.norms(self.floors)
         return self._errors.at_draw(self._norms[j], j, t, i_end)
 
-    def step(self, prev: _Row, j: int) -> _Row:
+    def step(self, prev: Row, j: int) -> Row:
         """Row j (1-based, j >= 2) from row j - 1."""
         return self._step_log(prev, j) if self.log_space else self._step_linear(prev, j)
 
-    def _step_linear(self, prev: _Row, j: int) -> _Row:
+    def _step_linear(self, prev: Row, j: int) -> Row:
         nj = float(self.gaps[j - 1])
-        total = _summed(prev, False)
+        total = summed_levels(prev, False)
         n_t = total.size
         scale = 1.0 / prev.top
         # Past the window, S decays by r per step; from ln(n_t) + 746 e-folds on it is 0.0.
@@ -636,7 +645,7 @@ class _Forward:
         stay = math.exp(-(self.c - self.mu) * nj) * scale
         # untilted rows record their profile (_profile); its scale is set below
         prof_pos, prof_val = (_NO_PROFILE, _NO_PROFILE) if self.mu else self._profile_rows(j)
-        out, tot, ids, top, a, at = K.linear_row(
+        out, tot, ids, top, a, at = KL.linear_row(
             total,
             prev.levels,
             prev.level_ids,
@@ -658,13 +667,13 @@ class _Forward:
         if not (top > 0.0 and math.isfinite(top)):
             if self.probing:
                 return self._probe_row_via_logs(prev, j)
-            raise _LinearGuardTripped
+            raise LinearGuardTripped
         gmax = prev.gmax + math.log(top)  # values are in units of the previous row's max
         trunc = max(prev.gmax, gmax) - self.linear_floor  # this row's truncation floor
         peak = max(prev.peak, trunc - j * self.log_growth)
         self.floors[j] = trunc
-        if not self.probing and not self._range_ok(peak, gmax, j):
-            raise _LinearGuardTripped
+        if not self.probing and not self.range_ok(peak, gmax, j):
+            raise LinearGuardTripped
         self.gmaxes[j - 1] = gmax
         self.modes[j - 1] = float(self.pos[prev.lo + at])
         if not self.mu:  # the profile linear_row recorded: linear values, in units of top
@@ -672,9 +681,9 @@ class _Forward:
             self.prof_linear[j - 1] = True
         multi = out.shape[0] > 1
         total_out = tot if multi else None
-        return _Row(prev.lo + a, out, top, gmax, peak, total_out, 0, stay, ids if multi else None)
+        return Row(prev.lo + a, out, top, gmax, peak, total_out, 0, stay, ids if multi else None)
 
-    def _probe_row_via_logs(self, prev: _Row, j: int) -> _Row:
+    def _probe_row_via_logs(self, prev: Row, j: int) -> Row:
         """Probing only: row j formed in log space from a linear row whose successor underflows.
 
         The previous row's logs keep what it holds (its own linear range); the transition
@@ -688,7 +697,7 @@ class _Forward:
             raise ValueError("probing runs untilted")
         tail = self._tail
         if tail is None or tail[0] > prev.lo:
-            sub = _Forward(
+            sub = Forward(
                 self.logw[prev.lo :],
                 self.pos[prev.lo :],
                 self.gaps,
@@ -708,34 +717,34 @@ class _Forward:
             llev = np.log(dense / prev.top)
             ltot = None
             if prev.levels.shape[0] > 1:
-                ltot = np.log(_summed(prev, False) / prev.top)
-        lrow = sub._step_log(_Row(prev.lo - off, llev, 1.0, prev.gmax, prev.peak, ltot), j)
+                ltot = np.log(summed_levels(prev, False) / prev.top)
+        lrow = sub._step_log(Row(prev.lo - off, llev, 1.0, prev.gmax, prev.peak, ltot), j)
         self.gmaxes[j - 1] = sub.gmaxes[j - 1]
         self.modes[j - 1] = sub.modes[j - 1]
         self._copy_profile(j, sub)
         # back to linear: the log row's maximum over its sum over levels is 0
         levels = np.exp(lrow.levels)
         total = None if lrow.total is None else np.exp(lrow.total)
-        return _Row(lrow.lo + off, levels, 1.0, lrow.gmax, lrow.peak, total)
+        return Row(lrow.lo + off, levels, 1.0, lrow.gmax, lrow.peak, total)
 
-    def _step_log(self, prev: _Row, j: int) -> _Row:
+    def _step_log(self, prev: Row, j: int) -> Row:
         """Log-space row j: exact, keeping entries within ``keep`` e-folds of the row's max.
 
-        The same range rule as the linear pass (:meth:`_range_ok`) with a truncation floor of
+        The same range rule as the linear pass (:meth:`range_ok`) with a truncation floor of
         ``keep`` e-folds below each row's maximum. A row that needs more range records how
         much (``needed_keep``) and the pass goes on, so that one restart can size the range
         for every row; :meth:`run` raises at the end.
         """
         nj = float(self.gaps[j - 1])
         lev = prev.levels
-        ltotal = _summed(prev, True)
+        ltotal = summed_levels(prev, True)
         n_t = ltotal.size
         ls = np.empty(self.n1 - prev.lo)
         if self.log_kernel == "scaled":
-            tm, te = _to_scaled(ltotal)
+            tm, te = to_scaled(ltotal)
             sm = np.empty(self.n1 - prev.lo)
             se = np.empty(self.n1 - prev.lo, dtype=np.int64)
-            count = K.transition_scaled(
+            count = KS.transition_scaled(
                 tm,
                 te,
                 prev.lo,
@@ -755,10 +764,10 @@ class _Forward:
             )
             with np.errstate(divide="ignore"):
                 np.log(sm[:count], out=ls[:count])
-            ls[:count] += se[:count] * K.SCALE_STEP
+            ls[:count] += se[:count] * KS.SCALE_STEP
             ls[:count] += self.logw[prev.lo : prev.lo + count]
         elif self.log_kernel == "ext":
-            count, top = K.transition_ext(
+            count, top = KS.transition_ext(
                 ltotal,
                 prev.lo,
                 self.logw,
@@ -776,7 +785,7 @@ class _Forward:
                 ls,
             )
         else:
-            count, top = K.transition_log(
+            count, top = KG.transition_log(
                 ltotal,
                 prev.lo,
                 self.logw,
@@ -789,7 +798,7 @@ class _Forward:
                 ls,
             )
         # repeat levels, the sum over levels, the kept span and the shift by the maximum
-        out, tot, a, top = K.log_levels_step(
+        out, tot, a, top = KG.log_levels_step(
             lev,
             self.logw[prev.lo : prev.lo + n_t],
             -self.c * nj,
@@ -807,12 +816,12 @@ class _Forward:
         self._profile(j, prev.lo + a, tot if tot.size else out[0], gmax, True)
         peak = max(prev.peak, gmax - self.keep - j * self.log_growth)
         self.floors[j] = gmax - self.keep
-        if not self._range_ok(peak, gmax, j):
+        if not self.range_ok(peak, gmax, j):
             # this row needs the earlier rows' floors lower by the shortfall
             short = peak + j * self.log_growth - (gmax - self.headroom)
             self.needed_keep = max(self.needed_keep, self.keep + short)
         total = tot if tot.size else None
-        return _Row(prev.lo + a, np.ascontiguousarray(out), 1.0, gmax, peak, total)
+        return Row(prev.lo + a, np.ascontiguousarray(out), 1.0, gmax, peak, total)
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -820,7 +829,7 @@ class _Forward:
         """Whether row j is a checkpoint: kept whole, a block is recomputed from it."""
         return j == 1 or j == self.m or (j - 1) % self.block == 0 or j == self.switch
 
-    def _store(self, j: int, row: _Row) -> None:
+    def _store(self, j: int, row: Row) -> None:
         self.rows[j] = row
         self.stored_bytes += row.nbytes
         if not self.checkpointing and self.stored_bytes > self.budget:
@@ -837,14 +846,14 @@ class _Forward:
         """All rows. ``probe_on_trip`` (untilted linear passes): a row that breaks the range
         rule does not end the pass; it drops its rows and goes on as a probe (every row's
         maximum and mode, a row that underflows formed through logs), then raises
-        :class:`_LinearGuardTripped`, so one pass serves as the linear attempt and as the
-        measurement for :func:`_choose_tilt`."""
+        :class:`LinearGuardTripped`, so one pass serves as the linear attempt and as the
+        measurement for :func:`choose_tilt`."""
         row = self.first()
         self._store(1, row)
         for j in range(2, self.m + 1):
             try:
                 nxt = self.step(row, j)
-            except _LinearGuardTripped:
+            except LinearGuardTripped:
                 if not probe_on_trip or self.log_space or self.mu:
                     raise
                 self.probing = True
@@ -865,7 +874,7 @@ class _Forward:
             ):
                 # Row j - 1 has served row j: the draws need its sum over levels and, at
                 # the one interval each picks, its levels, which level 1 of this and the
-                # earlier rows determine (_levels_at). Checkpoint rows stay whole (a block
+                # earlier rows determine (stored_levels_at). Checkpoint rows stay whole (a block
                 # is recomputed from them), and so do all rows while the stored rows take
                 # little memory (COMPACT_FROM_BYTES).
                 self.stored_bytes -= row.nbytes
@@ -874,14 +883,14 @@ class _Forward:
             self._store(j, nxt)
             row = nxt
         if self.probing:
-            raise _LinearGuardTripped
+            raise LinearGuardTripped
         if self.needed_keep > 0.0:
-            raise _LogGuardTripped(self.needed_keep)
+            raise LogGuardTripped(self.needed_keep)
 
     def dense_total(self, j: int) -> FloatArray:
         """Row j summed over repeat counts, dense over all n + 1 intervals, max 1 (for tests)."""
         row = self.get(j)
-        summed = _summed(row, self.log_space)
+        summed = summed_levels(row, self.log_space)
         out = np.zeros(self.n1)
         out[row.lo : row.lo + summed.size] = np.exp(summed) if self.log_space else summed
         if self.mu:  # tilted: back to alpha (in logs: the tilt spans thousands of e-folds)
@@ -890,7 +899,7 @@ class _Forward:
             return np.asarray(np.exp(lout - lout.max()), dtype=np.float64)
         return np.asarray(out / out.max(), dtype=np.float64)
 
-    def get(self, j: int) -> _Row:
+    def get(self, j: int) -> Row:
         """Row j, recomputing its checkpoint block when it was not kept."""
         if j in self.rows:
             return self.rows[j]
@@ -909,15 +918,15 @@ _NO_LEVELS = np.zeros(0)
 _NO_PROFILE = np.zeros(0)  # a row that records no profile (tilted rows)
 
 
-def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
+def stored_levels_at(fwd: Forward, j: int, g: int, nlev: int) -> FloatArray:
     """alpha(j, g, k) for k = 1..nlev of a linear row, as its pass formed them, exactly.
 
     A compact row keeps level 1 only; level k + 1 at interval g is level k of row j - 1 at g
     times ``w_g * (stay_j / (k + 1))``, kept where not below PRUNE times level 1 (as
-    :func:`~app.mechanisms.jointexp_kernels.linear_levels_step` forms it): the same
+    :func:`~app.mechanisms.jointexp.kernels_linear.linear_levels_step` forms it): the same
     floating-point operations on the same values, so the same doubles. The chain of compact
     rows down to a complete one (or to level 1) is walked here; the levels are formed back
-    up it in one compiled call (:func:`~app.mechanisms.jointexp_kernels.replay_levels`).
+    up it in one compiled call (:func:`~app.mechanisms.jointexp.kernels_linear.replay_levels`).
     """
     firsts: list[float] = []
     stays: list[float] = []
@@ -937,12 +946,12 @@ def _levels_at(fwd: _Forward, j: int, g: int, nlev: int) -> FloatArray:
         j -= 1
         need -= 1
     out = np.empty(nlev)
-    K.replay_levels(np.array(firsts), np.array(stays), base, float(fwd.w[g]), PRUNE, out)
+    KL.replay_levels(np.array(firsts), np.array(stays), base, float(fwd.w[g]), PRUNE, out)
     return out
 
 
-def _draw_block(
-    fwd: _Forward,
+def draw_block(
+    fwd: Forward,
     j: int,
     i_end: int,
     pos_ref: int,
@@ -964,7 +973,7 @@ def _draw_block(
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.nlev or row.top_level, j)
-    summed = _summed(row, fwd.log_space)  # one weight per interval
+    summed = summed_levels(row, fwd.log_space)  # one weight per interval
     buf = np.empty(count)
     pos = fwd.pos
     # Each weight's error is the row entry's error times its kernel factor, so the check
@@ -975,11 +984,11 @@ def _draw_block(
     # P = pos_ref - nj, so its largest value, lk <= 0, is at a neighbour of that point.
     # Zero-width intervals hold exactly 0.0 in every row (no error), so only intervals of
     # positive width count.
-    lk = float(K.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
+    lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
     if lk == -math.inf:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     if fwd.log_space:
-        ltop = K.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+        ltop = KG.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
         g_draw = row.gmax + ltop
     else:
         # Linear weights with the kernel scaled by up to e^300 towards its largest factor,
@@ -988,7 +997,7 @@ def _draw_block(
         # formed (step_weights_linear), so a weight is lost only where its product is below
         # the smallest normal double and flushed to 0.0.
         lscale = min(-lk, 300.0)
-        top = K.step_weights_linear(
+        top = KL.step_weights_linear(
             summed,
             row.lo,
             count,
@@ -1012,12 +1021,12 @@ def _draw_block(
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row.
             lsummed = np.empty_like(summed)
-            K.log_of(summed, lsummed)
-            ltop = K.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+            KG.log_of(summed, lsummed)
+            ltop = KG.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
             g_draw = row.gmax + ltop - math.log(row.top)
     g_rel = g_draw - lk  # g_draw - log(max kernel factor)
-    # The sound bound on the weights' total error (jointexp_errors) must be 2^-52 m below
-    # the largest weight, and so must the median-width rule's (_range_ok: the rule the
+    # The sound bound on the weights' total error (error_bound) must be 2^-52 m below
+    # the largest weight, and so must the median-width rule's (range_ok: the rule the
     # forward rows were built to; it only ever asks for more range). Tilted passes are
     # held to the median-width rule alone: the bound's rates are limited by c - mu there
     # and it asks several times more range than they have on clamped data (see
@@ -1030,8 +1039,8 @@ def _draw_block(
         if not fwd.log_space:
             # the sound bound alone rejected it: the median rule, which tilted passes
             # answer to, is too weak here, so the retry is the log pass
-            raise _SoundGuardTripped if short <= 0.0 else _LinearGuardTripped
-        raise _LogGuardTripped(fwd.keep + max(short, sound))
+            raise SoundGuardTripped if short <= 0.0 else LinearGuardTripped
+        raise LogGuardTripped(fwd.keep + max(short, sound))
     # Two raw 64-bit words per block, always (so passes that keep different numbers of
     # levels stay in step, and the generator advances as two rng.random() calls would): the
     # interval from its weight summed over repeat counts, then the count from that
@@ -1045,16 +1054,18 @@ def _draw_block(
     k = 0
     if nlev > 1:
         if row.nlev:  # compact: the levels at the picked interval, replayed
-            at_pick = _levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = _pick_level(at_pick, _level_ids(nlev), nlev, 0, False, w_level, rng)
+            at_pick = stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
+            k = pick_repeat_level(at_pick, repeat_level_ids(nlev), nlev, 0, False, w_level, rng)
         else:  # the stored levels at the picked interval
-            k = _pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, w_level, rng)
+            k = pick_repeat_level(
+                row.levels, row.level_ids, nlev, pick, fwd.log_space, w_level, rng
+            )
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
     return row.lo + pick, k + 1
 
 
-def _pick_level(
+def pick_repeat_level(
     levels: FloatArray,
     ids: IntArray,
     nlev: int,
@@ -1064,31 +1075,31 @@ def _pick_level(
     rng: np.random.Generator,
 ) -> int:
     """The repeat count (0-based) at column v, drawn exactly ∝ its levels 1..nlev
-    (:func:`_level_weights`); -1 if they are all zero."""
-    weights, counts = _level_weights(levels, ids, nlev, v, log_space)
+    (:func:`repeat_level_weights`); -1 if they are all zero."""
+    weights, counts = repeat_level_weights(levels, ids, nlev, v, log_space)
     s = pick_weights(weights, word, rng)
     return -1 if s < 0 else int(counts[s]) - 1
 
 
-def _level_weights(
+def repeat_level_weights(
     levels: FloatArray, ids: IntArray, nlev: int, v: int, log_space: bool
 ) -> tuple[FloatArray, IntArray]:
     """The weights a level pick draws from (relative to the largest) and the repeat count
-    (1-based) of each (:func:`~app.mechanisms.jointexp_kernels.level_weights`)."""
+    (1-based) of each (:func:`~app.mechanisms.jointexp.kernels_log.level_weights`)."""
     weights = np.empty(ids.size)
-    ns = int(K.level_weights(levels, ids, nlev, v, log_space, weights))
+    ns = int(KG.level_weights(levels, ids, nlev, v, log_space, weights))
     return weights[:ns], ids[:ns]
 
 
-def _probe(
+def run_probe(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
     c: float,
     log_kernel: str,
     lw_ref: float | None = None,
-    inputs: _Inputs | None = None,
-) -> _Forward:
+    inputs: Inputs | None = None,
+) -> Forward:
     """A narrow log pass (``PROBE_KEEP`` e-folds, rows a quarter as wide) that measures rows.
 
     It runs to the end even when its range is short, recording each row's maximum, where
@@ -1096,7 +1107,7 @@ def _probe(
     range, so the falls it sees are at least the true ones (missing mass only lowers a
     row's maximum).
     """
-    probe = _Forward(
+    probe = Forward(
         logw,
         pos,
         gaps,
@@ -1108,32 +1119,17 @@ def _probe(
         lw_ref=lw_ref,
         inputs=inputs,
     )
-    with contextlib.suppress(_LogGuardTripped):
+    with contextlib.suppress(LogGuardTripped):
         probe.run()
     return probe
 
 
-def _keep_after(probe: _Forward) -> float:
+def _keep_after(probe: Forward) -> float:
     """The range the exact log pass starts with: enough for the falls the probe saw."""
     return LOG_KEEP if probe.needed_keep == 0.0 else max(LOG_KEEP, probe.needed_keep + 200.0)
 
 
-#: Tilts tried, as mu = c (1 - 2^-k) for k in quarter steps: the smaller c - mu, the
-#: further below its maximum a linear row reaches (~745 / (c - mu) positions) and the wider
-#: (slower, larger) it is, so the least tilt that holds is worth finding finely: on 5 %
-#: clamped data mu = 0.92 c holds where the next power of two, 0.9375 c, is 25 % slower.
-TILT_STEPS = tuple(k / 4.0 for k in range(4, 49))
-#: e-folds kept in hand when a tilt is judged from the probe's rows. The probe's maxima are
-#: lower bounds; on rows that fall they are far too low (they lack the deep tail the tilt
-#: lifts: on 5 %-clamped data tilts whose estimate fell short by ~120 e-folds held), on the
-#: others within ~2 e-folds. A chosen tilt whose forward rows trip is followed by larger
-#: ones (TILT_RETRIES, while c - mu >= c / 64) before the log pass.
-TILT_MARGIN = 10.0
-#: steps of k (mu = c (1 - 2^-k)) tried after a chosen tilt trips, before the log pass
-TILT_RETRIES = (0.5, 1.0)
-
-
-def _choose_tilt(probe: _Forward) -> float:
+def choose_tilt(probe: Forward) -> float:
     """The tilt under which linear rows should hold the probe's falls (0.0: none found).
 
     A tilted row j is stored as ``alpha e^(-mu (P - T_j))`` (``T_j = n_1 + .. + n_j``), so
@@ -1167,11 +1163,6 @@ def _choose_tilt(probe: _Forward) -> float:
     return 0.0
 
 
-def _larger_tilt(c: float, mu: float, step: float) -> float:
-    """The tilt ``step`` further along mu = c (1 - 2^-k): c - mu shrinks by 2^-step."""
-    return c * (1.0 - (1.0 - mu / c) * math.pow(2.0, -step))
-
-
 def _log_kappa(c: float, mu: float, n1: int) -> float:
     """log kappa: one row's error growth bound for the kernel tilted by ``mu`` (0: untilted).
 
@@ -1185,7 +1176,7 @@ def _log_kappa(c: float, mu: float, n1: int) -> float:
     return math.log(min(kern, float(n1)) + 0.5)
 
 
-def _run_log_space(
+def run_log_space(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
@@ -1194,22 +1185,22 @@ def _run_log_space(
     keep: float | None = None,
     log_kernel: str = "scaled",
     lw_ref: float | None = None,
-    inputs: _Inputs | None = None,
-) -> _Forward:
+    inputs: Inputs | None = None,
+) -> Forward:
     """Forward pass in log space, widening the kept range until every row has enough.
 
     A pass that comes up short reports the largest range any row asked for; the next pass
-    keeps that much (plus slack). Without a ``keep`` a probe pass (:func:`_probe`) measures
+    keeps that much (plus slack). Without a ``keep`` a probe pass (:func:`run_probe`) measures
     the rows' falls first and the exact pass starts with the range they need. Every pass
-    checks its own range (:meth:`_Forward._range_ok`), so the probe only decides speed,
+    checks its own range (:meth:`Forward.range_ok`), so the probe only decides speed,
     never the result.
     """
     if lw_ref is None:
         lw_ref = median_log_width(logw)
     if keep is None:
-        keep = _keep_after(_probe(logw, pos, gaps, c, log_kernel, lw_ref, inputs))
+        keep = _keep_after(run_probe(logw, pos, gaps, c, log_kernel, lw_ref, inputs))
     while True:
-        fwd = _Forward(
+        fwd = Forward(
             logw,
             pos,
             gaps,
@@ -1224,16 +1215,11 @@ def _run_log_space(
         try:
             fwd.run()
             return fwd
-        except _LogGuardTripped as trip:
-            keep = _wider(keep, trip.needed_keep)
+        except LogGuardTripped as trip:
+            keep = wider(keep, trip.needed_keep)
 
 
-def _wider(keep: float, needed: float) -> float:
-    new = max(needed + 200.0, 1.5 * keep)
-    return new if new < 1e6 else math.inf  # inf: dense, nothing dropped
-
-
-def _tilted_pass(
+def tilted_pass(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
@@ -1241,10 +1227,10 @@ def _tilted_pass(
     budget: int,
     mu: float,
     lw_ref: float,
-    inputs: _Inputs | None,
-) -> _Forward | None:
+    inputs: Inputs | None,
+) -> Forward | None:
     """Tilted linear rows (``mu``), or None where they break the range rule."""
-    fwd = _Forward(
+    fwd = Forward(
         logw,
         pos,
         gaps,
@@ -1257,14 +1243,14 @@ def _tilted_pass(
     )
     try:
         fwd.run()
-    except _LinearGuardTripped:
+    except LinearGuardTripped:
         return None
     return fwd
 
 
-def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
+def next_tilted_pass(fwd: Forward, budget: int, inputs: Inputs) -> Forward | None:
     """After a linear pass's draw lacked range: the next larger tilt whose forward rows hold
-    (None from a log pass, or when no larger tilt is left: :func:`_tilt_candidates`).
+    (None from a log pass, or when no larger tilt is left: :func:`tilt_candidates`).
 
     The tilt was chosen for the forward rows (an untilted pass that held needed none); a
     draw's weights may need more (n = 10^6 with 5 % at one inner point: the last draw
@@ -1274,32 +1260,16 @@ def _retilted(fwd: _Forward, budget: int, inputs: _Inputs) -> _Forward | None:
     """
     if fwd.log_space:
         return None
-    chosen = fwd.mu if fwd.mu else _choose_tilt(fwd)
-    for mu_try in _tilt_candidates(fwd.c, chosen, fwd.pos, fwd.gaps):
+    chosen = fwd.mu if fwd.mu else choose_tilt(fwd)
+    for mu_try in tilt_candidates(
+        fwd.c, chosen, fwd.pos, fwd.gaps, range_room(fwd.pos.size, fwd.gaps.size - 1), LINEAR_RANGE
+    ):
         if mu_try <= fwd.mu:
             continue
-        tilted = _tilted_pass(
-            fwd.logw, fwd.pos, fwd.gaps, fwd.c, budget, mu_try, fwd.lw_ref, inputs
-        )
+        tilted = tilted_pass(fwd.logw, fwd.pos, fwd.gaps, fwd.c, budget, mu_try, fwd.lw_ref, inputs)
         if tilted is not None:
             return tilted  # (if its draws trip too, the next call goes further)
     return None
-
-
-def _larger_tilts(c: float, mu: float) -> list[float]:
-    """The tilts tried after ``mu`` trips (TILT_RETRIES steps further), while their rows stay
-    narrow enough to be worth it (c - mu >= c / 64)."""
-    return [t for t in (_larger_tilt(c, mu, s) for s in TILT_RETRIES) if c - t >= c / 64]
-
-
-#: steps of k after the deficit's first tilt (:func:`_deficit_tilts`): on continuous data
-#: its first holds, on rounded data (positions in steps of 10 to 1000) up to 1.5 steps
-#: more, whose shorter steps trip within a few rows (n = 10^6 rounded to 10^-3 with 5 %
-#: clamped: four tilted tries, 0.05 s in all)
-DEFICIT_STEPS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)
-#: e-folds the model's depth keeps in hand (:func:`_deficit_tilts`): the model fell short
-#: of the real need by ~10 e-folds for one clamped bound and ~32 for both
-DEFICIT_MARGIN = 32.0
 
 
 def _linear_floor(intervals: int) -> float:
@@ -1315,103 +1285,13 @@ def _headroom(m: int) -> float:
     return HEADROOM + math.log(m + 1.0)
 
 
-def _undershoot_depth(a: float, m: int) -> float:
-    """e-folds between a tilted last row's maximum and its undershoot's mode.
-
-    Model (continuous positions of even density, the cut's deficit ``Δ`` carried by the
-    sequences that only undershoot): the m + 1 undershoots are uniform on the simplex of
-    sum ``Δ``, so the last row's undershoot ``U_m`` has density ``∝ u^(m - 1)`` on
-    ``[0, Δ]``, largest at ``u = Δ``, and the tilted row over it is
-    ``e^(-(c - mu) u) u^(m - 1)`` (the simplex's volume), largest at
-    ``u = (m - 1) / (c - mu)``. With ``a = (c - mu) Δ / (m + 1)`` (e-folds of undershoot per
-    gap) the posterior's mode lies ``a (m + 1) - (m - 1) (1 + log(a (m + 1) / (m - 1)))``
-    e-folds below the row's maximum (``a (m + 1)`` for m = 1); the draws need it within
-    the rows' range. Zero where the two meet (``a (m + 1) = m - 1``), larger on both sides.
-    """
-    t = a * (m + 1.0)
-    if m == 1:
-        return t
-    return t - (m - 1) * (1.0 + math.log(t / (m - 1)))
+def range_room(intervals: int, m: int) -> float:
+    """e-folds a linear row over ``intervals`` intervals keeps above its truncation floor
+    less the headroom for ``m`` quantiles: the range the range rule leaves to a tilt."""
+    return _linear_floor(intervals) - _headroom(m)
 
 
-def _deficit_tilts(c: float, pos: IntArray, gaps: FloatArray) -> list[float]:
-    """Tilts sized by what the heavy-atom cut removed (none when nothing was cut).
-
-    The cut positions end ``deficit = n - P_last`` short of the targets' sum, and the
-    sequences push that much undershoot below the rows' maxima. The first tilt is the
-    least quarter step of k (mu = c (1 - 2^-k), from k = 1/4) under which the last row's
-    undershoot (:func:`_undershoot_depth`) lies within the linear rows' range (the
-    truncation floor less the headroom, as :meth:`_Forward._range_ok` counts them, and
-    DEFICIT_MARGIN); then DEFICIT_STEPS further, while the reach stays within twice the
-    positions' span. None when the untilted rows already reach it.
-
-    Measured (n = 10^6; 5 % beyond the upper or the lower bound or at an inner point,
-    uniform, lognormal data with tight bounds, 2.5 % beyond each bound, 10 % and 2 %
-    clamped; m = 29 and 99; epsilon 0.3, 1 and 3; forced tilts, two samples each): of
-    the 41 cases with a deficit, the least tilt under which the forward rows and every
-    draw hold was the first one in 30 and a quarter step less in 8, never more; the
-    zero-inflated shape at m = 29 (3 cases) held at none of the steps (the probe's choice
-    serves it). The probe (:func:`_choose_tilt`) alone chose a quarter to half a step more
-    on one-sided clamps (k = 3.75 or 4 where 3.5 holds: rows ~20 % narrower) and less at
-    inner atoms, whose draws then tripped and took a second pass. Also used where the
-    probe's rows cannot see the deficit (they keep 750 e-folds; 5 % at one inner point at
-    epsilon = 10 had no tilt from the probe and ran the log pass, ~2 s).
-    """
-    span = float(pos[-1] - pos[0])
-    deficit = float(gaps.sum()) - span
-    m = gaps.size - 1
-    if deficit < 1.0:
-        return []
-    room = _linear_floor(pos.size) - _headroom(m) - DEFICIT_MARGIN
-    a0 = c * deficit / (m + 1.0)  # untilted
-    if a0 * (m + 1.0) <= m - 1 or _undershoot_depth(a0, m) <= room:
-        return []  # the untilted rows reach the undershoot
-    # The depth falls as k grows until the mode reaches the row's maximum (a (m + 1) =
-    # m - 1, depth 0) and rises after it. A quarter step can jump over the dip when m is
-    # large (hundreds of thousands of quantiles: a step changes the depth there by more
-    # than the room; the search then went on until 2^-k underflowed and the log raised),
-    # so it also stops at the first step past the dip.
-    k = 0.25
-    while (a := a0 * math.pow(2.0, -k)) * (m + 1.0) > m - 1 and _undershoot_depth(a, m) > room:
-        k += 0.25
-    tilts = [c * (1.0 - math.pow(2.0, -(k + s))) for s in DEFICIT_STEPS]
-    return [t for t in tilts if t < c and (c - t) * 2.0 * span >= LINEAR_RANGE]
-
-
-def _tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) -> list[float]:
-    """The tilts worth trying, ascending: the chosen one (0.0: none) and its larger steps
-    (:func:`_larger_tilts`), and those the cut's deficit sizes (:func:`_deficit_tilts`),
-    from the deficit's first on. Ascending, because the least tilt that holds has the
-    narrowest rows; none below the deficit's first, which no measured case held below
-    (n = 10^6 with 2 % below the lower bound at epsilon = 3: the probe chose 0.5 c, and the
-    draws tripped at it and at three larger steps before the deficit's 0.875 c)."""
-    tries = [chosen, *_larger_tilts(c, chosen)] if chosen > 0.0 else []
-    deficit = _deficit_tilts(c, pos, gaps)
-    return sorted(
-        {
-            t
-            for t in tries + deficit
-            if (not deficit or t >= deficit[0]) and _decay_reach(c, t) <= DECAY_TABLE_MAX
-        }
-    )
-
-
-#: Longest decay table a tilted pass may build (entries; 32 MiB). A tilted row's near part
-#: decays at c - mu, so its table reaches ``750 / (c - mu)`` positions (capped by the data's
-#: last position, which is private under add/remove neighbours: one atom of 5·10^7 records at
-#: epsilon = 0.001 built tables of 5·10^7 entries, 0.4 s and 400 MB, against 2 ms for 10
-#: records). Tilts are speed-only; one whose table would be longer is not tried, and the
-#: pass runs untilted or in log space, so time and memory are bounded by public figures.
-DECAY_TABLE_MAX = 1 << 22
-
-
-def _decay_reach(c: float, mu: float) -> float:
-    """Entries of the near-part decay table of a pass tilted by ``mu``, before the cap by the
-    data's last position: ``750 / (c - mu)`` (see :class:`_Forward`)."""
-    return 750.0 / (c - mu) + 2.0
-
-
-def _forward_pass(
+def forward_pass(
     logw: FloatArray,
     pos: IntArray,
     gaps: FloatArray,
@@ -1420,34 +1300,41 @@ def _forward_pass(
     log_kernel: str,
     tilt: bool | float,
     lw_ref: float,
-    inputs: _Inputs | None = None,
-) -> _Forward:
+    inputs: Inputs | None = None,
+) -> Forward:
     """Linear rows; tilted linear rows where a probe says they hold; else the log pass.
 
-    ``tilt``: True chooses a tilt from the probe (:func:`_choose_tilt`), False never
+    ``tilt``: True chooses a tilt from the probe (:func:`choose_tilt`), False never
     tilts, a number forces that tilt (tests).
     """
     if tilt is True or tilt is False:
-        fwd = _Forward(
+        fwd = Forward(
             logw, pos, gaps, c, log_space=False, budget=budget, lw_ref=lw_ref, inputs=inputs
         )
         try:
             fwd.run(probe_on_trip=bool(tilt))
             return fwd
-        except _LinearGuardTripped:
+        except LinearGuardTripped:
             pass
         # the linear pass went on as a probe: its rows' maxima and modes choose the tilt
-        mu = _choose_tilt(fwd) if tilt else 0.0
+        mu = choose_tilt(fwd) if tilt else 0.0
     else:
         mu = float(tilt)
-    # a chosen tilt that trips is followed by larger ones (:func:`_tilt_candidates`); a
+    # a chosen tilt that trips is followed by larger ones (:func:`tilt_candidates`); a
     # forced one (tests) is not
-    tries = _tilt_candidates(c, mu, pos, gaps) if tilt is True else [mu] if mu > 0.0 else []
+    room = range_room(pos.size, gaps.size - 1)
+    tries = (
+        tilt_candidates(c, mu, pos, gaps, room, LINEAR_RANGE)
+        if tilt is True
+        else [mu]
+        if mu > 0.0
+        else []
+    )
     for mu_try in tries:
-        tilted = _tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
+        tilted = tilted_pass(logw, pos, gaps, c, budget, mu_try, lw_ref, inputs)
         if tilted is not None:
             return tilted
-    return _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
+    return run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
 
 
 def sample_interval_sequence(
@@ -1480,8 +1367,8 @@ def sample_interval_sequence(
         tilt: whether a failed linear pass may be retried with tilted linear rows before
             the log pass (True), never (False), or that tilt ``mu`` forced (tests).
     """
-    return _sample_interval_sequence(
-        _Inputs.prepare(logw, pos),
+    return sample_prepared_sequence(
+        Inputs.prepare(logw, pos),
         gaps,
         c,
         rng,
@@ -1492,8 +1379,8 @@ def sample_interval_sequence(
     )
 
 
-def _sample_interval_sequence(
-    inputs: _Inputs,
+def sample_prepared_sequence(
+    inputs: Inputs,
     gaps: FloatArray,
     c: float,
     rng: np.random.Generator,
@@ -1503,7 +1390,7 @@ def _sample_interval_sequence(
     log_kernel: str = "scaled",
     tilt: bool | float = True,
 ) -> IntArray:
-    """:func:`sample_interval_sequence` on prepared inputs (:meth:`_Inputs.prepare`)."""
+    """:func:`sample_interval_sequence` on prepared inputs (:meth:`Inputs.prepare`)."""
     # Heavy atoms cut to the largest gap target: the same distribution, shallower rows.
     inputs = inputs.collapsed(collapse_cap(gaps))
     # Rows and weights are exact only down to the smallest normal double below their
@@ -1514,27 +1401,27 @@ def _sample_interval_sequence(
         d1 = logw.size
         m = gaps.size - 1
         if force_log_space or inputs.narrow:
-            fwd = _run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
+            fwd = run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
         else:
-            fwd = _forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
+            fwd = forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
         seq = np.empty(m, dtype=np.int64)
         j, i_end, pos_ref = m, d1, int(pos[-1])
         while j > 0:
             try:
-                i, k = _draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
-            except _LinearGuardTripped as trip:
+                i, k = draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+            except LinearGuardTripped as trip:
                 # a larger tilt while one is worth it (as the forward pass retries; never
                 # with tilt=False, nor after the sound bound tripped), then the log pass;
                 # either way the same step with exact weights: nothing was drawn
-                retry_tilt = tilt is not False and not isinstance(trip, _SoundGuardTripped)
-                retilted = _retilted(fwd, budget, inputs) if retry_tilt else None
-                fwd = retilted or _run_log_space(
+                retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
+                retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
+                fwd = retilted or run_log_space(
                     logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs
                 )
                 continue
-            except _LogGuardTripped as trip:
-                keep = _wider(fwd.keep, trip.needed_keep)
-                fwd = _run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
+            except LogGuardTripped as trip:
+                keep = wider(fwd.keep, trip.needed_keep)
+                fwd = run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
                 continue
             seq[j - k : j] = i
             j -= k
@@ -1546,12 +1433,12 @@ def _sample_interval_sequence(
 _MEMO_KEY = "jointexp.inputs"
 
 
-def _support_inputs(sup: Support) -> _Inputs:
+def support_inputs(sup: Support) -> Inputs:
     """The support's log widths (max 0) and positions with what the passes derive from them:
     from ``sup.memo`` when a run on the same histogram prepared them, else prepared here."""
     inputs = sup.memo.get(_MEMO_KEY)
-    if not isinstance(inputs, _Inputs):
-        inputs = _Inputs.from_widths(sup.widths, sup.cum)
+    if not isinstance(inputs, Inputs):
+        inputs = Inputs.from_widths(sup.widths, sup.cum)
         sup.memo[_MEMO_KEY] = inputs
     return inputs
 
@@ -1565,7 +1452,7 @@ def jointexp_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArr
     """
     c = sup.epsilon / (2.0 * jointexp_sensitivity(sup.quantiles, sup.neighbors))
     gaps = quantile_gaps(sup.quantiles, sup.n)
-    seq = _sample_interval_sequence(_support_inputs(sup), gaps, c, rng)
+    seq = sample_prepared_sequence(support_inputs(sup), gaps, c, rng)
     return sup.points_in(seq, rng)
 
 
