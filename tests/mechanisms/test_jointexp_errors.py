@@ -1,6 +1,6 @@
 """The sound bound on the error truncated forward rows carry into JointExp's draws.
 
-:mod:`app.mechanisms.jointexp_errors` bounds, for every row j and draw position t, the total
+:mod:`app.mechanisms.jointexp.error_bound` bounds, for every row j and draw position t, the total
 error ``sum_i |row_j(i) - exact_j(i)| k(t - P_i)`` that the rows' dropped entries cause in a
 draw's weights, without assuming anything about the widths. These tests measure that error:
 log passes with a deliberately short range (``keep`` of 8 to 40 e-folds, so that the dropped
