@@ -10,7 +10,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app
-COPY migrations ./migrations
 RUN pip install . \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin dpquant \
     && chown -R dpquant:dpquant /app

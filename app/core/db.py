@@ -243,12 +243,12 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def migrations_dir() -> Path:
-    """The Alembic script directory: next to the package (checkout) or in the working dir."""
-    candidates = [Path(__file__).resolve().parents[2] / "migrations", Path.cwd() / "migrations"]
-    for candidate in candidates:
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise FileNotFoundError("cannot find the migrations/ directory (run from the project root)")
+    """The Alembic script directory, shipped inside the package (``app/migrations``), so an
+    installed wheel migrates without a checkout."""
+    found = Path(__file__).resolve().parents[1] / "migrations"
+    if not (found / "env.py").is_file():
+        raise FileNotFoundError(f"the package's migrations are missing ({found})")
+    return found
 
 
 def alembic_config(url: str) -> Any:

@@ -48,7 +48,7 @@ def test_dockerfile_is_slim_non_root_with_healthcheck() -> None:
     args = parse_cli(cmd)
     assert args.command == "serve" and args.host == "0.0.0.0" and str(args.port) == exposed
     copied = " ".join(rest for word, rest in instructions if word == "COPY")
-    for needed in ("pyproject.toml", "app", "migrations", "alembic.ini"):
+    for needed in ("pyproject.toml", "app", "alembic.ini"):  # app/ holds the migrations
         assert needed in copied
 
 
@@ -80,3 +80,35 @@ def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     for entry in (".venv", ".dpquant", ".git"):
         assert entry in ignored
+
+
+def test_a_built_wheel_carries_the_migrations_and_the_canonical_sql(tmp_path: Path) -> None:
+    """A plain ``pip install`` of the wheel can migrate: the Alembic environment, every
+    revision and the reservation's canonical SQL are package data."""
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(root),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("dpquant-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    revisions = sorted(p.name for p in (root / "app/migrations/versions").glob("*.py"))
+    assert revisions and "app/migrations/env.py" in names
+    assert "app/migrations/script.py.mako" in names
+    assert {f"app/migrations/versions/{r}" for r in revisions} <= names
+    assert "app/releases/sql/release_reserve.sql" in names
