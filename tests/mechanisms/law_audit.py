@@ -37,6 +37,7 @@ import itertools
 import math
 import multiprocessing
 import time
+import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -46,9 +47,11 @@ import mpmath
 import numba
 import numpy as np
 
+import app.mechanisms.jointexp as _jointexp_package
 from app.mechanisms import sampling as _sampling
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import GridHistogram, Support, support_from_grid
+from app.mechanisms.jointexp import draws as jd
 from app.mechanisms.jointexp import kernels_log as _kernels
 from app.mechanisms.jointexp import mechanism as jx
 from app.mechanisms.jointexp import strategy
@@ -274,11 +277,11 @@ def _intercept_exact_level(
     word: int,
     rng: Any,
 ) -> int:
-    """``jx.pick_repeat_level`` in exact mode: the same weights and repeat counts
-    (``jx.repeat_level_weights``); records the law over repeat counts (0-based) and returns the
+    """``jd.pick_repeat_level`` in exact mode: the same weights and repeat counts
+    (``jd.repeat_level_weights``); records the law over repeat counts (0-based) and returns the
     first."""
     script = _ACTIVE[-1]
-    weights, counts = jx.repeat_level_weights(levels, ids, nlev, v, log_space)
+    weights, counts = jd.repeat_level_weights(levels, ids, nlev, v, log_space)
     law = [(int(counts[s]) - 1, p) for s, p in exact_pick_law(weights)]
     script.level_law = law
     return law[0][0]
@@ -317,7 +320,7 @@ def _intercepted_picks() -> Iterator[None]:
     over all 2^53 uniforms.
     """
     patches = [
-        (jx, {"pick_weights": _intercept_exact, "pick_repeat_level": _intercept_exact_level})
+        (jd, {"pick_weights": _intercept_exact, "pick_repeat_level": _intercept_exact_level})
     ]
     if hasattr(jx, "inverse_cdf_pick"):
         patches.append((jx, {"inverse_cdf_pick": _intercept_interval}))
@@ -468,6 +471,26 @@ def _patched(module: Any, values: Mapping[str, Any]) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def patched_names(values: Mapping[str, Any]) -> Iterator[None]:
+    """Each name set to its value in every module of the jointexp package that binds it
+    (a constant is bound where it is defined and where it is imported), restored on exit."""
+    with contextlib.ExitStack() as stack:
+        for name, value in values.items():
+            owners = [
+                mod
+                for mod in vars(_jointexp_package).values()
+                if isinstance(mod, types.ModuleType)
+                and mod.__name__.startswith(_jointexp_package.__name__ + ".")
+                and hasattr(mod, name)
+            ]
+            if not owners:
+                raise AttributeError(f"no jointexp module binds {name}")
+            for mod in owners:
+                stack.enter_context(_patched(mod, {name: value}))
+        yield
 
 
 def implementation_law(
@@ -642,7 +665,7 @@ def walker_matches_sampler(
     (same number of uniforms consumed), and the two sequences.
     """
     gaps, c = mechanism_parameters(sup)
-    with _patched(jx, patches or {}):
+    with patched_names(patches or {}):
         rng_a, rng_b = np.random.default_rng(seed), np.random.default_rng(seed)
         a = sample_walk(sup, gaps, c, rng_a, **options)
         b = jx.sample_prepared_sequence(jx.support_inputs(sup), gaps, c, rng_b, **options)
@@ -883,7 +906,7 @@ def audit(
     ref = reference_law(sup) if reference is None else reference
     out = []
     for path in paths:
-        with _patched(jx, path.patches):
+        with patched_names(path.patches):
             impl = implementation_law(sup, gaps, c, **path.options_for(c))
         out.append(PathResult(path.name, total_variation(impl, ref), impl, ref))
     return out

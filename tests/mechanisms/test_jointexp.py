@@ -10,22 +10,27 @@ import numpy as np
 import pytest
 
 from app.mechanisms import MECHANISMS, select
+from app.mechanisms.histogram import support_from_values
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import kernels_scaled as KS
 from app.mechanisms.jointexp import strategy
+from app.mechanisms.jointexp.forward import Forward
 from app.mechanisms.jointexp.mechanism import (
-    LINEAR_RANGE,
-    Forward,
-    LinearGuardTripped,
     jointexp,
     jointexp_sensitivity,
     quantile_gaps,
-    range_room,
     sample_interval_sequence,
-    to_scaled,
 )
+from app.mechanisms.jointexp.range_rule import (
+    HEADROOM,
+    LINEAR_RANGE,
+    LinearGuardTripped,
+    range_room,
+)
+from app.mechanisms.jointexp.rows import Inputs, to_scaled
 from app.mechanisms.validation import FloatArray, IntArray
+from tests.mechanisms import law_audit as LA
 from tests.mechanisms.exact import (
     chi_square_p,
     edges_for,
@@ -72,49 +77,93 @@ def tilt_candidates(c: float, chosen: float, pos: IntArray, gaps: FloatArray) ->
 PATHS = ["linear", "tilted", "log", "ext", "scaled"]
 
 
-def _observed(case, *, seed: int, path: str) -> tuple[collections.Counter, int]:
+def _observed(case, *, seed: int) -> tuple[collections.Counter, int]:
+    """DRAWS end-to-end releases (raw values in, estimates out), counted by the dense
+    intervals the estimates fall in."""
     data, q, eps, lo, hi, nb = case
     rng = np.random.default_rng(seed)
     edges = edges_for(data, lo, hi)
     counts: collections.Counter = collections.Counter()
-    if path != "linear":
-        sup = support_for(data, lo, hi, q)
-        c = eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
-        with np.errstate(divide="ignore"):
-            logw = np.log(sup.widths)
-        gaps = quantile_gaps(sup.quantiles, sup.n)
-        for _ in range(DRAWS):
-            if path == "tilted":  # these cases all hold in rows tilted by 3c/4 (tested below)
-                seq = sample_interval_sequence(logw, sup.cum, gaps, c, rng, tilt=0.75 * c)
-            else:
-                seq = sample_interval_sequence(
-                    logw, sup.cum, gaps, c, rng, force_log_space=True, log_kernel=path
-                )
-            # support interval t is the dense interval cum[t] (its position)
-            counts[tuple(int(sup.cum[i]) for i in seq)] += 1
-        return counts, DRAWS
     for _ in range(DRAWS):
         out = jointexp(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb, rng=rng)
         counts[tuple(int(i) for i in to_intervals(edges, out))] += 1
     return counts, DRAWS
 
 
-@pytest.mark.parametrize("path", PATHS)
+#: Cases whose law at 1.5 eps is far enough from the law at eps for 20,000 draws to tell.
+NEGATIVE_CONTROLS = 4
+
+
+def _linear_sample(index: int) -> tuple[collections.Counter, int]:
+    """The end-to-end sample of case ``index``."""
+    case = CASES[index]
+    return _observed(case, seed=1234 + len(case[0]))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_exact_distribution_chi_square(case, path: str) -> None:
+def test_exact_distribution_chi_square(case) -> None:
+    """End to end (raw values in, estimates out): the intervals the estimates fall in follow
+    the paper's law; on the first NEGATIVE_CONTROLS cases the same sample is rejected
+    against the law at 1.5 eps (the test sees a wrong epsilon)."""
     data, q, eps, lo, hi, nb = case
     probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
-    observed, draws = _observed(case, seed=1234 + len(data), path=path)
+    observed, draws = _linear_sample(CASES.index(case))
     p = chi_square_p(observed, probs, draws)
     assert p > 1e-4, f"chi-square p={p:.3g}"
+    if CASES.index(case) < NEGATIVE_CONTROLS:
+        # the same sample is rejected against the law at 1.5 eps
+        wrong = jointexp_sequence_probs(
+            data, q, epsilon=1.5 * eps, lower=lo, upper=hi, neighbors=nb
+        )
+        assert chi_square_p(observed, wrong, draws) < 1e-4
 
 
-@pytest.mark.parametrize("case", CASES[:4], ids=[f"case{i}" for i in range(4)])
-def test_negative_control_wrong_epsilon_is_detected(case) -> None:
+FORCED = {
+    "tilted": {"tilt": 0.75},  # times c: these cases all hold in rows tilted by 3c/4
+    "log": {"force_log_space": True, "log_kernel": "log"},
+    "ext": {"force_log_space": True, "log_kernel": "ext"},
+    "scaled": {"force_log_space": True, "log_kernel": "scaled"},
+}
+
+
+@pytest.mark.parametrize("path", sorted(FORCED))
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_every_forced_path_draws_the_exact_law(case, path: str) -> None:
+    """Each forced pass's whole output law, walked branch by branch with the weights it
+    uses (tests/mechanisms/law_audit.py), equals the paper's law enumerated from the raw
+    values to 10^-12 in total variation, and the sampler draws what the walk walks (same
+    sequences, same generator state). Stronger than a chi-square run of the same pass, which
+    sees only departures of ~10^-2, and a fraction of its time."""
     data, q, eps, lo, hi, nb = case
-    wrong = jointexp_sequence_probs(data, q, epsilon=1.5 * eps, lower=lo, upper=hi, neighbors=nb)
-    observed, draws = _observed(case, seed=99, path="linear")
-    assert chi_square_p(observed, wrong, draws) < 1e-4
+    sup = support_from_values(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    gaps, c = LA.mechanism_parameters(sup)
+    assert c == eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
+    options = dict(FORCED[path])
+    if "tilt" in options:
+        options["tilt"] = float(options["tilt"]) * c
+    law = LA.implementation_law(sup, gaps, c, **options)
+    # support interval t is the dense interval cum[t] (its position)
+    got = {tuple(int(sup.cum[i]) for i in s): p for s, p in law.items()}
+    want = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    assert LA.total_variation(got, want) <= 1e-12
+    for seed in range(3):
+        same, a, b = LA.walker_matches_sampler(sup, seed, **options)
+        assert same, (a, b)
+
+
+@pytest.mark.parametrize("path", sorted(FORCED))
+def test_the_forced_path_check_sees_a_wrong_epsilon(path: str) -> None:
+    """Negative control: each forced pass run at 1.01 eps is far from the law at eps."""
+    data, q, eps, lo, hi, nb = CASES[1]
+    sup = support_from_values(data, q, epsilon=1.01 * eps, lower=lo, upper=hi, neighbors=nb)
+    gaps, c = LA.mechanism_parameters(sup)
+    options = dict(FORCED[path])
+    if "tilt" in options:
+        options["tilt"] = float(options["tilt"]) * c
+    law = LA.implementation_law(sup, gaps, c, **options)
+    got = {tuple(int(sup.cum[i]) for i in s): p for s, p in law.items()}
+    want = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    assert LA.total_variation(got, want) > 1e-4
 
 
 def test_never_outputs_zero_width_intervals() -> None:
@@ -395,17 +444,17 @@ def test_rows_that_fit_the_budget_stay_and_the_draws_are_those_of_full_storage(p
     kw = {"tilt": 0.96 * c} if path == "tilted" else {"log_space": True, "keep": math.inf}
     full = Forward(logw, pos, gaps, c, log_space=kw.pop("log_space", False), budget=1 << 40, **kw)
     full.run()
-    assert not full.checkpointing and len(full.rows) == q.size
-    half = full.stored_bytes // 2
+    assert not full.store.checkpointing and len(full.rows) == q.size
+    half = full.store.stored_bytes // 2
     part = Forward(logw, pos, gaps, c, log_space=full.log_space, budget=half, **kw)
     part.run()
-    assert part.checkpointing and 1 < part.switch < q.size
-    assert all(j in part.rows for j in range(1, part.switch + 1))  # nothing dropped below
-    dropped = [j for j in range(part.switch, q.size + 1) if j not in part.rows]
-    assert dropped and all(not part._keep(j) for j in dropped)
+    assert part.store.checkpointing and 1 < part.store.switch < q.size
+    assert all(j in part.rows for j in range(1, part.store.switch + 1))  # nothing dropped below
+    dropped = [j for j in range(part.store.switch, q.size + 1) if j not in part.rows]
+    assert dropped and all(not part.store.is_checkpoint(j) for j in dropped)
     if path == "tilted":
-        assert any(part.rows[j].nlev for j in range(1, part.switch))  # compact rows stayed
-    for j in (q.size, part.switch + 1, part.switch - 1, 2):  # recomputed or stored
+        assert any(part.rows[j].nlev for j in range(1, part.store.switch))  # compact rows stayed
+    for j in (q.size, part.store.switch + 1, part.store.switch - 1, 2):  # recomputed or stored
         np.testing.assert_array_equal(part.dense_total(j), full.dense_total(j))
     force = {"tilt": kw["tilt"]} if path == "tilted" else {"force_log_space": True}
     for seed in range(4):
@@ -743,19 +792,18 @@ def _heavy_atom_case():
     return probs, sup, logw, quantile_gaps(sup.quantiles, sup.n), c
 
 
-def _position_counts(logw, cum, gaps, c, seed: int, tilt) -> collections.Counter:
-    """DRAWS sequences, counted by their intervals' positions (as the brute force lists them)."""
-    rng = np.random.default_rng(seed)
-    counts: collections.Counter = collections.Counter()
-    for _ in range(DRAWS):
-        seq = sample_interval_sequence(logw, cum, gaps, c, rng, tilt=tilt)
-        counts[tuple(int(cum[i]) for i in seq)] += 1
-    return counts
+def _position_law(logw, cum, gaps, c, tilt) -> dict[tuple[int, ...], float]:
+    """The whole law of ``sample_interval_sequence(logw, cum, gaps, c, tilt=tilt)``, walked
+    branch by branch with the weights it uses (tests/mechanisms/law_audit.py, through the
+    module attributes a test may patch), keyed by the intervals' positions as the brute
+    force lists them."""
+    law = LA.implementation_law(Inputs.prepare(logw, cum), gaps, c, tilt=tilt)
+    return {tuple(int(cum[i]) for i in s): p for s, p in law.items()}
 
 
 def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatch) -> None:
     """A tilted pass whose draw trips is replaced by a more tilted one (then the log pass),
-    and the sequences keep the exact distribution (brute force, chi-square)."""
+    and the sequences keep the exact distribution (brute force, whole law)."""
     from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
@@ -769,9 +817,9 @@ def test_a_draw_that_lacks_range_in_tilted_rows_retries_a_larger_tilt(monkeypatc
         return original(fwd, *args)
 
     monkeypatch.setattr(J, "draw_block", tripping)
-    counts = _position_counts(logw, sup.cum, gaps, c, 21, 0.75 * c)
+    law = _position_law(logw, sup.cum, gaps, c, 0.75 * c)
     assert min(tilts) == 0.75 and max(tilts) >= 0.9  # tripped, then retilted
-    assert chi_square_p(counts, probs, DRAWS) > 1e-4
+    assert LA.total_variation(law, probs) <= 1e-12
 
 
 @pytest.mark.parametrize("c", [0.025, 2.5])
@@ -779,7 +827,7 @@ def test_a_heavy_atom_stays_in_linear_rows_at_small_and_large_epsilon(monkeypatc
     """5 % at one inner point at epsilon = 0.1 and 10 (c = eps / 4): no log pass.
 
     At c = 2.5 the probe's rows (750 e-folds) cannot see the undershoot the cut pushes
-    below the rows' maxima and :func:`choose_tilt` finds no tilt; at c = 0.025 the
+    below the rows' maxima and :func:`probe_tilt` finds no tilt; at c = 0.025 the
     untilted rows hold and the last draw lacks range. Both ran the log pass (n = 10^6:
     ~2 s and ~4 s); the deficit's tilts (:func:`deficit_tilts`) hold in linear rows.
     """
@@ -821,7 +869,7 @@ def test_deficit_tilts_put_the_undershoot_within_the_linear_range() -> None:
         room = (
             J.LINEAR_RANGE
             - math.log(4.0 * pos.size)
-            - (J.HEADROOM + math.log(100.0))
+            - (HEADROOM + math.log(100.0))
             - strategy.DEFICIT_MARGIN
         )
         ks = [-math.log2(1.0 - t / c) for t in tilts]
@@ -888,7 +936,7 @@ def test_clamped_data_takes_one_tilted_pass_at_the_deficits_tilt(monkeypatch, sh
 
 def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> None:
     """An untilted linear pass whose draw trips is followed by tilted rows before the log
-    pass, and the sequences keep the exact distribution (brute force, chi-square)."""
+    pass, and the sequences keep the exact distribution (brute force, whole law)."""
     from app.mechanisms.jointexp import mechanism as J
 
     probs, sup, logw, gaps, c = _heavy_atom_case()
@@ -902,12 +950,16 @@ def test_a_draw_that_lacks_range_in_untilted_rows_tries_tilts(monkeypatch) -> No
         return original(fwd, *args)
 
     monkeypatch.setattr(J, "draw_block", tripping)
-    counts = _position_counts(logw, sup.cum, gaps, c, 22, True)
+    law = _position_law(logw, sup.cum, gaps, c, True)
     assert "untilted" in kinds and "tilted" in kinds and "log" not in kinds
-    assert chi_square_p(counts, probs, DRAWS) > 1e-4
+    assert LA.total_variation(law, probs) <= 1e-12
     kinds.clear()  # tilt=False never tilts: a trip goes to the log pass
-    _position_counts(logw, sup.cum, gaps, c, 23, False)
+    law = _position_law(logw, sup.cum, gaps, c, False)
     assert "untilted" in kinds and "log" in kinds and "tilted" not in kinds
+    assert LA.total_variation(law, probs) <= 1e-12
+    kinds.clear()  # and the sampler itself takes the same way
+    sample_interval_sequence(logw, sup.cum, gaps, c, np.random.default_rng(22), tilt=True)
+    assert "untilted" in kinds and "tilted" in kinds and "log" not in kinds
 
 
 @pytest.mark.parametrize("kind", ["upper", "lower", "both", "tie"])
@@ -962,13 +1014,13 @@ def test_a_draw_counts_dropped_entries_where_its_kernel_peaks() -> None:
 
 def test_tilted_rows_match_the_dense_log_rows_on_clamped_data() -> None:
     """Untilted again, the rows of a tilted pass equal the dense log pass's to rounding."""
-    from app.mechanisms.jointexp.mechanism import choose_tilt, median_log_width, run_probe
+    from app.mechanisms.jointexp.mechanism import median_log_width, probe_tilt, run_probe
 
     q = np.arange(1, 50) / 50.0
     for kind in ("upper", "lower", "both"):
         logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
         lw = median_log_width(logw)
-        mu = choose_tilt(run_probe(logw, pos, gaps, 0.25, "scaled", lw))
+        mu = probe_tilt(run_probe(logw, pos, gaps, 0.25, "scaled", lw))
         assert mu > 0.0
         tilted = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu)
         tilted.run()
@@ -988,7 +1040,7 @@ def test_a_tripped_linear_pass_goes_on_as_the_probe(kind: str) -> None:
     probe it ran before: the same modes, maxima never above the log probe's (less range
     only loses mass; a few falling rows are ~50 e-folds lower).
     """
-    from app.mechanisms.jointexp.mechanism import choose_tilt, median_log_width, run_probe
+    from app.mechanisms.jointexp.mechanism import median_log_width, probe_tilt, run_probe
 
     q = np.arange(1, 100) / 100.0
     logw, pos, gaps = _prepared(_clamped(kind, 200_000, 5), q)
@@ -998,10 +1050,10 @@ def test_a_tripped_linear_pass_goes_on_as_the_probe(kind: str) -> None:
         lin.run(probe_on_trip=True)
     assert lin.probing and not lin.rows
     log = run_probe(logw, pos, gaps, 0.25, "scaled", lw)
-    assert np.all(np.isfinite(lin.gmaxes))
-    assert np.all(lin.gmaxes <= log.gmaxes + 1e-9)
-    np.testing.assert_array_equal(lin.modes, log.modes)
-    mu = choose_tilt(lin)
+    assert np.all(np.isfinite(lin.profile.gmaxes))
+    assert np.all(lin.profile.gmaxes <= log.profile.gmaxes + 1e-9)
+    np.testing.assert_array_equal(lin.profile.modes, log.profile.modes)
+    mu = probe_tilt(lin)
     assert 0.0 < mu < 0.25
     tilted = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, tilt=mu, lw_ref=lw)
     tilted.run()
@@ -1023,7 +1075,7 @@ def test_row_one_is_formed_on_its_window_exactly_as_densely() -> None:
     Random positions, widths (30 % zero), quantile gaps, c, tilts and kept ranges; the
     windowed row equals the one formed over every interval, bit for bit.
     """
-    from app.mechanisms.jointexp.mechanism import row_span
+    from app.mechanisms.jointexp.rows import row_span
 
     rng = np.random.default_rng(5)
     for _ in range(300):
@@ -1122,7 +1174,8 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
     every level at sampled intervals of every row replays to the same double, the compact
     rows take under half the bytes, and the same seeds draw the same sequences.
     """
-    from app.mechanisms.jointexp.mechanism import Row, stored_levels_at
+    from app.mechanisms.jointexp.rows import Row
+    from app.mechanisms.jointexp.storage import stored_levels_at
 
     q = np.arange(1, 50) / 50.0
     logw, pos, gaps = _prepared(_clamped(kind, 40_000, 3), q)
@@ -1137,7 +1190,7 @@ def test_compact_rows_replay_their_levels_exactly(kind: str, monkeypatch) -> Non
             for s in range(5)
         ]
     assert sum(1 for r in compact.rows.values() if r.nlev) > q.size // 2
-    assert compact.stored_bytes < 0.5 * whole.stored_bytes
+    assert compact.store.stored_bytes < 0.5 * whole.store.stored_bytes
     rng = np.random.default_rng(0)
     for j in range(2, q.size + 1):
         row = whole.rows[j]
@@ -1154,7 +1207,7 @@ def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) ->
     """Small passes keep every row whole (COMPACT_FROM_BYTES) and pick repeat counts from the
     stored levels; compacting every row instead (threshold 0) replays the same levels, so
     the same seeds draw the same sequences (wide empty end blocks: many repeat levels)."""
-    from app.mechanisms.jointexp import mechanism as J
+    from app.mechanisms.jointexp import storage
 
     rng = np.random.default_rng(2)
     for n, m in ((1000, 9), (200, 29)):
@@ -1169,7 +1222,7 @@ def test_rows_kept_whole_draw_what_compact_rows_draw(eps: float, monkeypatch) ->
             for s in range(8)
         ]
         with monkeypatch.context() as mp:
-            mp.setattr(J, "COMPACT_FROM_BYTES", 0)
+            mp.setattr(storage, "COMPACT_FROM_BYTES", 0)
             compact = Forward(logw, pos, gaps, eps / 4, log_space=False, budget=1 << 40)
             compact.run()
             assert sum(1 for r in compact.rows.values() if r.nlev) > m // 2
@@ -1196,10 +1249,10 @@ def test_a_chosen_tilt_that_trips_is_followed_by_larger_ones(monkeypatch) -> Non
     lin = Forward(logw, pos, gaps, 0.25, log_space=False, budget=1 << 30, lw_ref=lw)
     with pytest.raises(LinearGuardTripped):
         lin.run(probe_on_trip=True)
-    chosen = J.choose_tilt(lin)
+    chosen = J.probe_tilt(lin)
     small = 0.25 - (0.25 - chosen) * 2.0  # one step of k below
     assert J.tilted_pass(logw, pos, gaps, 0.25, 1 << 30, small, lw, None) is None
-    monkeypatch.setattr(J, "choose_tilt", lambda probe: small)
+    monkeypatch.setattr(J, "probe_tilt", lambda probe: small)
     fwd = J.forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", True, lw)
     assert not fwd.log_space and fwd.mu > small
     forced = J.forward_pass(logw, pos, gaps, 0.25, 1 << 30, "scaled", small, lw)

@@ -21,14 +21,10 @@ import pytest
 from scipy.special import logsumexp
 
 from app.mechanisms.jointexp import error_bound as E
-from app.mechanisms.jointexp.mechanism import (
-    Forward,
-    Inputs,
-    LogGuardTripped,
-    quantile_gaps,
-    sample_prepared_sequence,
-    summed_levels,
-)
+from app.mechanisms.jointexp.forward import Forward
+from app.mechanisms.jointexp.mechanism import quantile_gaps, sample_prepared_sequence
+from app.mechanisms.jointexp.range_rule import LogGuardTripped
+from app.mechanisms.jointexp.rows import Inputs, summed_levels
 
 
 def _dense_logs(fwd: Forward, j: int) -> np.ndarray:

@@ -14,9 +14,6 @@ PACKAGE = "app.mechanisms.jointexp"
 PKG_DIR = Path(package.__file__).parent
 SELECT = PKG_DIR.parent / "select.py"
 MAX_LINES = 600
-#: modules still above MAX_LINES (strict xfail: the test fails once one of them is split,
-#: so the entry is removed with the split)
-PENDING_SPLIT = {"mechanism.py"}
 
 
 def imported_modules(source: str, module: str) -> set[str]:
@@ -74,19 +71,7 @@ def modules() -> list[Path]:
     return [*sorted(PKG_DIR.glob("*.py")), SELECT]
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            p,
-            id=p.name,
-            marks=[pytest.mark.xfail(strict=True, reason="not yet split")]
-            if p.name in PENDING_SPLIT
-            else [],
-        )
-        for p in modules()
-    ],
-)
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.name) for p in modules()])
 def test_no_module_is_longer_than_the_limit(path: Path) -> None:
     assert line_count(path) <= MAX_LINES, (path.name, line_count(path))
 

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 import pytest
 
+from app.mechanisms.jointexp import draws, rows, storage
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import mechanism as jx
@@ -172,7 +173,7 @@ def _old_draw_block(
     if count <= 0:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
     nlev = min(row.nlev or row.top_level, j)
-    summed = jx.summed_levels(row, fwd.log_space)
+    summed = rows.summed_levels(row, fwd.log_space)
     buf = np.empty(count)
     pos = fwd.pos
     lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
@@ -197,7 +198,7 @@ def _old_draw_block(
             fwd.pwf,
             buf,
         )
-        if top >= jx.TINY_DRAW and (top >= _GUARD * row.top or top >= row.top * _DEEP_DRAW):
+        if top >= draws.TINY_DRAW and (top >= _GUARD * row.top or top >= row.top * _DEEP_DRAW):
             g_draw = row.gmax + math.log(top / row.top) - lscale
         else:
             lsummed = np.empty_like(summed)
@@ -217,8 +218,8 @@ def _old_draw_block(
     k = 0
     if nlev > 1:
         if row.nlev:
-            at_pick = jx.stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = int(KG.pick_level(at_pick, jx.repeat_level_ids(nlev), nlev, 0, False, u_level))
+            at_pick = storage.stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
+            k = int(KG.pick_level(at_pick, rows.repeat_level_ids(nlev), nlev, 0, False, u_level))
         else:
             k = int(KG.pick_level(row.levels, row.level_ids, nlev, pick, fwd.log_space, u_level))
         if k < 0:
@@ -286,7 +287,7 @@ def test_walker_draws_what_the_sampler_draws(block: int) -> None:
             case.support, index, patches=path.patches, **path.options_for(c)
         )
         assert same, f"case {index} {path.name}: walker {got} sampler {want}\n{case.description}"
-        with LA._patched(jx, path.patches):
+        with LA.patched_names(path.patches):
             law = LA.implementation_law(case.support, gaps, c, **path.options_for(c))
         assert law.get(tuple(int(i) for i in want), 0.0) > 0.0, case.description
 

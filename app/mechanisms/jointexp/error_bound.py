@@ -7,7 +7,7 @@ on the pass's common log scale) plus what the earlier rows' errors became throug
 recursion, which multiplies an error landing on interval i by i's width. The draws read the
 rows through a kernel, so what matters is the error *near the sampled position*, relative
 to the draw's largest weight. This module bounds it without assuming anything about the
-widths (the speed rule in :meth:`~app.mechanisms.jointexp.mechanism.Forward.range_ok` charges the
+widths (the speed rule in :func:`~app.mechanisms.jointexp.range_rule.range_holds` charges the
 median width, which is not a worst-case bound).
 
 **The weighted norm.** For a region ``Z_j = [T_j - R - D, T_j + R]`` around row j's target
@@ -44,7 +44,7 @@ weights' total error is at most
     N_j exp(psi_j(t)) k_j + (the end intervals' errors times their kernel factors),
 
 and the draw goes ahead only if that is ``e^{-H}`` below its largest weight (``H`` the
-headroom of :func:`~app.mechanisms.jointexp.mechanism._headroom`). Any ``(R, D, f)`` gives a valid
+headroom of :func:`~app.mechanisms.jointexp.range_rule.headroom`). Any ``(R, D, f)`` gives a valid
 bound; a few are tracked side by side and the smallest is used. ``W_j`` is read from the
 widths' block maxima (:func:`width_blocks`): a block that meets the region counts at its
 widest interval, one that does not at its widest discounted from its nearest end, an upper

@@ -2,7 +2,7 @@
 
 Nothing here decides the law. The functions take numbers (the privacy parameter, the
 positions and gaps, and the range the law's rule leaves, ``range_room`` and
-``linear_range``, computed by :mod:`~app.mechanisms.jointexp.mechanism`) and return the
+``linear_range``, computed by :mod:`~app.mechanisms.jointexp.range_rule`) and return the
 tilts or ranges to try; every pass they choose checks its own range rule, and one that
 fails is retried another way. This module imports nothing from the package.
 
@@ -15,12 +15,17 @@ linear row spans (``LINEAR_RANGE``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+
+
+LOG_KEEP = 3000.0  # log-space rows keep entries within this many e-folds of their maximum
+PROBE_KEEP = 750.0  # range of the probe pass that sizes LOG_KEEP from the rows' falls
 
 
 #: Tilts tried, as mu = c (1 - 2^-k) for k in quarter steps: the smaller c - mu, the
@@ -72,6 +77,56 @@ def larger_tilts(c: float, mu: float) -> list[float]:
     """The tilts tried after ``mu`` trips (TILT_RETRIES steps further), while their rows stay
     narrow enough to be worth it (c - mu >= c / 64)."""
     return [t for t in (larger_tilt(c, mu, s) for s in TILT_RETRIES) if c - t >= c / 64]
+
+
+def keep_after(needed_keep: float) -> float:
+    """The range the exact log pass starts with: enough for the falls a probe saw
+    (``needed_keep``, 0.0: none)."""
+    return LOG_KEEP if needed_keep == 0.0 else max(LOG_KEEP, needed_keep + 200.0)
+
+
+def choose_tilt(
+    c: float,
+    gaps: FloatArray,
+    gmaxes: FloatArray,
+    modes: FloatArray,
+    prof_pos: FloatArray,
+    prof_val: FloatArray,
+    linear_floor: float,
+    headroom: float,
+    growth: Callable[[float], float],
+) -> float:
+    """The tilt under which linear rows should hold a probe's falls (0.0: none found).
+
+    A tilted row j is stored as ``alpha e^(-mu (P - T_j))`` (``T_j = n_1 + .. + n_j``), so
+    its maximum is at least the tilted value at the probe's mode,
+    ``gmax_j - mu (mode_j - T_j)``, and at each of the row's profiled columns (``prof_pos``,
+    ``prof_val``: logs on the common scale). Rows whose mass is pushed below their targets
+    (data clamped at a bound, a quantile inside a tie) rise by the tilt as much as they fell.
+    Each candidate is judged by the linear pass's own range rule on those estimated
+    maxima (``linear_floor``, ``headroom``), with the tilted kernel's growth per row
+    (``growth(mu)``: log kappa plus the median log width); the least tilt that passes is
+    chosen (the narrowest rows). The pass that runs checks its own range, so this only
+    decides speed.
+    """
+    m = gaps.size - 1
+    targets = np.cumsum(gaps[:m])
+    idx = np.arange(1, m + 1, dtype=np.float64)
+    for k in TILT_STEPS:
+        mu = c * (1.0 - math.pow(2.0, -k))
+        g = growth(mu)
+        # the tilted maximum is at least the tilted value at the mode and at every
+        # profiled column (all lower bounds: the probe's rows lack range)
+        gm = np.maximum(
+            gmaxes - mu * (modes - targets),
+            np.max(prof_val - mu * (prof_pos - targets[:, None]), axis=1),
+        )
+        floors = np.maximum(gm, np.concatenate(([gm[0]], gm[:-1]))) - linear_floor
+        shifted = gm - idx * g
+        later_min = np.minimum.accumulate(shifted[::-1])[::-1]
+        if np.all(floors - idx * g <= later_min - headroom - TILT_MARGIN):
+            return mu
+    return 0.0
 
 
 def wider(keep: float, needed: float) -> float:

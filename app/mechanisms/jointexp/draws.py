@@ -1,0 +1,178 @@
+"""JointExp's backward draws: (interval, repeat count) block by block from the forward rows.
+
+The last block is drawn from ``alpha(m, i, k) r^|n - P_i - n_{m+1}|``, then block by block
+from ``alpha(j, i, k) r^|P_next - P_i - n_{j+1}|`` over ``i < i_next``: the interval exactly
+in proportion to its weight summed over k, then k from that interval's levels (two raw
+64-bit words per block, :func:`~app.mechanisms.sampling.pick_weights`). Before any word is
+drawn the weights are checked against the rows' truncation floors (the range rule, and for
+untilted passes the sound error bound); a draw that lacks range raises, the caller
+rebuilds the pass with more range and retries the same step, so no draw is discarded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import kernels_log as KG
+from app.mechanisms.jointexp.forward import Forward
+from app.mechanisms.jointexp.range_rule import (
+    LinearGuardTripped,
+    LogGuardTripped,
+    SoundGuardTripped,
+)
+from app.mechanisms.jointexp.rows import repeat_level_ids, summed_levels
+from app.mechanisms.jointexp.storage import stored_levels_at
+from app.mechanisms.sampling import pick_weights
+from app.mechanisms.validation import FloatArray, IntArray
+
+#: A linear draw's largest weight must be at least this (in the scaled units its weights
+#: are formed in): the weights it loses, products below the smallest normal double flushed
+#: to 0.0, are then each < 2^-1022 and, fewer than 2^30 of them, < 2^-92 of it together. Kernel
+#: factors are never dropped while their scaled value is a normal double
+#: (:func:`~app.mechanisms.jointexp.kernels_linear.step_weights_linear`); below this the draw's
+#: weights are formed in log space instead.
+TINY_DRAW = 2.0**-900
+
+
+def draw_block(
+    fwd: Forward,
+    j: int,
+    i_end: int,
+    pos_ref: int,
+    nj: float,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Draw (i, k) ∝ alpha(j, i, k) r^|pos_ref - P[i] - nj| over i < i_end; k is 1-based.
+
+    The interval i is drawn from its weight summed over k, then k from alpha(j, i, .) (the
+    kernel factor is the same for every k): the same law, with one weight per interval.
+
+    The weights are checked against the row's truncation floor before the uniform is drawn
+    (the same range rule as the forward rows, the kernel being one more row): if they are
+    too small for it, the pass is rebuilt with more range (log space, or a wider log range)
+    and the caller retries the same step, so no draw is ever discarded.
+    """
+    row = fwd.get(j)
+    count = min(row.levels.shape[1], i_end - row.lo)
+    if count <= 0:
+        raise FloatingPointError("JointExp: no mass below the sampled interval")
+    nlev = min(row.nlev or row.top_level, j)
+    summed = summed_levels(row, fwd.log_space)  # one weight per interval
+    buf = np.empty(count)
+    pos = fwd.pos
+    # Each weight's error is the row entry's error times its kernel factor, so the check
+    # below compares the row's floor, scaled by the largest kernel factor, with the largest
+    # weight. That factor is taken over every interval below i_end, stored or not: an entry
+    # the row dropped (below its floor) may sit where the kernel is largest. The kernel's
+    # log, -c |e| - mu e with e = pos_ref - P - nj, is unimodal in P with its peak at
+    # P = pos_ref - nj, so its largest value, lk <= 0, is at a neighbour of that point.
+    # Zero-width intervals hold exactly 0.0 in every row (no error), so only intervals of
+    # positive width count.
+    lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
+    if lk == -math.inf:
+        raise FloatingPointError("JointExp: no mass below the sampled interval")
+    if fwd.log_space:
+        ltop = KG.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+        g_draw = row.gmax + ltop
+    else:
+        # Linear weights with the kernel scaled by up to e^300 towards its largest factor,
+        # so a draw whose kernel is small everywhere (a quantile far from every candidate)
+        # stays in normal doubles. Every scaled kernel factor that is a normal double is
+        # formed (step_weights_linear), so a weight is lost only where its product is below
+        # the smallest normal double and flushed to 0.0.
+        lscale = min(-lk, 300.0)
+        top = KL.step_weights_linear(
+            summed,
+            row.lo,
+            count,
+            pos_ref,
+            pos,
+            nj,
+            fwd.c,
+            fwd.mu,
+            lscale,
+            fwd.pw,
+            fwd.pwf,
+            buf,
+        )
+        # A flushed weight is below 2^-1022 (the scaled units of ``top``), and at most
+        # ``count`` of them are lost: with a largest weight of at least TINY_DRAW (2^-900)
+        # and count < 2^30 they are < 2^-92 of it. Both sides are absolute values in the same
+        # scaled units; nothing here is a product that could underflow.
+        if top >= TINY_DRAW:
+            g_draw = row.gmax + (math.log(top) - math.log(row.top)) - lscale
+        else:
+            # The kernel pushed every candidate towards underflow: form the same weights in
+            # log space from the stored row.
+            lsummed = np.empty_like(summed)
+            KG.log_of(summed, lsummed)
+            ltop = KG.step_weights_log(lsummed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
+            g_draw = row.gmax + ltop - math.log(row.top)
+    g_rel = g_draw - lk  # g_draw - log(max kernel factor)
+    # The sound bound on the weights' total error (error_bound) must be 2^-52 m below
+    # the largest weight, and so must the median-width rule's (range_ok: the rule the
+    # forward rows were built to; it only ever asks for more range). Tilted passes are
+    # held to the median-width rule alone: the bound's rates are limited by c - mu there
+    # and it asks several times more range than they have on clamped data (see
+    # docs/mechanisms.md, "Range rule").
+    short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
+    sound = -math.inf
+    if not fwd.mu and (fwd.log_space or short <= 0.0):  # (a linear pass trips anyway)
+        sound = fwd.error_at_draw(j, pos_ref - nj, i_end) - (g_draw - fwd.headroom)
+    if short > 0.0 or sound > 0.0:
+        if not fwd.log_space:
+            # the sound bound alone rejected it: the median rule, which tilted passes
+            # answer to, is too weak here, so the retry is the log pass
+            raise SoundGuardTripped if short <= 0.0 else LinearGuardTripped
+        raise LogGuardTripped(fwd.keep + max(short, sound))
+    # Two raw 64-bit words per block, always (so passes that keep different numbers of
+    # levels stay in step, and the generator advances as two rng.random() calls would): the
+    # interval from its weight summed over repeat counts, then the count from that
+    # interval's levels. Each pick is exact with respect to the weights formed here
+    # (pick_weights): no cut point's rounding or 53-bit uniform enters the law.
+    raw = rng.bit_generator.random_raw
+    w_interval, w_level = int(raw()), int(raw())
+    pick = pick_weights(buf, w_interval, rng)
+    if pick < 0:
+        raise FloatingPointError("JointExp: backward weights are all zero")
+    k = 0
+    if nlev > 1:
+        if row.nlev:  # compact: the levels at the picked interval, replayed
+            at_pick = stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
+            k = pick_repeat_level(at_pick, repeat_level_ids(nlev), nlev, 0, False, w_level, rng)
+        else:  # the stored levels at the picked interval
+            k = pick_repeat_level(
+                row.levels, row.level_ids, nlev, pick, fwd.log_space, w_level, rng
+            )
+        if k < 0:
+            raise FloatingPointError("JointExp: backward weights are all zero")
+    return row.lo + pick, k + 1
+
+
+def pick_repeat_level(
+    levels: FloatArray,
+    ids: IntArray,
+    nlev: int,
+    v: int,
+    log_space: bool,
+    word: int,
+    rng: np.random.Generator,
+) -> int:
+    """The repeat count (0-based) at column v, drawn exactly ∝ its levels 1..nlev
+    (:func:`repeat_level_weights`); -1 if they are all zero."""
+    weights, counts = repeat_level_weights(levels, ids, nlev, v, log_space)
+    s = pick_weights(weights, word, rng)
+    return -1 if s < 0 else int(counts[s]) - 1
+
+
+def repeat_level_weights(
+    levels: FloatArray, ids: IntArray, nlev: int, v: int, log_space: bool
+) -> tuple[FloatArray, IntArray]:
+    """The weights a level pick draws from (relative to the largest) and the repeat count
+    (1-based) of each (:func:`~app.mechanisms.jointexp.kernels_log.level_weights`)."""
+    weights = np.empty(ids.size)
+    ns = int(KG.level_weights(levels, ids, nlev, v, log_space, weights))
+    return weights[:ns], ids[:ns]
