@@ -8,24 +8,11 @@ code the ``dpquant serve`` command runs.
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from typing import Any
 
-import httpx
-import uvicorn
-
 from app.api.factory import create_app
+from tests.servers import ThreadedServer, wait_until_ready
 from tests.support import app_settings, release_workers
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class LiveServer:
@@ -35,40 +22,22 @@ class LiveServer:
         self.admin_key = admin_key
         self.database_url = database_url
         self._workers = contextlib.ExitStack()
-        self.port = free_port()
         settings = app_settings(database_url, admin_key=admin_key, **overrides)
-        config = uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            lifespan="on",
-            timeout_keep_alive=settings.keepalive_s,  # as `dpquant serve` runs it
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        # keep-alive as `dpquant serve` runs it
+        self._server = ThreadedServer(create_app(settings), timeout_keep_alive=settings.keepalive_s)
+        self.port = self._server.port
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.base_url
 
     def start(self, timeout: float = 60.0) -> LiveServer:
-        # Mechanisms run in release worker processes (issue 8): start real ones.
+        # Mechanisms run in release worker processes: start real ones.
         self._workers.enter_context(release_workers(self.database_url, concurrency=1))
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.thread.is_alive():
-                raise RuntimeError("the test server exited during startup")
-            try:
-                if httpx.get(self.base_url + "/readyz", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("the test server did not become ready")
+        self._server.start(timeout)
+        wait_until_ready(self.base_url, alive=self._server.thread.is_alive, timeout=timeout)
+        return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self._server.stop()
         self._workers.close()

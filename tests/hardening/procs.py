@@ -18,12 +18,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
+
+from tests.servers import free_port, wait_until_ready
 
 PG_BIN = None
 
@@ -32,14 +32,6 @@ def _pg_bin() -> Path:
     import pgserver._commands as commands
 
     return Path(commands.POSTGRES_BIN_PATH)
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ThrowawayPostgres:
@@ -161,21 +153,18 @@ class DpquantServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout
-        ready = 0
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log_text()}")
-            try:
-                # every worker must be up: ask a few times, all must answer 200
-                r = httpx.get(self.base_url + "/readyz", timeout=2.0)
-                ready = ready + 1 if r.status_code == 200 else 0
-                if ready >= 2 * self.workers and len(self.worker_pids()) >= self.workers:
-                    return
-            except httpx.HTTPError:
-                ready = 0
-            time.sleep(0.1)
-        raise RuntimeError(f"server did not become ready:\n{self.log_text()}")
+        proc = self.proc
+        try:
+            # every worker must be up: ask a few times, all must answer 200
+            wait_until_ready(
+                self.base_url,
+                alive=lambda: proc.poll() is None,
+                timeout=timeout,
+                times=2 * self.workers,
+                also=lambda: len(self.worker_pids()) >= self.workers,
+            )
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; server log:\n{self.log_text()}") from None
 
     def _release_supervisor(self) -> psutil.Process | None:
         if self.proc is None:

@@ -14,19 +14,17 @@ scheduling, so that control is not asserted in CI.)
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from app.api.factory import create_app
+from tests.servers import ThreadedServer
 
 from .conftest import ADMIN, report, settings_for
-from .procs import free_port
 
 POOL = {"pool_size": 2, "max_overflow": 1, "pool_timeout_s": 5.0}
 CONCURRENT = 80
@@ -35,26 +33,8 @@ CONCURRENT = 80
 def _serve(hdb_url: str) -> Iterator[str]:
     # 80 releases at once from one key: admission control is under test, not the queue cap
     app = create_app(settings_for(hdb_url, **POOL, max_pending_per_key=0))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=free_port(),
-            log_config=None,
-            log_level="warning",
-            lifespan="on",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with ThreadedServer(app, log_config=None) as server:
+        yield server.base_url
 
 
 def _burst(base: str) -> tuple[Counter[int], float]:

@@ -17,12 +17,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from app.api.factory import create_app
+from tests.servers import ThreadedServer
 
 from .conftest import ADMIN, report, settings_for
-from .procs import free_port
 
 PAD_MS = 2000
 FLOOD = 30
@@ -35,21 +34,8 @@ def base(hdb_url: str, hworkers: None) -> Iterator[str]:
             hdb_url, min_release_ms=PAD_MS, pool_size=2, max_overflow=1, pool_timeout_s=5.0
         )
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=free_port(), log_config=None, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with ThreadedServer(app, log_config=None) as server:
+        yield server.base_url
 
 
 def _dataset(c: httpx.Client, epsilon: str) -> str:

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import logging
 import struct
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,15 +28,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from sqlalchemy.exc import OperationalError
 
 from app.api.factory import create_app
 from app.mechanisms import MECHANISMS, GridHistogram
 from app.releases.runner import Claim, Job, RunFailed, run_job
+from tests.servers import ThreadedServer
 
 from .conftest import ADMIN, Api, report, settings_for
-from .procs import free_port
 
 # Recognisable values; integer parts >= 600 cannot collide with timestamps' fields.
 SECRETS = [613.371337, 742.424242, 877.077077, 912.345678, 698.765432, 755.555555]
@@ -92,28 +90,8 @@ def live(hdb_url: str, hworkers: None) -> Iterator[tuple[str, Any]]:
             rate_limit_burst=150,
         )
     )
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_config=None,
-        log_level="debug",
-        access_log=True,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with ThreadedServer(app, log_config=None, log_level="debug", access_log=True) as server:
+        yield server.base_url, app
 
 
 def test_no_data_value_in_logs_bodies_headers_or_docs(

@@ -16,7 +16,8 @@ from sqlalchemy.orm import sessionmaker
 
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys, revoke_key
 from app.core.db import upgrade_database
-from tests.service.test_cli import _wait_until_ready, free_port
+from tests.servers import free_port
+from tests.service.test_cli import _wait_until_ready
 from tests.support import app_settings, auth, serving
 
 

@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.runtime import cli
+from tests.servers import first_answer, free_port, wait_until_ready
 
 from .conftest import ADMIN_KEY, auth
 
@@ -100,13 +101,6 @@ def test_experiments_missing_module_is_a_clear_error(
     assert "experiments module is not available" in capsys.readouterr().err
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def run_server(env: dict[str, str], port: int) -> tuple[httpx.Response, str]:
     """Start ``dpquant serve`` (2 workers), wait for /readyz, stop it; returns readyz, output."""
     proc = subprocess.Popen(
@@ -117,15 +111,7 @@ def run_server(env: dict[str, str], port: int) -> tuple[httpx.Response, str]:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 90
-        ready = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        assert ready is not None, "server did not come up"
+        ready = first_answer(f"http://127.0.0.1:{port}/readyz", alive=lambda: proc.poll() is None)
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"http://127.0.0.1:{port}/v1/datasets").status_code == 401
     finally:
@@ -178,15 +164,7 @@ def _two_web_processes(port: int) -> list[str]:
 
 def _wait_until_ready(proc: subprocess.Popen[bytes], port: int) -> None:
     """Wait (up to 90 s) until the server started as ``proc`` answers /readyz with 200."""
-    deadline = time.monotonic() + 90
-    while True:
-        assert time.monotonic() < deadline and proc.poll() is None, "server did not start"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
+    wait_until_ready(f"http://127.0.0.1:{port}", alive=lambda: proc.poll() is None)
 
 
 def test_a_burst_of_connections_is_spread_over_the_web_processes(database_url: str) -> None:

@@ -14,8 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.servers import free_port, wait_until_ready
+
 from .conftest import ADMIN, ADMIN_KEY
-from .test_cli import free_port
 
 N_VALUES = 30_000_000
 RSS_LIMIT_MB = 700
@@ -62,15 +63,7 @@ def test_240_mb_streamed_upload_keeps_every_server_process_under_700_mb(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.3)
+        wait_until_ready(base, alive=lambda: proc.poll() is None, timeout=60)
         with httpx.Client(base_url=base, headers=ADMIN, timeout=300) as client:
             ds = client.post(
                 "/v1/datasets", json={"name": f"mem-{port}", "lower": 0, "upper": 100}
