@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
+# pytest-xdist workers: two for the database-backed groups, the rest for the pure suites
+JOBS ?= $(shell $(PYTHON) -c 'import os; print(max(3, os.cpu_count() or 1))')
 
 .PHONY: serve test lint openapi bench ci chromium
 
@@ -31,7 +33,7 @@ chromium:
 	  || echo "note: chromium is not installed; tests/ui will be skipped (apt-get install chromium)"
 
 test: $(VENV)/.installed-test chromium
-	$(BIN)/python -m pytest tests -n auto --dist loadgroup $(ARGS)
+	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadgroup $(ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -22,13 +22,16 @@ import pytest
 from app.mechanisms import MECHANISMS, GridHistogram, MechanismInputError
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.jointexp import kernels_linear as K
+from tests.mechanisms import law_audit as LA
 from tests.mechanisms.exact import chi_square_p
 
 EPS = 1.0
 #: (a, b, draws): counts (a, b, a - 1) on grid points 0, 1, 2 and the neighbour (a, b + 1, a - 2),
 #: one record moved from 2 to 1. Both the sampled values of 0 and 1 and their neighbours
 #: were wrong before the fix: (853, 7273) never drew 1, (1673, 21051) always did.
-PAIRS = [(853, 7273, 10_000), (1673, 21051, 10_000), (40_000, 300_001, 2_000)]
+PAIRS = [(853, 7273, 10_000), (1673, 21051, 10_000)]
+#: a larger pair whose runs take the slow path: its whole law is walked instead of sampled
+LARGE_PAIR = (40_000, 300_001)
 
 
 def _hist(counts: tuple[int, int, int]) -> GridHistogram:
@@ -56,9 +59,8 @@ def _exact_median_law(counts: tuple[int, int, int], epsilon: float) -> dict[int,
 def test_a_median_inside_a_heavy_atom_is_drawn_with_its_exact_law_on_both_neighbours(
     a: int, b: int, draws: int
 ) -> None:
-    """10,000 grid draws on each neighbour (2,000 on the largest pair, whose runs take the
-    slow path): chi-square against the exact law (p >= 0.01), and the exact laws' density
-    ratio, which the draws then follow, is within e^epsilon."""
+    """10,000 grid draws on each neighbour: chi-square against the exact law (p >= 0.01),
+    and the exact laws' density ratio, which the draws then follow, is within e^epsilon."""
     pair = [(a, b, a - 1), (a, b + 1, a - 2)]
     laws = [_exact_median_law(x, EPS) for x in pair]
     for y in (0, 1):
@@ -78,6 +80,27 @@ def test_a_median_inside_a_heavy_atom_is_drawn_with_its_exact_law_on_both_neighb
     for y in (0, 1):  # the observed frequencies on the two neighbours stay within e^epsilon
         assert freqs[0][y] / freqs[1][y] <= math.exp(EPS) * 1.1
         assert freqs[1][y] / freqs[0][y] <= math.exp(EPS) * 1.1
+
+
+def test_a_median_inside_a_larger_heavy_atom_has_its_exact_law_on_both_neighbours() -> None:
+    """The pair (40,000, 300,001): the implementation's whole output law on each neighbour,
+    walked branch by branch with the weights it uses, on every forced path
+    (tests/mechanisms/law_audit.py), equals the law from the definition to 10^-12, whose
+    density ratio is within e^epsilon."""
+    a, b = LARGE_PAIR
+    pair = [(a, b, a - 1), (a, b + 1, a - 2)]
+    laws = [_exact_median_law(x, EPS) for x in pair]
+    for y in (0, 1):
+        assert math.exp(-EPS) <= laws[0][y] / laws[1][y] <= math.exp(EPS)
+    for counts, law in zip(pair, laws, strict=True):
+        case = LA.reproducer_case(counts)
+        for res in LA.audit(case):
+            # support interval y + 1 is grid point y (interval 0, below the grid, has no width)
+            got = {y: res.implementation.get((y + 1,), 0.0) for y in range(3)}
+            assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+            for y, p in law.items():
+                assert abs(got[y] - p) <= 1e-12, (counts, res.path, got, law)
+            assert res.tv <= 1e-12, LA.describe_failure(case, res)
 
 
 def test_scaled_kernel_factors_below_the_table_are_formed_from_their_exponent() -> None:
