@@ -1,19 +1,48 @@
-"""FastAPI dependencies: who is calling, and may they?"""
+"""FastAPI dependencies: the request's database session; who is calling, and may they?"""
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.middleware.ratelimit import MAX_TOKEN_LENGTH, AuthFailureGuard
 from app.auth.service import authenticate, hash_key
+from app.core.db import CommitOutcomeUnknown, sqlstate
 from app.core.errors import DpquantError, forbidden, unauthorized
 from app.core.pg import run_async
 from app.core.principal import Principal
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One session per request: commit on success, roll back on error, always close."""
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    session = factory()
+    try:
+        yield session
+        try:
+            session.commit()
+        except DBAPIError as exc:
+            if exc.connection_invalidated or sqlstate(exc) is None:
+                raise CommitOutcomeUnknown() from None
+            raise
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+#: One session per request. Declared with ``scope="function"`` so the commit happens
+#: *before* the response is sent, and a failed commit becomes an error response instead of
+#: a success that was never stored.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
 

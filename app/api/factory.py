@@ -18,8 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from app import __version__
+from app.api.errors import install_error_handlers
 from app.api.middleware.bodylimit import BodyLimitMiddleware
 from app.api.middleware.concurrency import AdmissionMiddleware
+from app.api.middleware.guard import GuardMiddleware
 from app.api.middleware.ratelimit import AuthFailureGuard, RateLimitMiddleware
 from app.api.middleware.timing import ReleaseTimingMiddleware
 from app.api.openapi import install_openapi
@@ -41,8 +43,6 @@ from app.core.db import (
     resolve_database_url,
     upgrade_database,
 )
-from app.core.errors import install_error_handlers
-from app.core.guard import GuardMiddleware
 from app.core.metrics import RequestMetricsMiddleware
 from app.core.pg import HotPool
 from app.datasets.service import VALUES_CACHE
@@ -219,6 +219,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Latency of every request, by route template (app/core/metrics.py).
     app.add_middleware(RequestMetricsMiddleware)
     # Outermost of ours: escaped exceptions become a JSON 503 without a logged message and
-    # without closing the connection (app/core/guard.py).
+    # without closing the connection (app/api/middleware/guard.py).
     app.add_middleware(GuardMiddleware)
     return app

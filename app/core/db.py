@@ -1,10 +1,10 @@
-"""Database plumbing: declarative base, engine, per-request session, embedded PostgreSQL, Alembic.
+"""Database plumbing: declarative base, engine, sessions, embedded PostgreSQL, Alembic.
 
-Transactions: one session per request (:data:`SessionDep`). The dependency commits when the
-endpoint returns and rolls back when it raises; it is declared with ``scope="function"`` so
-the commit happens *before* the response is sent, and a failed commit becomes an error
-response instead of a success that was never stored. The release path (authentication,
-reservation, the workers' queue) does not use sessions: see :mod:`app.core.pg`.
+Transactions: one session per request (:data:`app.api.deps.SessionDep`, which commits when
+the endpoint returns and rolls back when it raises, before the response is sent; a commit
+whose outcome never arrived is :class:`CommitOutcomeUnknown`). The release path
+(authentication, reservation, the workers' queue) does not use sessions: see
+:mod:`app.core.pg`.
 
 Isolation: every connection the service opens runs its transactions at READ COMMITTED,
 whatever ``default_transaction_isolation`` the database or role sets. The ledger's
@@ -18,15 +18,13 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, Request
 from sqlalchemy import Engine, MetaData, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError
-from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.orm import DeclarativeBase
 
 from app.core.config import Settings
 from app.core.guard import hide_result_rows
@@ -217,27 +215,6 @@ def sqlstate(exc: BaseException) -> str | None:
 class CommitOutcomeUnknown(Exception):
     """The COMMIT was sent but its result never arrived: it may or may not have happened."""
 
-
-def get_session(request: Request) -> Iterator[Session]:
-    """One session per request: commit on success, roll back on error, always close."""
-    factory: sessionmaker[Session] = request.app.state.session_factory
-    session = factory()
-    try:
-        yield session
-        try:
-            session.commit()
-        except DBAPIError as exc:
-            if exc.connection_invalidated or sqlstate(exc) is None:
-                raise CommitOutcomeUnknown() from None
-            raise
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
-
-
-SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 # --------------------------------------------------------------------------- migrations
 

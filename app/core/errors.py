@@ -1,4 +1,6 @@
-"""One error family and the handlers that turn every failure into ``{"type", "detail"}``.
+"""One error family, ``{"type", "detail"}`` bodies, and their OpenAPI descriptions.
+
+The HTTP handlers that turn every failure into such a body are in :mod:`app.api.errors`.
 
 Bodies never carry a stack trace or an input value: validation messages name the field and
 the rule only, because a rejected input may be a data value.
@@ -6,20 +8,9 @@ the rule only, because a rejected input may be a data value.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from app.core.db import CommitOutcomeUnknown
-from app.core.guard import database_unavailable
-
-logger = logging.getLogger(__name__)
-
 
 #: Every ``type`` an error body can carry (an enum in the OpenAPI document).
 ERROR_TYPES = (
@@ -144,7 +135,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-def _body(type_: str, detail: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def error_body(type_: str, detail: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The body of a refusal or failure (counted by type in the refusal metric)."""
     from app.core.metrics import REFUSALS  # late: prometheus_client reads its mode at import
 
     REFUSALS.labels(type_).inc()
@@ -152,63 +144,3 @@ def _body(type_: str, detail: str, extra: dict[str, Any] | None = None) -> dict[
     if extra:
         body.update(extra)
     return body
-
-
-def format_validation_errors(errors: Any) -> str:
-    """``"body.epsilon: Input should be greater than 0; ..."`` without ever echoing input."""
-    parts: list[str] = []
-    for err in list(errors)[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid"))
-        if err.get("type") == "json_invalid":
-            msg = "malformed JSON"
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts) or "invalid request"
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the handlers; after this no failure produces a body other than ErrorBody."""
-
-    @app.exception_handler(DpquantError)
-    async def _dpquant(request: Request, exc: DpquantError) -> JSONResponse:
-        return JSONResponse(
-            _body(exc.type, exc.detail, exc.extra), status_code=exc.status_code, headers=exc.headers
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(
-            _body("validation_error", format_validation_errors(exc.errors())), status_code=422
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kinds = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
-        return JSONResponse(
-            _body(kinds.get(exc.status_code, "http_error"), str(exc.detail)),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
-
-    @app.exception_handler(CommitOutcomeUnknown)
-    async def _outcome_unknown(request: Request, exc: CommitOutcomeUnknown) -> JSONResponse:
-        err = outcome_unknown(has_idempotency_key="idempotency-key" in request.headers)
-        return JSONResponse(_body(err.type, err.detail), status_code=503, headers=err.headers)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # Every unexpected failure happens before or instead of a commit, so nothing was
-        # charged: answer 503 (retry-safe with the same Idempotency-Key), never a bare 500.
-        if database_unavailable(exc):
-            logger.error("database unavailable: %s", type(exc).__name__)
-            return JSONResponse(
-                _body("database_unavailable", "the database is unavailable; nothing was charged"),
-                status_code=503,
-                headers={"Retry-After": "1"},
-            )
-        logger.error("unexpected %s on %s %s", type(exc).__name__, request.method, request.url.path)
-        return JSONResponse(
-            _body("internal_error", "internal error; nothing was charged, retry later"),
-            status_code=503,
-            headers={"Retry-After": "1"},
-        )

@@ -6,11 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from app.api.deps import AdminDep
+from app.api.deps import AdminDep, SessionDep
 from app.api.http import DecimalJSONRoute, decode_cursor, encode_cursor
 from app.audit import service
 from app.audit.schemas import AuditEventPublic, AuditPage
-from app.core.db import SessionDep
 from app.core.errors import error_responses
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=DecimalJSONRoute)

@@ -9,11 +9,10 @@ from typing import Annotated, Literal
 import anyio.from_thread
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import AdminDep, ReaderDep
+from app.api.deps import AdminDep, ReaderDep, SessionDep
 from app.api.http import DecimalJSONRoute, decode_cursor, encode_cursor
 from app.codec.histogram import TooManyCells
 from app.core.amounts import AmountPublic, Budget
-from app.core.db import SessionDep
 from app.core.errors import DpquantError, error_responses, invalid
 from app.core.principal import Principal
 from app.datasets import service, upload

@@ -6,11 +6,10 @@ import uuid
 
 from fastapi import APIRouter, Request, Response
 
-from app.api.deps import AdminDep, ReaderDep
+from app.api.deps import AdminDep, ReaderDep, SessionDep
 from app.api.http import DecimalJSONRoute
 from app.auth import service
 from app.auth.schemas import KeyCreate, KeyCreated, KeyList, KeyPublic, KeySelf
-from app.core.db import SessionDep
 from app.core.errors import error_responses
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=DecimalJSONRoute)

@@ -8,9 +8,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import AdminDep, ReaderDep
+from app.api.deps import AdminDep, ReaderDep, SessionDep
 from app.api.http import DecimalJSONRoute, conditional_json, decode_cursor, encode_cursor
-from app.core.db import SessionDep
 from app.core.errors import error_responses, not_found
 from app.core.pg import run_async
 from app.datasets.service import ensure_live, get_visible

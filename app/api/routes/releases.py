@@ -13,7 +13,7 @@ import psycopg
 from fastapi import APIRouter, Header, Query, Request, Response
 from psycopg_pool import PoolTimeout
 
-from app.api.deps import AnalystDep, ReaderDep
+from app.api.deps import AnalystDep, ReaderDep, SessionDep
 from app.api.http import (
     DecimalJSONRoute,
     conditional_json,
@@ -24,7 +24,7 @@ from app.api.http import (
 )
 from app.api.middleware.concurrency import ADMISSION_RELEASE
 from app.core.amounts import AmountPublic
-from app.core.db import CommitOutcomeUnknown, SessionDep
+from app.core.db import CommitOutcomeUnknown
 from app.core.errors import ErrorBody, error_responses, outcome_unknown
 from app.core.principal import Principal
 from app.mechanisms import MECHANISMS
