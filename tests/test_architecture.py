@@ -156,3 +156,38 @@ def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
     assert layer_violations(cyclic, ["top", "mid", "low"]) == ["low -> top"]
     assert layer_violations(acyclic, ["low", "top"]) == ["top -> low"]
     assert layer_violations(acyclic, ["top | low"]) == ["top -> low"]
+
+
+#: What counts as source under app/ (data files, e.g. the experiments' CSV, are not held to it).
+SOURCE_SUFFIXES = {".py", ".js", ".html", ".css", ".sql", ".mako"}
+MAX_SOURCE_LINES = 600
+
+
+def source_files(root: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts
+    )
+
+
+def long_files(root: Path) -> list[tuple[str, int]]:
+    """Source files under ``root`` longer than MAX_SOURCE_LINES, with their lengths."""
+    out = []
+    for p in source_files(root):
+        lines = len(p.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_SOURCE_LINES:
+            out.append((str(p.relative_to(root)), lines))
+    return out
+
+
+def test_no_source_file_under_app_is_longer_than_the_limit() -> None:
+    assert len(source_files(ROOT / "app")) > 100  # the scan sees the package
+    assert long_files(ROOT / "app") == []
+
+
+def test_the_length_check_sees_a_long_file(tmp_path: Path) -> None:
+    (tmp_path / "ui").mkdir()
+    (tmp_path / "ui" / "long.js").write_text("x;\n" * (MAX_SOURCE_LINES + 1))
+    (tmp_path / "data.csv").write_text("1\n" * (MAX_SOURCE_LINES + 1))
+    assert long_files(tmp_path) == [("ui/long.js", MAX_SOURCE_LINES + 1)]
