@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -126,6 +127,21 @@ FORCED = {
 }
 
 
+def _forced_law(case, path: str, eps: float) -> tuple[dict, Any, dict]:
+    """The whole law of forced pass ``path`` on ``case`` run at ``eps`` (walked by the law
+    audit), keyed by dense intervals (support interval t is the dense interval cum[t]); the
+    support and the sampler options it used."""
+    data, q, _, lo, hi, nb = case
+    sup = support_from_values(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
+    gaps, c = LA.mechanism_parameters(sup)
+    assert c == eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
+    options = dict(FORCED[path])
+    if "tilt" in options:
+        options["tilt"] = float(options["tilt"]) * c
+    law = LA.implementation_law(sup, gaps, c, **options)
+    return {tuple(int(sup.cum[i]) for i in s): p for s, p in law.items()}, sup, options
+
+
 @pytest.mark.parametrize("path", sorted(FORCED))
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_every_forced_path_draws_the_exact_law(case, path: str) -> None:
@@ -135,15 +151,7 @@ def test_every_forced_path_draws_the_exact_law(case, path: str) -> None:
     sequences, same generator state). Stronger than a chi-square run of the same pass, which
     sees only departures of ~10^-2, and a fraction of its time."""
     data, q, eps, lo, hi, nb = case
-    sup = support_from_values(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
-    gaps, c = LA.mechanism_parameters(sup)
-    assert c == eps / (2 * jointexp_sensitivity(sup.quantiles, nb))
-    options = dict(FORCED[path])
-    if "tilt" in options:
-        options["tilt"] = float(options["tilt"]) * c
-    law = LA.implementation_law(sup, gaps, c, **options)
-    # support interval t is the dense interval cum[t] (its position)
-    got = {tuple(int(sup.cum[i]) for i in s): p for s, p in law.items()}
+    got, sup, options = _forced_law(case, path, eps)
     want = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
     assert LA.total_variation(got, want) <= 1e-12
     for seed in range(3):
@@ -155,13 +163,7 @@ def test_every_forced_path_draws_the_exact_law(case, path: str) -> None:
 def test_the_forced_path_check_sees_a_wrong_epsilon(path: str) -> None:
     """Negative control: each forced pass run at 1.01 eps is far from the law at eps."""
     data, q, eps, lo, hi, nb = CASES[1]
-    sup = support_from_values(data, q, epsilon=1.01 * eps, lower=lo, upper=hi, neighbors=nb)
-    gaps, c = LA.mechanism_parameters(sup)
-    options = dict(FORCED[path])
-    if "tilt" in options:
-        options["tilt"] = float(options["tilt"]) * c
-    law = LA.implementation_law(sup, gaps, c, **options)
-    got = {tuple(int(sup.cum[i]) for i in s): p for s, p in law.items()}
+    got, _, _ = _forced_law(CASES[1], path, 1.01 * eps)
     want = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
     assert LA.total_variation(got, want) > 1e-4
 
