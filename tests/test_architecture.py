@@ -8,6 +8,7 @@ pyproject.toml, so the test and ``lint-imports`` cannot drift apart.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -191,3 +192,36 @@ def test_the_length_check_sees_a_long_file(tmp_path: Path) -> None:
     (tmp_path / "ui" / "long.js").write_text("x;\n" * (MAX_SOURCE_LINES + 1))
     (tmp_path / "data.csv").write_text("1\n" * (MAX_SOURCE_LINES + 1))
     assert long_files(tmp_path) == [("ui/long.js", MAX_SOURCE_LINES + 1)]
+
+
+#: History narration ("stop 23", "issue 8 run"): the docs and code say what is true now; the
+#: story is in CHANGELOG.md and git history.
+NARRATION = re.compile(r"\bstops? [0-9]+|issue [0-9]+", re.IGNORECASE)
+
+
+def narrated(paths: list[Path]) -> list[str]:
+    """``file:line`` of every line of these files (and the files under these directories)
+    that narrates history."""
+    out = []
+    for top in paths:
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for p in files:
+            if "__pycache__" in p.parts or p.suffix in {".csv", ".nbi", ".nbc", ".pyc"}:
+                continue
+            try:
+                text = p.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            out += [
+                f"{p}:{n}" for n, line in enumerate(text.splitlines(), 1) if NARRATION.search(line)
+            ]
+    return out
+
+
+def test_code_and_docs_do_not_narrate_history() -> None:
+    assert narrated([ROOT / "app", ROOT / "docs", ROOT / "README.md"]) == []
+
+
+def test_the_narration_check_sees_a_stop_and_an_issue(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("# measured in stop 23\nx = 1\n# see Issue 8\n")
+    assert narrated([tmp_path]) == [f"{tmp_path / 'a.py'}:1", f"{tmp_path / 'a.py'}:3"]

@@ -1,6 +1,6 @@
 """release pipeline v2: balance rows the database defends, release states, bootstrap marker
 
-Issue 8. Three changes, each enforced by PostgreSQL itself rather than by the code:
+Three changes, each enforced by PostgreSQL itself rather than by the code:
 
 1. ``budget_balance``: one row per dataset with granted and spent (epsilon, delta), kept
    equal to the sums of the dataset's ledger rows by an AFTER INSERT trigger on

@@ -3,7 +3,7 @@
 Until this revision ``dataset_data.data`` held the sorted values as little-endian float64
 (8 bytes per value). From it on, it holds the dataset's grid histogram, compressed (O(distinct
 cells) bytes): each value clamped to [lower, upper] and mapped to the nearest grid point
-``lower + k * granularity`` (issue 9). ``dataset`` gains ``n_cells`` (distinct cells) and
+``lower + k * granularity``. ``dataset`` gains ``n_cells`` (distinct cells) and
 ``values_skipped`` (missing cells skipped at upload).
 
 Upgrade converts every stored dataset (n and n_outside are unchanged: the histogram holds all

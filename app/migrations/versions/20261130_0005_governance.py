@@ -1,7 +1,7 @@
 """governance: per-key budget caps defended by PostgreSQL, key expiry and rotation, an
 append-only audit log, archivable datasets
 
-Issue 12. Four changes:
+Four changes:
 
 1. ``api_key`` gains ``max_epsilon`` / ``max_delta`` (a key's cap over everything it spends,
    NULL = no cap), ``spent_epsilon`` / ``spent_delta`` (what it spent), ``expires_at``,

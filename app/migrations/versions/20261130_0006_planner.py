@@ -1,6 +1,6 @@
 """planner: a public size hint per dataset; expected error and warnings per release
 
-Issue 10. Two changes:
+Two changes:
 
 1. ``dataset.size_hint``: an admin-declared, public approximate size (NULL = none). Under
    ``add_remove`` neighbours the true n is private, so the planner (quotes, ``method:

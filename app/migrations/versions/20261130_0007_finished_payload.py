@@ -1,6 +1,6 @@
 """finished notifications carry the outcome: a waiting request answers without re-reading
 
-Issue 8 (throughput). ``release_notify()`` announced a finished release by its id only, and
+Throughput. ``release_notify()`` announced a finished release by its id only, and
 every synchronous request that heard it read the row again. The announcement on
 ``dpquant_release_finished`` now carries what changed when the release finished — status,
 failure, finish time (UTC, microseconds) and estimates — as JSON, so the waiting request

@@ -1,6 +1,6 @@
 """the reservation as one statement: ``release_reserve()`` locks, checks, inserts and debits
 
-Issue 8 (throughput). A reservation used to be a transaction of four round trips from the
+Throughput. A reservation used to be a transaction of four round trips from the
 web process (BEGIN with the dataset lock, the balance read with the inserts, the freeze,
 COMMIT), each paying the client library's overhead, with the dataset row locked across
 them. ``release_reserve()`` does the same work inside PostgreSQL in one call, in this order:

@@ -1,6 +1,6 @@
 """bootstrap keys: a key retired because the variable was unset can come back
 
-Issue 28. A server started without ``DPQUANT_BOOTSTRAP_ADMIN_KEY`` revokes the bootstrap
+A server started without ``DPQUANT_BOOTSTRAP_ADMIN_KEY`` revokes the bootstrap
 key ("the variable is unset"), and a revoked key stayed revoked for good: a server
 restarted with the same value logged "registered" while the key answered 401. A key an
 admin revoked must stay revoked (it may have leaked), so the two revocations are told

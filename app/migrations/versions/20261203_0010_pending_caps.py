@@ -1,6 +1,6 @@
 """pending caps: a key and a dataset may hold only so many releases in the queue
 
-Issue 28. One analyst key queued releases without end (each cost next to nothing) and held
+One analyst key queued releases without end (each cost next to nothing) and held
 every other tenant's release behind them. ``release_reserve()`` now also refuses a
 reservation when the calling key, or the dataset, already has ``p_max_pending_key`` /
 ``p_max_pending_dataset`` releases pending (0: no cap): outcomes ``too_many_pending_key``

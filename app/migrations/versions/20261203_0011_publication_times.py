@@ -1,6 +1,6 @@
 """publication times: a release becomes visible when a bound from public figures says
 
-Issue 28. A release's finish time was visible to every reader and depended on the data (n,
+A release's finish time was visible to every reader and depended on the data (n,
 its shape, the mechanism's path). Now each run records when it started
 (``run_started_at``) and each finished release when it is published (``published_at``): the
 later of its finish and its start plus a run-time bound computed from public figures only
