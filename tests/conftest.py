@@ -31,6 +31,32 @@ PURE_SUITES = frozenset({"mechanisms", "planner", "experiments"})
 DATABASE_GROUPS = {"hardening": "db-processes"}
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the mechanisms' numba kernels into their on-disk cache once, before any test
+    (and, under pytest-xdist, before the workers start: this hook runs ahead of xdist's).
+
+    On a fresh checkout the cache is empty, and every process that starts before some
+    process has written it compiles the same kernels again: the xdist workers, and each
+    release worker the tests start, which compiles every mechanism as it warms up. Workers
+    do nothing here; they load the kernels from the cache.
+    """
+    if hasattr(session.config, "workerinput"):
+        return
+    import numpy as np
+
+    from app.mechanisms.jointexp import sample_interval_sequence
+    from app.runtime.worker import warm_up
+
+    warm_up()  # every mechanism on a grid, as a release worker does
+    rng = np.random.default_rng(0)
+    logw = np.zeros(8)
+    pos = np.arange(8, dtype=np.int64)
+    gaps = np.full(4, 7.0 / 4.0)
+    for kernel in ("scaled", "ext", "log"):
+        sample_interval_sequence(logw, pos, gaps, 0.5, rng, force_log_space=True, log_kernel=kernel)
+    sample_interval_sequence(logw, pos, gaps, 0.5, rng, tilt=0.25)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test`` runs ``-n 3`` or more with ``--dist loadgroup``)
     every test outside the pure suites joins one of two groups (:data:`DATABASE_GROUPS`, the
