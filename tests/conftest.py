@@ -32,16 +32,16 @@ DATABASE_GROUPS = {"hardening": "db-processes"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Compile the mechanisms' numba kernels into their on-disk cache once, before any test
-    (and, under pytest-xdist, before the workers start: this hook runs ahead of xdist's).
+    """Under pytest-xdist, compile the mechanisms' numba kernels into their on-disk cache once,
+    before the workers start (this hook runs ahead of xdist's).
 
     On a fresh checkout the cache is empty, and every process that starts before some
     process has written it compiles the same kernels again: the xdist workers, and each
-    release worker the tests start, which compiles every mechanism as it warms up. Workers
-    do nothing here; they load the kernels from the cache.
+    release worker the tests start, which compiles every mechanism as it warms up. Workers,
+    and runs without xdist, do nothing here.
     """
-    if hasattr(session.config, "workerinput"):
-        return
+    if hasattr(session.config, "workerinput") or not session.config.getoption("numprocesses", 0):
+        return  # a worker, or a run in one process (which compiles each kernel once anyway)
     import numpy as np
 
     from app.mechanisms.jointexp import sample_interval_sequence

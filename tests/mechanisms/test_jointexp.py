@@ -95,12 +95,6 @@ def _observed(case, *, seed: int) -> tuple[collections.Counter, int]:
 NEGATIVE_CONTROLS = 4
 
 
-def _linear_sample(index: int) -> tuple[collections.Counter, int]:
-    """The end-to-end sample of case ``index``."""
-    case = CASES[index]
-    return _observed(case, seed=1234 + len(case[0]))
-
-
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_exact_distribution_chi_square(case) -> None:
     """End to end (raw values in, estimates out): the intervals the estimates fall in follow
@@ -108,7 +102,7 @@ def test_exact_distribution_chi_square(case) -> None:
     against the law at 1.5 eps (the test sees a wrong epsilon)."""
     data, q, eps, lo, hi, nb = case
     probs = jointexp_sequence_probs(data, q, epsilon=eps, lower=lo, upper=hi, neighbors=nb)
-    observed, draws = _linear_sample(CASES.index(case))
+    observed, draws = _observed(case, seed=1234 + len(data))
     p = chi_square_p(observed, probs, draws)
     assert p > 1e-4, f"chi-square p={p:.3g}"
     if CASES.index(case) < NEGATIVE_CONTROLS:

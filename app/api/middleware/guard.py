@@ -26,7 +26,7 @@ from app.core.guard import database_unavailable
 logger = logging.getLogger(__name__)
 
 
-def error_body(exc: BaseException) -> dict[str, str]:
+def unexpected_body(exc: BaseException) -> dict[str, str]:
     """The body for an unexpected exception (same texts as :mod:`app.api.errors`)."""
     if database_unavailable(exc):
         return {
@@ -63,7 +63,7 @@ class GuardMiddleware:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:
-            body = error_body(exc)
+            body = unexpected_body(exc)
             if body["type"] == "database_unavailable":
                 logger.error("database unavailable: %s", type(exc).__name__)
             else:
