@@ -51,10 +51,10 @@ import app.mechanisms.jointexp as _jointexp_package
 from app.mechanisms import sampling as _sampling
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import GridHistogram, Support, support_from_grid
+from app.mechanisms.jointexp import accept, strategy
 from app.mechanisms.jointexp import draws as jd
 from app.mechanisms.jointexp import kernels_log as _kernels
 from app.mechanisms.jointexp import mechanism as jx
-from app.mechanisms.jointexp import strategy
 from app.mechanisms.validation import FloatArray, IntArray
 
 #: Number of distinct values ``rng.random()`` returns: ``k * 2^-53`` for k in [0, 2^53).
@@ -232,6 +232,9 @@ class _Script:
         self.uniforms = 0
         self.interval_law: list[tuple[int, float]] | None = None
         self.level_law: list[tuple[int, float]] | None = None
+        #: the shares the sampler computes for each outcome (the acceptance step's input)
+        self.interval_shares: dict[int, float] = {}
+        self.level_shares: dict[int, float] = {}
         self.bit_generator = self  # ``rng.bit_generator.random_raw()`` (the exact picks)
 
     def random(self) -> float:
@@ -263,9 +266,18 @@ def _intercept_exact(weights: FloatArray, word: int, rng: Any) -> int:
     """``pick_weights`` (the interval pick) in exact mode: records its law and returns the
     forced (or first) outcome."""
     script = _ACTIVE[-1]
-    law = exact_pick_law(np.asarray(weights, dtype=np.float64))
+    w = np.asarray(weights, dtype=np.float64)
+    law = exact_pick_law(w)
     script.interval_law = law
+    script.interval_shares = {k: _computed_share(w, k) for k, _ in law}
     return law[0][0] if script.forced is None else script.forced
+
+
+def _computed_share(weights: FloatArray, k: int) -> float:
+    """The share the sampler computes for outcome k (as ``draw_block`` and
+    ``pick_repeat_level`` do): the weight over the compensated sum."""
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    return float(w[k]) / float(_kernels.compensated_sum(w))
 
 
 def _intercept_exact_level(
@@ -276,21 +288,25 @@ def _intercept_exact_level(
     log_space: bool,
     word: int,
     rng: Any,
-) -> int:
+) -> tuple[int, float]:
     """``jd.pick_repeat_level`` in exact mode: the same weights and repeat counts
-    (``jd.repeat_level_weights``); records the law over repeat counts (0-based) and returns the
-    first."""
+    (``jd.repeat_level_weights``); records the law over repeat counts (0-based) and the
+    shares the sampler computes, and returns the first with its share."""
     script = _ACTIVE[-1]
     weights, counts = jd.repeat_level_weights(levels, ids, nlev, v, log_space)
-    law = [(int(counts[s]) - 1, p) for s, p in exact_pick_law(weights)]
+    picks = exact_pick_law(weights)
+    law = [(int(counts[s]) - 1, p) for s, p in picks]
     script.level_law = law
-    return law[0][0]
+    script.level_shares = {int(counts[s]) - 1: _computed_share(weights, s) for s, _ in picks}
+    return law[0][0], script.level_shares[law[0][0]]
 
 
 def _intercept_interval(buf: FloatArray, u: float) -> int:
     script = _ACTIVE[-1]
-    law = _probabilities(pick_law(np.array(buf, dtype=np.float64)))
+    w = np.array(buf, dtype=np.float64)
+    law = _probabilities(pick_law(w))
     script.interval_law = law
+    script.interval_shares = {k: _computed_share(w, k) for k, _ in law}
     return law[0][0] if script.forced is None else script.forced
 
 
@@ -306,6 +322,10 @@ def _intercept_level(
         log_space=bool(log_space),
     )
     script.level_law = _probabilities(law)
+    weights, counts = jd.repeat_level_weights(levels, ids, nlev, v, log_space)
+    script.level_shares = {
+        int(counts[s]) - 1: _computed_share(weights, s) for s in range(counts.size)
+    }
     return law[0][0]
 
 
@@ -371,17 +391,17 @@ class _Walk:
             i,
         )
 
-    def draw(self, fwd: Any, j: int, i_end: int, pos_ref: int, source: Any) -> tuple[Any, int, int]:
+    def draw(self, fwd: Any, j: int, i_end: int, pos_ref: int, source: Any) -> tuple[Any, Any]:
         """One block as the sampler's loop draws it, with its rebuilds on a guard trip.
 
-        Returns the pass in use after the draw (rebuilt if a trip occurred), the interval
-        and the repeat count.
+        Returns the pass in use after the draw (rebuilt if a trip occurred) and the block
+        (``jd.Block``: interval, repeat count, shares, log total).
         """
         nj = float(self.gaps[j])
         while True:
             try:
-                i, k = jx.draw_block(fwd, j, i_end, pos_ref, nj, source)
-                return fwd, i, k
+                blk = jx.draw_block(fwd, j, i_end, pos_ref, nj, source)
+                return fwd, blk
             except jx.LinearGuardTripped as trip:
                 self._no_uniform_drawn(source)
                 retry_tilt = self.tilt is not False and not isinstance(trip, jx.SoundGuardTripped)
@@ -419,8 +439,10 @@ def _make_walk(
 
 def _branches(
     walk: _Walk, fwd: Any, j: int, i_end: int, pos_ref: int
-) -> tuple[Any, list[tuple[int, int, float]]]:
-    """Every (interval, repeat count, probability) one draw can give, exactly.
+) -> tuple[Any, float, list[tuple[int, int, float, float, float]]]:
+    """Every (interval, repeat count, probability, interval share, level share) one draw
+    can give, exactly, and the log of the draw's total normalised as the sampler takes
+    it for the acceptance constant (meaningful for the last block).
 
     The first scripted call records the interval pick's law and, if the draw picks a level,
     the level law of the interval it was forced to; the draw is then repeated with the
@@ -430,35 +452,38 @@ def _branches(
     script = _Script()
     _ACTIVE.append(script)
     try:
-        fwd, i0, k0 = walk.draw(fwd, j, i_end, pos_ref, script)
+        fwd, blk = walk.draw(fwd, j, i_end, pos_ref, script)
     finally:
         _ACTIVE.pop()
+    i0, k0 = blk.i, blk.k
+    log_z = blk.log_total + fwd.g0 - accept.tilt_constant(fwd.mu, int(walk.pos[-1]), walk.gaps)
     if script.uniforms != 2 or script.interval_law is None:
         raise AssertionError(f"a draw took {script.uniforms} uniforms (expected 2)")
     law = script.interval_law
     lo = i0 - law[0][0]
-    out: list[tuple[int, int, float]] = []
+    out: list[tuple[int, int, float, float, float]] = []
     for t, (pick, p_pick) in enumerate(law):
+        s_pick = script.interval_shares[pick]
         if script.level_law is None:  # no level pick in this draw (one level)
             if k0 != 1:
                 raise AssertionError("repeat count without a level pick")
-            out.append((lo + pick, 1, p_pick))
+            out.append((lo + pick, 1, p_pick, s_pick, 1.0))
             continue
         if t == 0:
-            levels = script.level_law
+            levels, shares = script.level_law, script.level_shares
         else:
             again = _Script(forced=pick)
             _ACTIVE.append(again)
             try:
-                same, i1, _ = walk.draw(fwd, j, i_end, pos_ref, again)
+                same, blk1 = walk.draw(fwd, j, i_end, pos_ref, again)
             finally:
                 _ACTIVE.pop()
-            if same is not fwd or i1 != lo + pick or again.level_law is None:
+            if same is not fwd or blk1.i != lo + pick or again.level_law is None:
                 raise AssertionError("a repeated draw did not replay the first one")
-            levels = again.level_law
+            levels, shares = again.level_law, again.level_shares
         for lev, p_lev in levels:
-            out.append((lo + pick, lev + 1, p_pick * p_lev))
-    return fwd, out
+            out.append((lo + pick, lev + 1, p_pick * p_lev, s_pick, shares[lev]))
+    return fwd, log_z, out
 
 
 @contextlib.contextmanager
@@ -502,8 +527,12 @@ def implementation_law(
     budget: int = jx.MEMORY_BUDGET_BYTES,
     log_kernel: str = "scaled",
     tilt: bool | float = True,
+    stats: dict[str, float] | None = None,
 ) -> Law:
     """The exact law of ``sample_prepared_sequence``'s output for these inputs and options.
+
+    ``stats``, when given, receives ``log_accept_max``: the largest log acceptance ratio
+    over every proposal path (the acceptance constant covers every proposal where < 0).
 
     ``inputs_or_support``: a ``jx.Inputs`` or a :class:`Support` (its prepared inputs, as
     ``jointexp_core`` uses them). Every sequence of positive probability is a key; the
@@ -513,23 +542,43 @@ def implementation_law(
     """
     walk = _make_walk(inputs_or_support, gaps, c, force_log_space, budget, log_kernel, tilt)
     m = walk.gaps.size - 1
-    out: Law = {}
+    n = int(walk.pos[-1])
+    log_c = math.nan
+    la_max = -math.inf
+    kept: dict[tuple[int, ...], float] = {}
 
-    def explore(fwd: Any, j: int, i_end: int, pos_ref: int, seq: list[int], p: float) -> None:
+    def explore(
+        fwd: Any, j: int, i_end: int, pos_ref: int, seq: list[int], p: float, sh: list[float]
+    ) -> None:
+        # Each proposal path is kept with the probability the sampler's acceptance step
+        # gives it (computed from the shares the sampler computes on that path).
+        nonlocal log_c, la_max
         if j == 0:
+            prob = accept.ProbabilityProduct()
+            for x in sh:
+                prob.times(x)
+            arr = np.asarray(seq, dtype=np.int64)
+            la = accept.log_acceptance(arr, walk.pos, walk.inputs.logw, walk.gaps, c, log_c, prob)
+            la_max = max(la_max, la)
             key = tuple(seq)
-            out[key] = out.get(key, 0.0) + p
+            kept[key] = kept.get(key, 0.0) + p * min(1.0, math.exp(la))
             return
-        fwd, branches = _branches(walk, fwd, j, i_end, pos_ref)
-        for i, k, q in branches:
+        fwd, log_z, branches = _branches(walk, fwd, j, i_end, pos_ref)
+        if j == m:
+            log_c = log_z + accept.acceptance_margin(m, walk.c, n)
+        for i, k, q, s_i, s_l in branches:
             nxt = seq.copy()
             nxt[j - k : j] = [i] * k
-            explore(fwd, j - k, i, int(walk.pos[i]), nxt, p * q)
+            explore(fwd, j - k, i, int(walk.pos[i]), nxt, p * q, [*sh, s_i, s_l])
 
     with flush_subnormals(), _intercepted_picks():
         fwd = walk.first_pass()
-        explore(fwd, m, walk.pos.size, int(walk.pos[-1]), [0] * m, 1.0)
-    return out
+        explore(fwd, m, walk.pos.size, n, [0] * m, 1.0, [])
+    if stats is not None:
+        stats["log_accept_max"] = la_max
+    # every attempt proposes from the same law: the output law is the kept mass, normalised
+    total = math.fsum(kept.values())
+    return {key: v / total for key, v in kept.items()}
 
 
 def sample_walk(
@@ -550,16 +599,28 @@ def sample_walk(
     """
     walk = _make_walk(inputs_or_support, gaps, c, force_log_space, budget, log_kernel, tilt)
     m = walk.gaps.size - 1
-    seq = np.empty(m, dtype=np.int64)
+    n = int(walk.pos[-1])
+    log_c = math.nan
     with flush_subnormals():
-        fwd = walk.first_pass()
-        j, i_end, pos_ref = m, walk.pos.size, int(walk.pos[-1])
-        while j > 0:
-            fwd, i, k = walk.draw(fwd, j, i_end, pos_ref, rng)
-            seq[j - k : j] = i
-            j -= k
-            i_end, pos_ref = i, int(walk.pos[i])
-    return seq
+        first = walk.first_pass()
+        while True:  # attempts, each from the first pass, until one is kept
+            seq = np.empty(m, dtype=np.int64)
+            prob = accept.ProbabilityProduct()
+            fwd = first
+            j, i_end, pos_ref = m, walk.pos.size, n
+            while j > 0:
+                fwd, blk = walk.draw(fwd, j, i_end, pos_ref, rng)
+                if j == m and math.isnan(log_c):
+                    log_z = blk.log_total + fwd.g0 - accept.tilt_constant(fwd.mu, n, walk.gaps)
+                    log_c = log_z + accept.acceptance_margin(m, walk.c, n)
+                prob.times(blk.p_interval)
+                prob.times(blk.p_level)
+                seq[j - blk.k : j] = blk.i
+                j -= blk.k
+                i_end, pos_ref = blk.i, int(walk.pos[blk.i])
+            la = accept.log_acceptance(seq, walk.pos, walk.inputs.logw, walk.gaps, c, log_c, prob)
+            if la >= 0.0 or rng.random() < math.exp(la):
+                return seq
 
 
 # -- the paper's law, independently --------------------------------------------------------------
@@ -887,6 +948,9 @@ class PathResult:
     tv: float
     implementation: Law
     reference: Law
+    #: the largest log acceptance ratio over every proposal path (< 0: the acceptance
+    #: constant covered every proposal, so the kept law is the exact one)
+    log_accept_max: float = -math.inf
 
 
 def reference_law(sup: Support) -> Law:
@@ -906,22 +970,25 @@ def audit(
     ref = reference_law(sup) if reference is None else reference
     out = []
     for path in paths:
+        stats: dict[str, float] = {}
         with patched_names(path.patches):
-            impl = implementation_law(sup, gaps, c, **path.options_for(c))
-        out.append(PathResult(path.name, total_variation(impl, ref), impl, ref))
+            impl = implementation_law(sup, gaps, c, stats=stats, **path.options_for(c))
+        tv = total_variation(impl, ref)
+        out.append(PathResult(path.name, tv, impl, ref, stats["log_accept_max"]))
     return out
 
 
 @dataclass(frozen=True)
 class CaseRow:
-    """One case on one path in a sweep: TV, seconds, and the rounding scale (computed only
-    for a TV over ``tv_max``; 0.0 otherwise)."""
+    """One case on one path in a sweep: TV, seconds, the rounding scale (computed only
+    for a TV over ``tv_max``; 0.0 otherwise) and the largest log acceptance ratio."""
 
     index: int
     path: str
     tv: float
     seconds: float
     scale: float
+    log_accept_max: float = -math.inf
 
 
 def run_case(
@@ -938,7 +1005,7 @@ def run_case(
         (res,) = audit(case, paths=(path,), reference=ref)
         dt = time.perf_counter() - t0
         scale = rounding_scale(sup.cum, gaps, c, ref) if res.tv > tv_max else 0.0
-        rows.append(CaseRow(index, path.name, res.tv, dt, scale))
+        rows.append(CaseRow(index, path.name, res.tv, dt, scale, res.log_accept_max))
     return rows
 
 

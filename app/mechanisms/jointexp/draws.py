@@ -12,6 +12,7 @@ rebuilds the pass with more range and retries the same step, so no draw is disca
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,19 @@ from app.mechanisms.validation import FloatArray, IntArray
 TINY_DRAW = 2.0**-900
 
 
+class Block(NamedTuple):
+    """One drawn block: the interval, its repeat count (1-based), the shares the two picks
+    gave them (each within a few ulps of the exact share of the weights formed), and the log
+    of the weights' total on the pass's common scale (the pass's normaliser when the block
+    is the last one)."""
+
+    i: int
+    k: int
+    p_interval: float
+    p_level: float
+    log_total: float
+
+
 def draw_block(
     fwd: Forward,
     j: int,
@@ -44,7 +58,7 @@ def draw_block(
     pos_ref: int,
     nj: float,
     rng: np.random.Generator,
-) -> tuple[int, int]:
+) -> Block:
     """Draw (i, k) ∝ alpha(j, i, k) r^|pos_ref - P[i] - nj| over i < i_end; k is 1-based.
 
     The interval i is drawn from its weight summed over k, then k from alpha(j, i, .) (the
@@ -74,6 +88,7 @@ def draw_block(
     lk = float(KG.kernel_peak_log(fwd.live_pos, fwd.live_idx, i_end, pos_ref, nj, fwd.c, fwd.mu))
     if lk == -math.inf:
         raise FloatingPointError("JointExp: no mass below the sampled interval")
+    buf_top = 1.0  # the largest weight in buf (the log paths normalise it to 1)
     if fwd.log_space:
         ltop = KG.step_weights_log(summed, row.lo, count, pos_ref, pos, nj, fwd.c, fwd.mu, buf)
         g_draw = row.gmax + ltop
@@ -104,6 +119,7 @@ def draw_block(
         # scaled units; nothing here is a product that could underflow.
         if top >= TINY_DRAW:
             g_draw = row.gmax + (math.log(top) - math.log(row.top)) - lscale
+            buf_top = top
         else:
             # The kernel pushed every candidate towards underflow: form the same weights in
             # log space from the stored row.
@@ -138,18 +154,24 @@ def draw_block(
     pick = pick_weights(buf, w_interval, rng)
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
-    k = 0
+    # the shares the picks gave (for the acceptance step), from compensated sums
+    total = float(KG.compensated_sum(buf))
+    p_interval = float(buf[pick]) / total
+    log_total = g_draw + math.log(total / buf_top)
+    k, p_level = 0, 1.0
     if nlev > 1:
         if row.nlev:  # compact: the levels at the picked interval, replayed
             at_pick = stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
-            k = pick_repeat_level(at_pick, repeat_level_ids(nlev), nlev, 0, False, w_level, rng)
+            k, p_level = pick_repeat_level(
+                at_pick, repeat_level_ids(nlev), nlev, 0, False, w_level, rng
+            )
         else:  # the stored levels at the picked interval
-            k = pick_repeat_level(
+            k, p_level = pick_repeat_level(
                 row.levels, row.level_ids, nlev, pick, fwd.log_space, w_level, rng
             )
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
-    return row.lo + pick, k + 1
+    return Block(row.lo + pick, k + 1, p_interval, p_level, log_total)
 
 
 def pick_repeat_level(
@@ -160,12 +182,15 @@ def pick_repeat_level(
     log_space: bool,
     word: int,
     rng: np.random.Generator,
-) -> int:
+) -> tuple[int, float]:
     """The repeat count (0-based) at column v, drawn exactly ∝ its levels 1..nlev
-    (:func:`repeat_level_weights`); -1 if they are all zero."""
+    (:func:`repeat_level_weights`), and the share the pick gave it; (-1, 0.0) if they are
+    all zero."""
     weights, counts = repeat_level_weights(levels, ids, nlev, v, log_space)
     s = pick_weights(weights, word, rng)
-    return -1 if s < 0 else int(counts[s]) - 1
+    if s < 0:
+        return -1, 0.0
+    return int(counts[s]) - 1, float(weights[s]) / float(KG.compensated_sum(weights))
 
 
 def repeat_level_weights(

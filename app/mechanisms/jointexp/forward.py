@@ -118,6 +118,7 @@ class Forward:
         self.headroom = headroom(self.m)
         self.linear_floor = linear_floor(self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
+        self.g0 = 0.0  # log of row 1's maximum, the origin of the rows' common scale
         # each row's truncation floor (log, common scale) and, from the first draw on, the
         # sound bound on the error they carry into the draws (error_bound)
         self.floors = np.full(self.m + 1, -math.inf)
@@ -165,8 +166,11 @@ class Forward:
         if self.mu:
             lrow -= self.mu * (self.pos[i0:i1] - n1)
         self.profile.modes[0] = float(self.pos[i0 + int(np.argmax(lrow))])
+        # the common scale's origin: row 1 is stored relative to its maximum (the
+        # acceptance step converts the pass's normaliser back with it)
+        self.g0 = float(lrow.max())
         if self.log_space:
-            lrow -= lrow.max()
+            lrow -= self.g0
             a, b = row_span(lrow >= -self.keep)
             peak = -self.keep - self.log_growth
             self.floors[1] = -self.keep

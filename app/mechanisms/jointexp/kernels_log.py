@@ -379,3 +379,20 @@ def log_levels_step(
                 lv[k, v - a] = NEG_INF
             total[v - a] = x
     return lv, total, a, top
+
+
+@numba.njit(cache=True, nogil=True)
+def compensated_sum(x: np.ndarray) -> float:
+    """Neumaier's compensated sum: for non-negative terms within ``2u + n u^2`` (relative)
+    of the exact sum, whatever n (a plain running sum: ``(n - 1) u``)."""
+    s = 0.0
+    comp = 0.0
+    for i in range(x.size):
+        v = x[i]
+        t = s + v
+        if abs(s) >= abs(v):
+            comp += (s - t) + v
+        else:
+            comp += (v - t) + s
+        s = t
+    return s + comp

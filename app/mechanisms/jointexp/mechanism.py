@@ -38,12 +38,21 @@ surviving repeat level) and O(d) per sampled block; memory the budget plus O(d s
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from app.mechanisms.errors import MechanismInputError
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.jointexp.accept import (
+    ProbabilityProduct,
+    acceptance_margin,
+    log_acceptance,
+    run_parameter,
+    tilt_constant,
+)
 from app.mechanisms.jointexp.draws import draw_block
 from app.mechanisms.jointexp.forward import Forward
 from app.mechanisms.jointexp.range_rule import (
@@ -339,35 +348,75 @@ def sample_prepared_sequence(
     # Intel cores costs a microcode assist per operation (fpmode).
     with flush_subnormals():
         logw, pos, lw_ref = inputs.logw, inputs.pos, inputs.lw_ref
-        d1 = logw.size
         m = gaps.size - 1
         if force_log_space or inputs.narrow:
             fwd = run_log_space(logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs)
         else:
             fwd = forward_pass(logw, pos, gaps, c, budget, log_kernel, tilt, lw_ref, inputs)
-        seq = np.empty(m, dtype=np.int64)
-        j, i_end, pos_ref = m, d1, int(pos[-1])
-        while j > 0:
-            try:
-                i, k = draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
-            except LinearGuardTripped as trip:
-                # a larger tilt while one is worth it (as the forward pass retries; never
-                # with tilt=False, nor after the sound bound tripped), then the log pass;
-                # either way the same step with exact weights: nothing was drawn
-                retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
-                retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
-                fwd = retilted or run_log_space(
-                    logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs
-                )
-                continue
-            except LogGuardTripped as trip:
-                keep = wider(fwd.keep, trip.needed_keep)
-                fwd = run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
-                continue
-            seq[j - k : j] = i
-            j -= k
-            i_end, pos_ref = i, int(pos[i])
-        return seq
+        # The backward draws propose a sequence; the acceptance step keeps it with
+        # probability W(s) / (C P̂(s)), which makes the law the exact one wherever the
+        # draws' probability is within the margin of it (:mod:`.accept`).
+        n = int(pos[-1])
+        margin = acceptance_margin(m, c, n)
+        # Every attempt starts from the same first pass (a rebuild is a function of the
+        # draws before it), so every attempt proposes from the same law.
+        log_c: float | None = None
+        while True:
+            seq, prob, _, log_z = draw_sequence(fwd, inputs, gaps, c, rng, budget, log_kernel, tilt)
+            if log_c is None:
+                log_c = log_z + margin
+            la = log_acceptance(seq, pos, logw, gaps, c, log_c, prob)
+            if la >= 0.0 or rng.random() < math.exp(la):
+                return seq
+
+
+def draw_sequence(
+    fwd: Forward,
+    inputs: Inputs,
+    gaps: FloatArray,
+    c: float,
+    rng: np.random.Generator,
+    budget: int,
+    log_kernel: str,
+    tilt: bool | float,
+) -> tuple[IntArray, ProbabilityProduct, Forward, float]:
+    """One backward sweep: the sequence, the probability the draws gave it, the pass in
+    use at the end (rebuilt where a draw lacked range), and the log of the normaliser
+    computed by the pass that drew the last block (untilted, in the units of ``logw``)."""
+    logw, pos, lw_ref = inputs.logw, inputs.pos, inputs.lw_ref
+    m = gaps.size - 1
+    seq = np.empty(m, dtype=np.int64)
+    prob = ProbabilityProduct()
+    log_z = math.nan
+    j, i_end, pos_ref = m, logw.size, int(pos[-1])
+    while j > 0:
+        try:
+            blk = draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+        except LinearGuardTripped as trip:
+            # a larger tilt while one is worth it (as the forward pass retries; never
+            # with tilt=False, nor after the sound bound tripped), then the log pass;
+            # either way the same step with exact weights: nothing was drawn
+            retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
+            retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
+            fwd = retilted or run_log_space(
+                logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs
+            )
+            continue
+        except LogGuardTripped as trip:
+            keep = wider(fwd.keep, trip.needed_keep)
+            fwd = run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
+            continue
+        if j == m:
+            # the last block's total is the pass's normaliser on its common scale: back to
+            # the units of logw (row 1's maximum) and untilted
+            log_z = blk.log_total + fwd.g0 - tilt_constant(fwd.mu, int(pos[-1]), gaps)
+        prob.times(blk.p_interval)
+        prob.times(blk.p_level)
+        i, k = blk.i, blk.k
+        seq[j - k : j] = i
+        j -= k
+        i_end, pos_ref = i, int(pos[i])
+    return seq, prob, fwd, log_z
 
 
 #: The key of JointExp's prepared inputs in :attr:`Support.memo`.
@@ -391,7 +440,14 @@ def jointexp_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArr
     arrays that depend on the intervals alone are prepared once per grid histogram
     (:attr:`Support.memo`): the same doubles as preparing them for every run.
     """
-    c = sup.epsilon / (2.0 * jointexp_sensitivity(sup.quantiles, sup.neighbors))
+    delta_u = jointexp_sensitivity(sup.quantiles, sup.neighbors)
+    m = int(np.asarray(sup.quantiles).size)
+    try:  # lowered by the floating-point slack (docs/mechanisms.md, "The acceptance step")
+        c = run_parameter(
+            sup.epsilon / (2.0 * delta_u), m, sup.n, delta_u, sup.neighbors == "add_remove"
+        )
+    except ValueError as exc:
+        raise MechanismInputError("epsilon", str(exc)) from exc
     gaps = quantile_gaps(sup.quantiles, sup.n)
     seq = sample_prepared_sequence(support_inputs(sup), gaps, c, rng)
     return sup.points_in(seq, rng)
