@@ -18,6 +18,7 @@ import pytest
 
 from app.mechanisms.jointexp import accept as A
 from app.mechanisms.jointexp import mechanism as jx
+from app.mechanisms.jointexp import range_rule as RR
 from app.mechanisms.validation import EPSILON_MAX, EPSILON_MIN
 from tests.mechanisms import law_audit as LA
 
@@ -108,7 +109,9 @@ def test_a_double_evaluation_would_miss() -> None:
     ref = _reference(seq, pos, logw, gaps, c, 0.0, prob.mantissa, prob.exponent)
     naive = -c * sum(
         abs(float(p - q) - g)
-        for p, q, g in zip([*pos[seq].tolist(), pos[-1]], [0, *pos[seq].tolist()], gaps.tolist())
+        for p, q, g in zip(
+            [*pos[seq].tolist(), pos[-1]], [0, *pos[seq].tolist()], gaps.tolist(), strict=True
+        )
     ) - math.lgamma(3.0)
     got = A.log_acceptance(seq, pos, logw, gaps, c, 0.0, prob)
     assert abs(mpmath.mpf(got) - ref) <= abs(ref) * 4 * U
@@ -141,7 +144,7 @@ def test_ln2_pair_is_ln2_to_106_bits() -> None:
 def test_run_parameter_closes_the_account_at_the_limits(neighbors: str) -> None:
     """In exact rationals, at m in {1, 7, 99, 1000}, epsilon from the smallest to the largest
     the API accepts and counts up to 2^53: the implemented release's loss bound
-    ``2 c' (Δ + Δ_fp) + 4ρ`` is at most epsilon, and the parameter keeps almost all of c
+    ``2 c' (Δ + Δ_fp) + 4ρ + 2D`` is at most epsilon, and the parameter keeps almost all of c
     (relative cost below 1e-6 from epsilon = 0.01 on, at n <= 10^9)."""
     for m in (1, 7, 99, 1000):
         q = np.arange(1, m + 1) / (m + 1)
@@ -156,7 +159,9 @@ def test_run_parameter_closes_the_account_at_the_limits(neighbors: str) -> None:
                     uu = Fraction(1, 2**53)
                     extra = uu * (2 * n + 1) * (1 + (m + 1) * uu) + 2 * (m + 1) * uu
                 rho = Fraction(A.rounding_slack(m))
-                loss = 2 * Fraction(c_run) * (Fraction(delta_u) + extra) + 4 * rho
+                # plus 2D, D <= 7.6e-13 e^-ε where the passes certify it (DROPPED_MAX >= D)
+                dropped = Fraction(A.DROPPED_MAX)
+                loss = 2 * Fraction(c_run) * (Fraction(delta_u) + extra) + 4 * rho + 2 * dropped
                 assert loss <= Fraction(eps), (m, eps, n)
                 if eps >= 0.01 and n <= 10**9:
                     assert c_run >= c * (1 - 1e-6), (m, eps, n, c_run / c)
@@ -186,7 +191,7 @@ def test_rejections_keep_the_law_exact(monkeypatch: pytest.MonkeyPatch, index: i
     monkeypatch.setattr(A, "acceptance_margin", lambda m, c, n: 0.7)
     monkeypatch.setattr(jx, "acceptance_margin", lambda m, c, n: 0.7)
     case = LA.make_case(LA_SEED, index)
-    gaps, c = LA.mechanism_parameters(case.support)
+    _, c = LA.mechanism_parameters(case.support)
     path = LA.PATHS[index % len(LA.PATHS)]
     for seed in range(20):
         same, got, want = LA.walker_matches_sampler(
@@ -230,3 +235,27 @@ class _CountingGenerator:
 
 
 LA_SEED = 20261204
+
+
+def test_the_dropped_mass_floors_keep_delta_below_1e12() -> None:
+    """The three floors that bound the mass D an untilted or log pass drops (range_rule),
+    at every c the API allows (up to ε = 100 with Δ >= 1) and m up to 1,000: truncation
+    (e^-last_headroom, the sound bound at the last draw), pruned levels (floor × m(m + 1)/2)
+    and flushed draw weights (2^30 × 2^-1022 / tiny_draw per draw, 2^10 draws) sum to at most
+    7.6e-13 e^-4c, so e^ε D (1 + 2D) <= 10^-12 for ε <= 4c; and D <= DROPPED_MAX, which
+    the run parameter charges to ε."""
+    for m in (1, 2, 9, 99, 999, 1000):
+        for c in (1e-9, 1e-3, 0.25, 1.0, 5.0, 25.0, 50.0, 100.0):
+            with mpmath.workdps(40):
+                trunc = mpmath.exp(-mpmath.mpf(RR.last_headroom(c, m)))
+                pruned = mpmath.mpf(RR.prune_floor(c, m)) * m * (m + 1) / 2
+                flushed = mpmath.mpf(2) ** (30 - 1022 + 10) / mpmath.mpf(RR.tiny_draw(c))
+                dropped = trunc + pruned + flushed
+                assert dropped * mpmath.exp(4 * c) <= mpmath.mpf("7.6e-13"), (m, c)
+                assert dropped * mpmath.exp(4 * c) * (1 + 2 * dropped) <= mpmath.mpf("1e-12")
+                assert dropped <= mpmath.mpf(A.DROPPED_MAX)
+            # the floors only tighten: never below the headroom, pruning and draw floor used
+            # before the dropped mass was budgeted
+            assert RR.last_headroom(c, m) >= RR.headroom(m)
+            assert RR.prune_floor(c, m) <= 2.0**-60
+            assert RR.tiny_draw(c) >= 2.0**-900

@@ -53,6 +53,11 @@ _U = 2.0**-53
 LOG_WIDTH_ULPS = 3000.0
 
 
+#: Twice the dropped mass D the untilted and log passes certify (at most 7.6e-13 e^-ε; see
+#: :mod:`~app.mechanisms.jointexp.range_rule`), charged to ε as a constant.
+DROPPED_MAX = 1e-12
+
+
 def rounding_slack(m: int) -> float:
     """ρ: a bound on ``|η(s)|``, the log of the ratio between the law the acceptance step
     gives a kept sequence and the mechanism's exact law at the same parameter (for every
@@ -76,15 +81,18 @@ def run_parameter(c: float, m: int, n: int, delta_u: float, add_remove: bool) ->
     bounds how far the computed targets move the utility beyond Δ: under swap they are the
     same on both sides (0); under add/remove the counts differ by one and each target is
     rounded on each side (``u g_j (2n + 1)``, summing to ``u (2n + 1)(1 + (m + 1) u)``), and
-    the rounded gaps ``g_j`` sum to 1 within ``(m + 1) u`` (Lemma 10 uses that sum). So
-    ``c' = (c (1 - 8u) Δ - 2ρ) / (Δ + Δ_fp)``, rounded down; ``1 - 8u`` covers the
-    roundings of ``c = ε / (2Δ)``. Raises ValueError where ``c'`` is not positive.
+    the rounded gaps ``g_j`` sum to 1 within ``(m + 1) u`` (Lemma 10 uses that sum). The
+    mass D the passes drop adds ``2D`` (``DROPPED_MAX`` >= D where it is certified). So
+    ``c' = (c (1 - 8u) Δ - 2ρ - DROPPED_MAX) / (Δ + Δ_fp)``, rounded down, and
+    ``2c'(Δ + Δ_fp) + 4ρ + 2D <= ε``; ``1 - 8u`` covers the roundings of ``c = ε / (2Δ)``.
+    Raises ValueError where ``c'`` is not positive.
     """
     rho = rounding_slack(m)
     extra = 0.0
     if add_remove:
         extra = _U * (2.0 * float(n) + 3.0) * (1.0 + (m + 1) * _U) + 2.0 * (m + 1) * _U
-    c_run = (c * (1.0 - 8.0 * _U) * delta_u - 2.0 * rho) / (delta_u + extra) * (1.0 - 4.0 * _U)
+    c_run = (c * (1.0 - 8.0 * _U) * delta_u - 2.0 * rho - DROPPED_MAX) / (delta_u + extra)
+    c_run *= 1.0 - 4.0 * _U
     if not c_run > 0.0:
         raise ValueError("epsilon is too small for JointExp's floating-point guarantee")
     return c_run
@@ -230,6 +238,7 @@ def tilt_constant(mu: float, n: int, gaps: Sequence[float] | FloatArray) -> floa
 
 
 __all__ = [
+    "DROPPED_MAX",
     "LN2_HI",
     "LN2_LO",
     "LOG_WIDTH_ULPS",

@@ -29,12 +29,14 @@ from app.mechanisms.jointexp.storage import stored_levels_at
 from app.mechanisms.sampling import pick_weights
 from app.mechanisms.validation import FloatArray, IntArray
 
-#: A linear draw's largest weight must be at least this (in the scaled units its weights
-#: are formed in): the weights it loses, products below the smallest normal double flushed
-#: to 0.0, are then each < 2^-1022 and, fewer than 2^30 of them, < 2^-92 of it together. Kernel
-#: factors are never dropped while their scaled value is a normal double
-#: (:func:`~app.mechanisms.jointexp.kernels_linear.step_weights_linear`); below this the draw's
-#: weights are formed in log space instead.
+#: The smallest largest-weight a linear draw accepts (in the scaled units its weights are
+#: formed in) at moderate ε: the weights it loses, products below the smallest normal double
+#: flushed to 0.0, are then each < 2^-1022 and, fewer than 2^30 of them, < 2^-92 of it
+#: together. A pass's own floor (``Forward.tiny_draw``, :func:`~.range_rule.tiny_draw`)
+#: rises with ε so that the loss stays within the release's δ. Kernel factors are never
+#: dropped while their scaled value is a normal double
+#: (:func:`~app.mechanisms.jointexp.kernels_linear.step_weights_linear`); below the floor the
+#: draw's weights are formed in log space instead.
 TINY_DRAW = 2.0**-900
 
 
@@ -114,10 +116,10 @@ def draw_block(
             buf,
         )
         # A flushed weight is below 2^-1022 (the scaled units of ``top``), and at most
-        # ``count`` of them are lost: with a largest weight of at least TINY_DRAW (2^-900)
-        # and count < 2^30 they are < 2^-92 of it. Both sides are absolute values in the same
-        # scaled units; nothing here is a product that could underflow.
-        if top >= TINY_DRAW:
+        # ``count`` of them are lost: with a largest weight of at least the pass's floor
+        # (2^-900 or more) and count < 2^30 they are < 2^-92 of it. Both sides are absolute
+        # values in the same scaled units; nothing here is a product that could underflow.
+        if top >= fwd.tiny_draw:
             g_draw = row.gmax + (math.log(top) - math.log(row.top)) - lscale
             buf_top = top
         else:
@@ -137,7 +139,10 @@ def draw_block(
     short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
     sound = -math.inf
     if not fwd.mu and (fwd.log_space or short <= 0.0):  # (a linear pass trips anyway)
-        sound = fwd.error_at_draw(j, pos_ref - nj, i_end) - (g_draw - fwd.headroom)
+        # the last draw's total is the pass's normaliser: its headroom bounds the mass the
+        # pass dropped, the release's δ (range_rule.last_headroom)
+        room = fwd.last_headroom if j == fwd.m else fwd.headroom
+        sound = fwd.error_at_draw(j, pos_ref - nj, i_end) - (g_draw - room)
     if short > 0.0 or sound > 0.0:
         if not fwd.log_space:
             # the sound bound alone rejected it: the median rule, which tilted passes

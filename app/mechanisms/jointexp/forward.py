@@ -34,12 +34,15 @@ from app.mechanisms.jointexp.range_rule import (
     LinearGuardTripped,
     LogGuardTripped,
     headroom,
+    last_headroom,
     linear_floor,
     log_kappa,
     median_log_width,
+    prune_floor,
     range_holds,
+    tiny_draw,
 )
-from app.mechanisms.jointexp.rows import PRUNE, Inputs, Row, row_span, summed_levels, to_scaled
+from app.mechanisms.jointexp.rows import Inputs, Row, row_span, summed_levels, to_scaled
 from app.mechanisms.jointexp.storage import RowStore
 from app.mechanisms.jointexp.strategy import LOG_KEEP, PROBE_KEEP
 from app.mechanisms.validation import FloatArray, IntArray
@@ -116,6 +119,10 @@ class Forward:
         self.lw_ref = lw_ref
         self.log_growth = self.log_kappa + lw_ref
         self.headroom = headroom(self.m)
+        # the floors that bound the mass a pass drops (the release's δ; range_rule)
+        self.last_headroom = last_headroom(c, self.m)
+        self.prune = prune_floor(c, self.m)
+        self.tiny_draw = tiny_draw(c)
         self.linear_floor = linear_floor(self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
         self.g0 = 0.0  # log of row 1's maximum, the origin of the rows' common scale
@@ -232,7 +239,7 @@ class Forward:
             self.mu,
             self.pw,
             self.pwf,
-            PRUNE,
+            self.prune,
             prof_pos,
             prof_val,
         )
@@ -373,7 +380,7 @@ class Forward:
             self.logw[prev.lo : prev.lo + n_t],
             -self.c * nj,
             ls[:count],
-            math.log(PRUNE),
+            math.log(self.prune),
             self.keep,
         )
         if not math.isfinite(top):

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from app.mechanisms.jointexp import kernels_linear as KL
-from app.mechanisms.jointexp.rows import PRUNE, Row
+from app.mechanisms.jointexp.rows import Row
 from app.mechanisms.validation import FloatArray
 
 MEMORY_BUDGET_BYTES = 256 * 2**20  # rows kept in full while they fit; checkpoints beyond
@@ -111,6 +111,9 @@ class RowSource(Protocol):
     @property
     def w(self) -> FloatArray: ...
 
+    @property
+    def prune(self) -> float: ...
+
     def get(self, j: int) -> Row: ...
 
 
@@ -121,11 +124,12 @@ def stored_levels_at(fwd: RowSource, j: int, g: int, nlev: int) -> FloatArray:
     """alpha(j, g, k) for k = 1..nlev of a linear row, as its pass formed them, exactly.
 
     A compact row keeps level 1 only; level k + 1 at interval g is level k of row j - 1 at g
-    times ``w_g * (stay_j / (k + 1))``, kept where not below PRUNE times level 1 (as
-    :func:`~app.mechanisms.jointexp.kernels_linear.linear_levels_step` forms it): the same
-    floating-point operations on the same values, so the same doubles. The chain of compact
-    rows down to a complete one (or to level 1) is walked here; the levels are formed back
-    up it in one compiled call (:func:`~app.mechanisms.jointexp.kernels_linear.replay_levels`).
+    times ``w_g * (stay_j / (k + 1))``, kept where not below the pass's prune floor times
+    level 1 (as :func:`~app.mechanisms.jointexp.kernels_linear.linear_levels_step` forms
+    it): the same floating-point operations on the same values, so the same doubles. The
+    chain of compact rows down to a complete one (or to level 1) is walked here; the levels
+    are formed back up it in one compiled call
+    (:func:`~app.mechanisms.jointexp.kernels_linear.replay_levels`).
     """
     firsts: list[float] = []
     stays: list[float] = []
@@ -145,5 +149,5 @@ def stored_levels_at(fwd: RowSource, j: int, g: int, nlev: int) -> FloatArray:
         j -= 1
         need -= 1
     out = np.empty(nlev)
-    KL.replay_levels(np.array(firsts), np.array(stays), base, float(fwd.w[g]), PRUNE, out)
+    KL.replay_levels(np.array(firsts), np.array(stays), base, float(fwd.w[g]), fwd.prune, out)
     return out
