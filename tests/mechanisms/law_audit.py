@@ -233,8 +233,8 @@ class _Script:
         self.interval_law: list[tuple[int, float]] | None = None
         self.level_law: list[tuple[int, float]] | None = None
         #: the shares the sampler computes for each outcome (the acceptance step's input)
-        self.interval_shares: dict[int, float] = {}
-        self.level_shares: dict[int, float] = {}
+        self.interval_shares: dict[int, tuple[float, float]] = {}
+        self.level_shares: dict[int, tuple[float, float]] = {}
         self.bit_generator = self  # ``rng.bit_generator.random_raw()`` (the exact picks)
 
     def random(self) -> float:
@@ -273,11 +273,14 @@ def _intercept_exact(weights: FloatArray, word: int, rng: Any) -> int:
     return law[0][0] if script.forced is None else script.forced
 
 
-def _computed_share(weights: FloatArray, k: int) -> float:
+_Share = tuple[float, float]  # (weight, compensated sum): a share as the sampler forms it
+
+
+def _computed_share(weights: FloatArray, k: int) -> tuple[float, float]:
     """The share the sampler computes for outcome k (as ``draw_block`` and
-    ``pick_repeat_level`` do): the weight over the compensated sum."""
+    ``pick_repeat_level`` do): the weight and the compensated sum."""
     w = np.ascontiguousarray(weights, dtype=np.float64)
-    return float(w[k]) / float(_kernels.compensated_sum(w))
+    return float(w[k]), float(_kernels.compensated_sum(w))
 
 
 def _intercept_exact_level(
@@ -288,7 +291,7 @@ def _intercept_exact_level(
     log_space: bool,
     word: int,
     rng: Any,
-) -> tuple[int, float]:
+) -> tuple[int, tuple[float, float]]:
     """``jd.pick_repeat_level`` in exact mode: the same weights and repeat counts
     (``jd.repeat_level_weights``); records the law over repeat counts (0-based) and the
     shares the sampler computes, and returns the first with its share."""
@@ -439,7 +442,7 @@ def _make_walk(
 
 def _branches(
     walk: _Walk, fwd: Any, j: int, i_end: int, pos_ref: int
-) -> tuple[Any, float, list[tuple[int, int, float, float, float]]]:
+) -> tuple[Any, float, list[tuple[int, int, float, _Share, _Share]]]:
     """Every (interval, repeat count, probability, interval share, level share) one draw
     can give, exactly, and the log of the draw's total normalised as the sampler takes
     it for the acceptance constant (meaningful for the last block).
@@ -461,13 +464,13 @@ def _branches(
         raise AssertionError(f"a draw took {script.uniforms} uniforms (expected 2)")
     law = script.interval_law
     lo = i0 - law[0][0]
-    out: list[tuple[int, int, float, float, float]] = []
+    out: list[tuple[int, int, float, _Share, _Share]] = []
     for t, (pick, p_pick) in enumerate(law):
         s_pick = script.interval_shares[pick]
         if script.level_law is None:  # no level pick in this draw (one level)
             if k0 != 1:
                 raise AssertionError("repeat count without a level pick")
-            out.append((lo + pick, 1, p_pick, s_pick, 1.0))
+            out.append((lo + pick, 1, p_pick, s_pick, (1.0, 1.0)))
             continue
         if t == 0:
             levels, shares = script.level_law, script.level_shares
@@ -548,7 +551,7 @@ def implementation_law(
     kept: dict[tuple[int, ...], float] = {}
 
     def explore(
-        fwd: Any, j: int, i_end: int, pos_ref: int, seq: list[int], p: float, sh: list[float]
+        fwd: Any, j: int, i_end: int, pos_ref: int, seq: list[int], p: float, sh: list[_Share]
     ) -> None:
         # Each proposal path is kept with the probability the sampler's acceptance step
         # gives it (computed from the shares the sampler computes on that path).
@@ -556,7 +559,7 @@ def implementation_law(
         if j == 0:
             prob = accept.ProbabilityProduct()
             for x in sh:
-                prob.times(x)
+                prob.times(*x)
             arr = np.asarray(seq, dtype=np.int64)
             la = accept.log_acceptance(arr, walk.pos, walk.inputs.logw, walk.gaps, c, log_c, prob)
             la_max = max(la_max, la)
@@ -613,8 +616,8 @@ def sample_walk(
                 if j == m and math.isnan(log_c):
                     log_z = blk.log_total + fwd.g0 - accept.tilt_constant(fwd.mu, n, walk.gaps)
                     log_c = log_z + accept.acceptance_margin(m, walk.c, n)
-                prob.times(blk.p_interval)
-                prob.times(blk.p_level)
+                prob.times(*blk.p_interval)
+                prob.times(*blk.p_level)
                 seq[j - blk.k : j] = blk.i
                 j -= blk.k
                 i_end, pos_ref = blk.i, int(walk.pos[blk.i])

@@ -85,6 +85,7 @@ def test_log_acceptance_is_exact_to_one_rounding() -> None:
         prob = A.ProbabilityProduct()
         for p in rng.random(int(rng.integers(1, 2 * seq.size + 1))) ** 50:
             prob.times(float(max(p, 1e-300)))
+        prob.times(2.0**-1000, 2.0**100)  # a share no double holds
         ref = _reference(seq, pos, logw, gaps, c, 0.0, prob.mantissa, prob.exponent)
         # log C chosen near log W - log P̂ so the ratio is small, as in the sampler
         log_c = float(ref)
@@ -132,6 +133,14 @@ def test_probability_product_has_no_floor() -> None:
         prob.times(0.0)
     with pytest.raises(FloatingPointError):
         prob.times(1.5)
+    # shares below the smallest normal double, formed from the two numbers' exponents
+    deep = A.ProbabilityProduct()
+    deep.times(2.0**-1022, 2.0**1000)
+    deep.times(3.0e-300, 7.0e300)
+    got = math.log(deep.mantissa) + deep.exponent * A.LN2_HI + deep.exponent * A.LN2_LO
+    with mpmath.workdps(40):
+        want = mpmath.log(mpmath.mpf(2) ** -2022 * mpmath.mpf(3.0e-300) / mpmath.mpf(7.0e300))
+    assert abs(mpmath.mpf(got) - want) <= abs(want) * 8 * U
 
 
 def test_ln2_pair_is_ln2_to_106_bits() -> None:

@@ -229,7 +229,7 @@ def _old_draw_block(
     if pick < 0:
         raise FloatingPointError("JointExp: backward weights are all zero")
     total = float(KG.compensated_sum(buf))
-    k, p_level = 0, 1.0
+    k, p_level = 0, (1.0, 1.0)
     if nlev > 1:
         if row.nlev:
             levels = storage.stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
@@ -241,9 +241,9 @@ def _old_draw_block(
             raise FloatingPointError("JointExp: backward weights are all zero")
         weights, counts = draws.repeat_level_weights(levels, ids, nlev, v, logs)
         at = int(np.flatnonzero(counts == k + 1)[0])
-        p_level = float(weights[at]) / float(KG.compensated_sum(weights))
+        p_level = (float(weights[at]), float(KG.compensated_sum(weights)))
     return draws.Block(
-        row.lo + pick, k + 1, float(buf[pick]) / total, p_level, g_draw + math.log(total / buf_top)
+        row.lo + pick, k + 1, (float(buf[pick]), total), p_level, g_draw + math.log(total / buf_top)
     )
 
 

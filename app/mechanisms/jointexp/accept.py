@@ -29,7 +29,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.validation import FloatArray, IntArray
 
 #: ln 2 as a double-double (hi + lo), for the exponents of the probability product: the
@@ -63,8 +62,8 @@ def rounding_slack(m: int) -> float:
     gives a kept sequence and the mechanism's exact law at the same parameter (for every
     sequence the draws cover within the margin; docs/mechanisms.md, "The acceptance step").
 
-    Per block: two shares, each a compensated sum (2u + n u^2 with n < 2^40: < 2.1u) and a
-    division (u), and two roundings in the probability product: 8.2u. Per sequence: the m
+    Per block: two shares, each a compensated sum (2u + n u^2 with n < 2^40: < 2.1u) and
+    two roundings in the probability product (a product and a quotient of mantissas): 8.2u. Per sequence: the m
     log widths (``LOG_WIDTH_ULPS`` each), ``log k!`` of the repeat runs (``lgamma``, within
     ``u (log m! + 1)`` together), and a constant for the final rounding of the log ratio,
     ``log`` of the mantissa, ``exp`` and the 53-bit coin (16u).
@@ -113,7 +112,7 @@ def acceptance_margin(m: int, c: float, n: int) -> float:
 
 class ProbabilityProduct:
     """A product of probabilities in (0, 1] as a mantissa and a binary exponent (no
-    underflow at any depth), each factor adding one rounding."""
+    underflow at any depth), each share adding two roundings."""
 
     __slots__ = ("exponent", "mantissa")
 
@@ -121,20 +120,17 @@ class ProbabilityProduct:
         self.mantissa = 1.0
         self.exponent = 0
 
-    def times(self, p: float) -> None:
-        if not 0.0 < p <= 1.0:
+    def times(self, weight: float, total: float = 1.0) -> None:
+        """Multiply by the share ``weight / total`` (0 < weight <= total), formed from the
+        two numbers' mantissas and exponents: no quotient or product below the smallest
+        normal double is ever formed (the passes flush those to 0.0)."""
+        if not 0.0 < weight <= total:
             raise FloatingPointError("JointExp: a pick's share is not a probability")
-        mant, e = math.frexp(self.mantissa * p)
+        mw, ew = math.frexp(weight)
+        mt, et = math.frexp(total)
+        mant, e = math.frexp(self.mantissa * mw / mt)
         self.mantissa = mant
-        self.exponent += e
-
-
-def share(weights: FloatArray, k: int) -> float:
-    """``weights[k] / sum(weights)`` for non-negative doubles, the sum compensated
-    (Neumaier, :func:`~app.mechanisms.jointexp.kernels_log.compensated_sum`): within
-    ``2u + n u^2`` of the exact sum, so the share is within ~3 ulps of the exact one."""
-    w = np.ascontiguousarray(weights, dtype=np.float64)
-    return float(w[k]) / float(KG.compensated_sum(w))
+        self.exponent += e + ew - et
 
 
 def _dyadic(x: float) -> tuple[int, int]:
@@ -250,6 +246,5 @@ __all__ = [
     "log_weight_parts",
     "rounding_slack",
     "run_parameter",
-    "share",
     "tilt_constant",
 ]

@@ -42,14 +42,14 @@ TINY_DRAW = 2.0**-900
 
 class Block(NamedTuple):
     """One drawn block: the interval, its repeat count (1-based), the shares the two picks
-    gave them (each within a few ulps of the exact share of the weights formed), and the log
-    of the weights' total on the pass's common scale (the pass's normaliser when the block
-    is the last one)."""
+    gave them as (weight picked, compensated sum of the weights: within a few ulps of the
+    exact share of the weights formed), and the log of the weights' total on the pass's
+    common scale (the pass's normaliser when the block is the last one)."""
 
     i: int
     k: int
-    p_interval: float
-    p_level: float
+    p_interval: tuple[float, float]
+    p_level: tuple[float, float]
     log_total: float
 
 
@@ -161,9 +161,9 @@ def draw_block(
         raise FloatingPointError("JointExp: backward weights are all zero")
     # the shares the picks gave (for the acceptance step), from compensated sums
     total = float(KG.compensated_sum(buf))
-    p_interval = float(buf[pick]) / total
-    log_total = g_draw + math.log(total / buf_top)
-    k, p_level = 0, 1.0
+    p_interval = (float(buf[pick]), total)
+    log_total = g_draw + (math.log(total) - math.log(buf_top))
+    k, p_level = 0, (1.0, 1.0)
     if nlev > 1:
         if row.nlev:  # compact: the levels at the picked interval, replayed
             at_pick = stored_levels_at(fwd, j, row.lo + pick, nlev).reshape(-1, 1)
@@ -187,15 +187,15 @@ def pick_repeat_level(
     log_space: bool,
     word: int,
     rng: np.random.Generator,
-) -> tuple[int, float]:
+) -> tuple[int, tuple[float, float]]:
     """The repeat count (0-based) at column v, drawn exactly ∝ its levels 1..nlev
-    (:func:`repeat_level_weights`), and the share the pick gave it; (-1, 0.0) if they are
-    all zero."""
+    (:func:`repeat_level_weights`), and the share the pick gave it (weight, compensated
+    sum); (-1, (0.0, 1.0)) if they are all zero."""
     weights, counts = repeat_level_weights(levels, ids, nlev, v, log_space)
     s = pick_weights(weights, word, rng)
     if s < 0:
-        return -1, 0.0
-    return int(counts[s]) - 1, float(weights[s]) / float(KG.compensated_sum(weights))
+        return -1, (0.0, 1.0)
+    return int(counts[s]) - 1, (float(weights[s]), float(KG.compensated_sum(weights)))
 
 
 def repeat_level_weights(

@@ -410,8 +410,8 @@ def draw_sequence(
             # the last block's total is the pass's normaliser on its common scale: back to
             # the units of logw (row 1's maximum) and untilted
             log_z = blk.log_total + fwd.g0 - tilt_constant(fwd.mu, int(pos[-1]), gaps)
-        prob.times(blk.p_interval)
-        prob.times(blk.p_level)
+        prob.times(*blk.p_interval)
+        prob.times(*blk.p_level)
         i, k = blk.i, blk.k
         seq[j - k : j] = i
         j -= k
