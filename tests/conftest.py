@@ -42,6 +42,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """
     if hasattr(session.config, "workerinput") or not session.config.getoption("numprocesses", 0):
         return  # a worker, or a run in one process (which compiles each kernel once anyway)
+    _ensure_embedded_pg_user()
     import numpy as np
 
     from app.mechanisms.jointexp import sample_interval_sequence
@@ -55,6 +56,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     for kernel in ("scaled", "ext", "log"):
         sample_interval_sequence(logw, pos, gaps, 0.5, rng, force_log_space=True, log_kernel=kernel)
     sample_interval_sequence(logw, pos, gaps, 0.5, rng, tilt=0.25)
+
+
+def _ensure_embedded_pg_user() -> None:
+    """As root, embedded PostgreSQL runs as a system user ``pgserver`` that pgserver creates
+    on first use. Two xdist workers starting their servers at once on a machine where it
+    does not exist yet both run ``useradd``: one chowns its data directory to a uid the
+    other's entry replaced, and initdb fails ("could not change permissions", seen on a
+    fresh machine). Create it once here, before the workers start."""
+    if os.environ.get("DPQUANT_TEST_DATABASE_URL") or not hasattr(os, "geteuid"):
+        return
+    if os.geteuid() != 0:
+        return
+    from pgserver.utils import ensure_user_exists
+
+    ensure_user_exists("pgserver")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
