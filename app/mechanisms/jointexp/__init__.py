@@ -21,6 +21,9 @@ forward.py          the forward recursions (linear, tilted, log rows)           
 storage.py          rows kept whole, compact or as checkpoints, recomputed or    law
                     replayed as the same doubles
 draws.py            the backward draws and their range checks                    law
+accept.py           the acceptance step: a drawn sequence kept with probability  law
+                    W(s) / (C P̂(s)) (exact rational ratio), the run parameter
+                    and its floating-point slack
 kernels_linear.py   numba loops of the linear-space forward recursions, the       law
                     linear draw weights, position helpers
 kernels_log.py      numba loops of the log-space recursions, repeat levels and   law

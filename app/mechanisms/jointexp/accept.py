@@ -63,9 +63,10 @@ def rounding_slack(m: int) -> float:
     sequence the draws cover within the margin; docs/mechanisms.md, "The acceptance step").
 
     Per block: two shares, each a compensated sum (2u + n u^2 with n < 2^40: < 2.1u) and
-    two roundings in the probability product (a product and a quotient of mantissas): 8.2u. Per sequence: the m
-    log widths (``LOG_WIDTH_ULPS`` each), ``log k!`` of the repeat runs (``lgamma``, within
-    ``u (log m! + 1)`` together), and a constant for the final rounding of the log ratio,
+    two roundings in the probability product (a product and a quotient of mantissas):
+    8.2u. Per sequence: the m log widths (``LOG_WIDTH_ULPS`` each), ``log k!`` of the
+    repeat runs (``lgamma``, within ``u (log m! + 1)`` together), and a constant for the
+    final rounding of the log ratio,
     ``log`` of the mantissa, ``exp`` and the 53-bit coin (16u).
     """
     return _U * ((8.2 + LOG_WIDTH_ULPS) * m + math.lgamma(m + 1.0) + 1.0 + 16.0)
