@@ -15,7 +15,8 @@ This package is pure math: numpy, scipy, numba and randomgen only.
 Modules: ``errors`` (the error type), ``validation`` (argument checks, array types), ``rng``
 (CSPRNG and the integer-only uniform draw), ``histogram`` (GridHistogram and the prepared
 support), ``registry`` (Mechanism), ``sampling`` (inverse CDF), ``exponential`` (the
-single-quantile exponential mechanism), one module per method.
+single-quantile exponential mechanism), ``units`` (the row-level parameters of a release that
+is private for a unit of k rows), one module per method.
 """
 
 from __future__ import annotations

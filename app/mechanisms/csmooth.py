@@ -43,6 +43,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import brentq
 
 from app.mechanisms.accounting import calibrate_rho
+from app.mechanisms.errors import MechanismInputError
 from app.mechanisms.histogram import Support, support_from_values
 from app.mechanisms.registry import Mechanism, PrivacyNotion
 from app.mechanisms.rng import make_rng
@@ -124,6 +125,7 @@ def csmooth(
     neighbors: str = "swap",
     rng: np.random.Generator | None = None,
     delta: float | None = None,
+    rho_divisor: int = 1,
 ) -> FloatArray:
     """CSmooth: order statistics plus Laplace-log-normal noise scaled to smooth sensitivity.
 
@@ -133,7 +135,9 @@ def csmooth(
 
     Guarantee: rho-zCDP under swap neighbours (paper Lemmas 15 and 9), hence
     (epsilon, delta)-DP for the whole release (rho calibrated so that the conversion is
-    ``<= epsilon``). ``neighbors="add_remove"`` is refused.
+    ``<= epsilon``). ``neighbors="add_remove"`` is refused. ``rho_divisor`` (an integer >= 1)
+    runs each row at ``rho / rho_divisor``: k^2 makes the release rho-zCDP for units of k rows
+    (app.mechanisms.units).
 
     Complexity: O(m n log n) time (one smooth sensitivity per quantile), O(n) memory; the
     first call for a new (eps', q) also tunes t on the 1000-point public set (61 smooth
@@ -147,23 +151,25 @@ def csmooth(
     sup = support_from_values(
         data, quantiles, epsilon=epsilon, lower=lower, upper=upper, neighbors=neighbors
     )
-    return csmooth_core(sup, make_rng(rng), delta=delta)
+    return csmooth_core(sup, make_rng(rng), delta=delta, rho_divisor=rho_divisor)
 
 
-def per_quantile_cdp(epsilon: float, delta: float, m: int) -> float:
-    """Per-quantile CDP parameter: ``sqrt(2 calibrate_rho(epsilon, delta) / m)``."""
-    return math.sqrt(2.0 * calibrate_rho(float(epsilon), float(delta)) / m)
+def per_quantile_cdp(epsilon: float, delta: float, m: int, rho_divisor: int = 1) -> float:
+    """Per-quantile CDP parameter: ``sqrt(2 calibrate_rho(epsilon, delta) / (m rho_divisor))``."""
+    return math.sqrt(2.0 * calibrate_rho(float(epsilon), float(delta)) / (m * rho_divisor))
 
 
 def csmooth_core(
-    sup: Support, rng: np.random.Generator, *, delta: float | None = None
+    sup: Support, rng: np.random.Generator, *, delta: float | None = None, rho_divisor: int = 1
 ) -> FloatArray:
     """CSmooth on a prepared support (order statistics from cumulative counts)."""
     d = check_delta(delta)
     reject_add_remove(sup, "csmooth")
+    if isinstance(rho_divisor, bool) or not isinstance(rho_divisor, int) or rho_divisor < 1:
+        raise MechanismInputError("rho_divisor", "must be an integer >= 1")
     m = int(sup.quantiles.size)
     n = sup.n
-    eps_q = per_quantile_cdp(sup.epsilon, d, m)
+    eps_q = per_quantile_cdp(sup.epsilon, d, m, rho_divisor)
     out = np.empty(m, dtype=np.float64)
     for k, q in enumerate(sup.quantiles):
         t = tuned_t(eps_q, float(q))

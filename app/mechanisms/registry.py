@@ -17,6 +17,7 @@ from app.mechanisms.histogram import (
     support_from_grid,
 )
 from app.mechanisms.rng import make_rng
+from app.mechanisms.units import RowParameters, row_parameters
 from app.mechanisms.validation import FloatArray, IntArray, check_delta, check_epsilon
 
 
@@ -103,6 +104,23 @@ class Mechanism:
             check_delta(delta)
         return {"delta": delta} if "delta" in self.method_params else {}
 
+    def row_level(
+        self, epsilon: float, delta: float | None, rows_per_unit: int
+    ) -> tuple[float, dict[str, Any]]:
+        """The row-level epsilon and extra arguments for a release that is private for one
+        unit of up to ``rows_per_unit`` rows at the requested (epsilon, delta)
+        (:mod:`app.mechanisms.units`). The same checks of delta as :meth:`run`."""
+        check_epsilon(epsilon)
+        extra = self._delta_kwargs(delta)
+        row: RowParameters = row_parameters(
+            self.notion.value, epsilon, extra.get("delta"), rows_per_unit
+        )
+        if "delta" in extra:
+            extra["delta"] = row.delta
+        if row.rho_divisor != 1:
+            extra["rho_divisor"] = row.rho_divisor
+        return row.epsilon, extra
+
     def run(
         self,
         data: ArrayLike,
@@ -114,17 +132,20 @@ class Mechanism:
         upper: float,
         neighbors: str = "swap",
         rng: np.random.Generator | None = None,
+        rows_per_unit: int = 1,
     ) -> FloatArray:
         """Call the mechanism with ``delta`` passed exactly when the method takes one.
 
         A delta given to a method that has no use for it is refused rather than ignored, so a
-        caller never believes it bought something it did not.
+        caller never believes it bought something it did not. ``rows_per_unit``: the release
+        is private for one unit owning up to that many rows (:meth:`row_level`).
         """
-        extra = self._delta_kwargs(delta)
-        return self(
+        eps_row, extra = self.row_level(epsilon, delta, rows_per_unit)
+        # extra holds only what row_level formed (delta, a zCDP method's rho_divisor)
+        return self.fn(
             data,
             quantiles,
-            epsilon=epsilon,
+            epsilon=eps_row,
             lower=lower,
             upper=upper,
             neighbors=neighbors,
@@ -141,6 +162,7 @@ class Mechanism:
         delta: float | None,
         neighbors: str = "swap",
         rng: np.random.Generator | None = None,
+        rows_per_unit: int = 1,
     ) -> IntArray:
         """Run the mechanism on a grid histogram; m grid indices, ascending, in [0, K].
 
@@ -148,12 +170,13 @@ class Mechanism:
         indexp, appindexp, aq) draw exactly on it: block weights are numbers of grid points
         and the point inside a block is a uniform integer from raw generator words. The
         noise-adding methods (smooth, csmooth) add their floating-point noise in grid units
-        and round to the nearest index (post-processing). Same delta rules as :meth:`run`.
+        and round to the nearest index (post-processing). Same delta and unit rules as
+        :meth:`run`.
         """
-        extra = self._delta_kwargs(delta)
+        eps_row, extra = self.row_level(epsilon, delta, rows_per_unit)
         if self.core is None:
             raise MechanismInputError("method", f"method {self.name!r} has no grid entry point")
-        sup = support_from_grid(hist, quantiles, epsilon=epsilon, neighbors=neighbors)
+        sup = support_from_grid(hist, quantiles, epsilon=eps_row, neighbors=neighbors)
         raw = np.asarray(self.core(sup, make_rng(rng), **extra))
         if raw.dtype == np.int64:
             return raw.astype(np.int64, copy=False)
