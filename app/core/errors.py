@@ -22,6 +22,7 @@ ERROR_TYPES = (
     "key_not_rotatable",
     "dataset_archived",
     "dataset_frozen",
+    "privacy_unit_needs_rows",
     "idempotency_conflict",
     "no_values",
     "name_taken",

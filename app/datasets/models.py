@@ -39,6 +39,12 @@ class Dataset(Base):
         CheckConstraint("granularity > 0", name="granularity"),
         CheckConstraint("neighbors IN ('swap', 'add_remove')", name="neighbors"),
         CheckConstraint("size_hint IS NULL OR size_hint > 0", name="size_hint"),
+        CheckConstraint("max_rows_per_unit BETWEEN 1 AND 10000", name="max_rows_per_unit"),
+        CheckConstraint("max_groups_per_unit BETWEEN 1 AND 10000", name="max_groups_per_unit"),
+        CheckConstraint(
+            "privacy_unit IS NOT NULL OR (max_rows_per_unit = 1 AND max_groups_per_unit = 1)",
+            name="unit_bounds",
+        ),
         # Names are unique among the datasets that are not archived (migration 0005).
         Index(
             "uq_dataset_name_live",
@@ -68,6 +74,17 @@ class Dataset(Base):
     #: Admin-declared public size (migration 0006): what the planner uses under add_remove,
     #: where n is private. Never derived from the values.
     size_hint: Mapped[int | None] = mapped_column(BigInteger)
+    #: The column naming the person in uploads (migration 0012); NULL: each row is a unit.
+    privacy_unit: Mapped[str | None] = mapped_column(String(200))
+    #: k: rows one unit may contribute; releases are calibrated for a unit of k rows.
+    max_rows_per_unit: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    #: L: groups one unit may touch (group-by).
+    max_groups_per_unit: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    #: The per-dataset HMAC key under which unit ids are kept (never in clear).
+    unit_key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    #: Rows dropped by the bounding, and distinct units kept (admins only).
+    rows_dropped: Mapped[int | None] = mapped_column(BigInteger)
+    units: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class DatasetData(Base):
@@ -83,3 +100,17 @@ class DatasetData(Base):
 
     dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("dataset.id"), primary_key=True)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class DatasetUnit(Base):
+    """How many rows the stored values keep of one privacy unit (its id as HMAC-SHA256
+    under the dataset's ``unit_key``): what keeps a unit at k rows across appends."""
+
+    __tablename__ = "dataset_unit"
+    __table_args__ = (CheckConstraint("rows >= 1", name="dataset_unit_rows"),)
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("dataset.id", ondelete="CASCADE"), primary_key=True
+    )
+    unit_hash: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
+    rows: Mapped[int] = mapped_column(Integer)

@@ -15,6 +15,18 @@ from app.core.text import StorableText
 
 Neighbors = Literal["swap", "add_remove"]
 SizeHint = Annotated[int, Field(gt=0, le=10**15)]
+UnitBound = Annotated[int, Field(ge=1, le=10_000)]
+UNIT_DOC = (
+    "The column that identifies a person (the privacy unit) in value uploads: the guarantee "
+    "of every release is for one unit (all its rows added, removed or changed). Unit ids are "
+    "never released, logged or stored in clear. Null: each row is its own unit."
+)
+ROWS_DOC = (
+    "k: rows one unit may contribute. Uploads keep at most k rows per unit (chosen uniformly "
+    "at random; the rest are dropped and counted for admins) and every release is calibrated "
+    "for a unit of k rows (epsilon/k per row for the pure methods). Needs privacy_unit if > 1."
+)
+GROUPS_DOC = "L: groups one unit may touch (group-by). Needs privacy_unit if > 1."
 SIZE_HINT_DOC = (
     "A public, admin-declared approximate number of values (never computed from the data). "
     "Under add_remove neighbours n is private, so quotes, expected errors and method "
@@ -47,6 +59,11 @@ class DatasetCreate(BaseModel):
         default=None,
         description=SIZE_HINT_DOC,
     )
+    privacy_unit: StorableText | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^\S(.*\S)?$", description=UNIT_DOC
+    )
+    max_rows_per_unit: UnitBound = Field(default=1, description=ROWS_DOC)
+    max_groups_per_unit: UnitBound = Field(default=1, description=GROUPS_DOC)
 
     @model_validator(mode="after")
     def _bounds(self) -> DatasetCreate:
@@ -54,6 +71,12 @@ class DatasetCreate(BaseModel):
             raise ValueError("lower must be smaller than upper")
         if not math.isfinite(self.upper - self.lower):
             raise ValueError("upper - lower must be a finite double")
+        if self.privacy_unit is None and (
+            self.max_rows_per_unit > 1 or self.max_groups_per_unit > 1
+        ):
+            raise ValueError(
+                "max_rows_per_unit and max_groups_per_unit above 1 need a privacy_unit column"
+            )
         return self
 
 
@@ -100,6 +123,9 @@ class DatasetPublic(BaseModel):
         "read against it) and every role sees it; under `add_remove` it is private and only "
         "admins see it (null for other roles). Null before the first upload.",
     )
+    privacy_unit: str | None = Field(default=None, description=UNIT_DOC)
+    max_rows_per_unit: int = Field(default=1, description=ROWS_DOC)
+    max_groups_per_unit: int = Field(default=1, description=GROUPS_DOC)
     budget_remaining: AmountPublic
     created_at: datetime
     archived_at: datetime | None = Field(
@@ -119,6 +145,15 @@ class DatasetAdmin(DatasetPublic):
     n_cells: int | None = Field(default=None, description="Distinct grid cells stored.")
     values_skipped: int | None = Field(
         default=None, description="Missing cells skipped at upload (?missing=skip)."
+    )
+    rows_dropped: int | None = Field(
+        default=None,
+        description="Rows dropped to keep every unit at max_rows_per_unit (private: admins "
+        "only; null without a privacy_unit).",
+    )
+    units: int | None = Field(
+        default=None,
+        description="Distinct privacy units in the stored values (private: admins only).",
     )
     values_uploaded_at: datetime | None
     frozen_at: datetime | None

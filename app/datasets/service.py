@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 import uuid
 from collections import OrderedDict
@@ -126,6 +127,10 @@ def create_dataset(
         frozen_at=None,
         archived_at=None,
         size_hint=body.size_hint,
+        privacy_unit=body.privacy_unit,
+        max_rows_per_unit=body.max_rows_per_unit,
+        max_groups_per_unit=body.max_groups_per_unit,
+        unit_key=secrets.token_bytes(32) if body.privacy_unit is not None else None,
     )
     session.add(dataset)
     try:
@@ -145,6 +150,9 @@ def create_dataset(
             "neighbors": dataset.neighbors,
             "granularity": dataset.granularity,
             "size_hint": dataset.size_hint,
+            "privacy_unit": dataset.privacy_unit,
+            "max_rows_per_unit": dataset.max_rows_per_unit,
+            "max_groups_per_unit": dataset.max_groups_per_unit,
         },
     )
     return dataset
@@ -277,7 +285,7 @@ def new_builder(dataset: Dataset, *, max_cells: int) -> HistogramBuilder:
     )
 
 
-def _driver(source: Session | psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def driver(source: Session | psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     """The psycopg connection under ``source`` (a session's, inside its transaction)."""
     if not isinstance(source, Session):
         return source
@@ -317,6 +325,8 @@ def store_histogram(
     upload: str = "values",
     media_type: str | None = None,
     size_bytes: int | None = None,
+    rows_dropped: int | None = None,
+    units: int | None = None,
 ) -> Dataset:
     """Replace (or, with ``append``, add to) the dataset's histogram, atomically.
 
@@ -325,12 +335,13 @@ def store_histogram(
     uploads); an append onto an unknown count stays unknown. The audit event records that
     an upload happened (``upload`` kind, replace or append, media type, body bytes) and
     nothing about the values: not even n, which is private under add_remove.
+    ``rows_dropped`` and ``units``: a privacy-unit upload's bounding figures (admins only).
     """
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     ensure_writable(dataset)
     cells, counts = histogram
     if append and dataset.n is not None:
-        current = _fetch_histogram(_driver(session), dataset_id=dataset_id)
+        current = _fetch_histogram(driver(session), dataset_id=dataset_id)
         if current is not None:
             cells, counts = merge_histograms(current[1], (cells, counts))
         n_outside = (
@@ -355,6 +366,10 @@ def store_histogram(
     dataset.n_outside = n_outside
     dataset.n_cells = encoded.distinct
     dataset.values_skipped = skipped
+    if units is not None:
+        dataset.units = units
+        earlier = (dataset.rows_dropped or 0) if append else 0
+        dataset.rows_dropped = earlier + (rows_dropped or 0)
     dataset.data_version += 1
     dataset.values_uploaded_at = datetime.now(UTC)
     session.flush()
@@ -466,13 +481,13 @@ def load_histogram(
     25 ms for 10^6 distinct cells).
     """
     if version is None:
-        version = _current_version(_driver(source), dataset_id=dataset_id)
+        version = _current_version(driver(source), dataset_id=dataset_id)
     if version is None:
         return None
     cached = VALUES_CACHE.get((dataset_id, version, "histogram"))
     if cached is not None:
         return version, cached[0], cached[1]
-    fetched = _fetch_histogram(_driver(source), dataset_id=dataset_id)
+    fetched = _fetch_histogram(driver(source), dataset_id=dataset_id)
     if fetched is None:
         return None
     version, (cells, counts) = fetched

@@ -284,7 +284,7 @@ def read_json(chunks: Iterable[bytes], sink: ValueSink) -> UploadStats:
 # --------------------------------------------------------------------------- CSV
 
 
-def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
+def lines(chunks: Iterable[bytes]) -> Iterator[str]:
     """UTF-8 text lines (split on ``\\n`` only, ends kept), one pending line at most."""
     decoder = codecs.getincrementaldecoder("utf-8-sig")()
     pending = ""
@@ -313,7 +313,7 @@ def read_csv(
     field spanning lines is one record). Empty cells are an error naming their row unless
     ``skip_missing``, which skips and counts them.
     """
-    reader = csv.reader(_lines(chunks), strict=True)
+    reader = csv.reader(lines(chunks), strict=True)
     try:
         header = next(reader)
     except StopIteration:

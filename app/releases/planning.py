@@ -47,18 +47,21 @@ def _parameter_error(exc: MechanismInputError) -> DpquantError:
     return invalid(f"body.{exc.parameter}", exc.problem)
 
 
-def quote(mech: Mechanism, query: QuantileQuery) -> Amount:
+def quote(mech: Mechanism, query: QuantileQuery, rows_per_unit: int = 1) -> Amount:
     """Validate the privacy parameters with the mechanism and price the release exactly.
 
     The mechanism will run with :func:`~app.ledger.service.mechanism_float` of the requested
-    figures (never above them); its declared cost at those floats is what is priced.
+    figures (never above them); its declared cost at those floats is what is priced. With
+    ``rows_per_unit`` k > 1 the release is private per unit of k rows: the row-level
+    parameters (ε/k for the pure methods) are validated here, so a release never fails
+    for them after it is paid for.
     """
     try:
-        eps_cost, delta_cost = mech.dp_cost(
-            epsilon=mechanism_float(query.epsilon),
-            delta=None if query.delta is None else mechanism_float(query.delta),
-        )
-        check_epsilon_share(mechanism_float(query.epsilon), len(query.quantiles))
+        epsilon = mechanism_float(query.epsilon)
+        delta = None if query.delta is None else mechanism_float(query.delta)
+        eps_cost, delta_cost = mech.dp_cost(epsilon=epsilon, delta=delta)
+        eps_row, _ = mech.row_level(epsilon, delta, rows_per_unit)
+        check_epsilon_share(eps_row, len(query.quantiles))
         return Amount(price(query.epsilon, eps_cost), price(query.delta, delta_cost))
     except MechanismInputError as exc:
         raise _parameter_error(exc) from None
@@ -91,7 +94,7 @@ def check_min_epsilon(query: QuantileQuery, min_epsilon: Decimal) -> None:
         )
 
 
-def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
+def price_query(query: QuantileQuery, *, max_quantiles: int, rows_per_unit: int = 1) -> Priced:
     """Everything about a query that needs no database: limits, method, cost.
 
     ``auto`` must be resolved first (:func:`plan_query`), since it depends on the dataset.
@@ -102,7 +105,7 @@ def price_query(query: QuantileQuery, *, max_quantiles: int) -> Priced:
         mech = get_mechanism(query.method)
     except MechanismInputError as exc:
         raise invalid("body.method", exc.problem) from None
-    return Priced(mech, quote(mech, query))
+    return Priced(mech, quote(mech, query, rows_per_unit))
 
 
 #: A release warns when its expected error is at least this share of the ranks.
@@ -116,13 +119,24 @@ class PublicFigures:
 
     neighbors: str
     size: int | None
+    #: k: rows one privacy unit may contribute (fixed at creation)
+    rows_per_unit: int = 1
 
     @classmethod
     def of(cls, dataset: Dataset) -> PublicFigures:
         """The figures of a dataset row (``release_reserve()`` computes the same in SQL)."""
+        k = dataset.max_rows_per_unit
         if dataset.neighbors == "swap" and dataset.n is not None:
-            return cls(dataset.neighbors, dataset.n)
-        return cls(dataset.neighbors, dataset.size_hint)
+            return cls(dataset.neighbors, dataset.n, k)
+        return cls(dataset.neighbors, dataset.size_hint, k)
+
+    def row_epsilon(self, epsilon: float) -> float:
+        """What one row gets of a unit's ε (the planner's figure; ε/k)."""
+        return epsilon / self.rows_per_unit
+
+    def row_delta(self, delta: float | None) -> float | None:
+        """What one row gets of a unit's δ (the planner's figure; δ/k)."""
+        return None if delta is None else delta / self.rows_per_unit
 
 
 @dataclass(frozen=True)
@@ -154,8 +168,8 @@ def resolve(
         name = planner.recommend(
             figures.size,
             query.quantiles,
-            float(query.epsilon),
-            None if query.delta is None else float(query.delta),
+            figures.row_epsilon(float(query.epsilon)),
+            figures.row_delta(None if query.delta is None else float(query.delta)),
             figures.neighbors,
         )
     elif method is None:
@@ -184,8 +198,8 @@ def expectation(
         query.method,
         size,
         query.quantiles,
-        float(query.epsilon),
-        None if query.delta is None else float(query.delta),
+        figures.row_epsilon(float(query.epsilon)),
+        figures.row_delta(None if query.delta is None else float(query.delta)),
         figures.neighbors,
     )
     if err is None:
@@ -208,7 +222,7 @@ def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: i
     quotes and reservations (so a quote's cost is the debit of the release that follows).
     Reads no data value: only the dataset's public description (and n under swap)."""
     resolved = resolve(query, figures=figures)
-    priced = price_query(resolved, max_quantiles=max_quantiles)
+    priced = price_query(resolved, max_quantiles=max_quantiles, rows_per_unit=figures.rows_per_unit)
     check_runs_on(priced.mechanism, neighbors=figures.neighbors)
     expected, warnings = expectation(resolved, figures=figures)
     return Plan(resolved, priced, request_fingerprint(query), expected, warnings)

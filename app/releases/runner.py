@@ -73,6 +73,8 @@ class Job:
     granularity: float
     neighbors: str
     histogram: GridHistogram
+    #: k: the release is private for a unit of up to k rows (the dataset's bound)
+    rows_per_unit: int = 1
 
 
 class RunFailed(Exception):
@@ -166,7 +168,7 @@ _CLAIM = """
     WHERE r.id = next.id AND d.id = r.dataset_id AND cfg.v IS NOT NULL
     RETURNING r.id, r.seq, next.priority, r.attempts, r.dataset_id, r.method,
               r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
-              d.granularity, d.neighbors, d.archived_at, d.size_hint,
+              d.granularity, d.neighbors, d.archived_at, d.size_hint, d.max_rows_per_unit,
               CASE WHEN d.neighbors = 'swap' THEN d.n END AS public_n,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
@@ -241,6 +243,7 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
         granularity=granularity,
         neighbors=params["neighbors"],
         histogram=histogram,
+        rows_per_unit=int(params.get("max_rows_per_unit") or 1),
     )
 
 
@@ -282,6 +285,7 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
             delta=None if job.delta is None else mechanism_float(job.delta),
             neighbors=job.neighbors,
             rng=rng,
+            rows_per_unit=job.rows_per_unit,
         )
         estimates = grid_values(cells, job.lower, job.granularity)
     except MechanismInputError as exc:

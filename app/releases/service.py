@@ -228,7 +228,8 @@ async def reserve_release(
         row = await run_async(pool, functools.partial(_call_reserve, params=params))
         outcome = row["outcome"]
         if outcome == "replan":
-            known = PublicFigures(row["neighbors"], row["public_size"])
+            k = await run_async(pool, functools.partial(_rows_per_unit, dataset_id=dataset_id))
+            known = PublicFigures(row["neighbors"], row["public_size"], k)
             if figures is not None:
                 figures.put(dataset_id, known)
             continue
@@ -243,6 +244,15 @@ async def reserve_release(
         "the dataset's public figures kept changing; nothing was charged, retry",
         headers={"Retry-After": "1"},
     )
+
+
+async def _rows_per_unit(conn: psycopg.AsyncConnection[Any], *, dataset_id: uuid.UUID) -> int:
+    """The dataset's k (fixed at creation, so a process may keep it with its figures)."""
+    cursor = await conn.execute(
+        "SELECT max_rows_per_unit FROM dataset WHERE id = %s", (dataset_id,)
+    )
+    row = await cursor.fetchone()
+    return 1 if row is None else int(row[0])
 
 
 async def _call_reserve(

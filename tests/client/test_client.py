@@ -202,6 +202,21 @@ def test_upload_from_files(admin: Client, tmp_path: Path) -> None:
         admin.upload(ds.id)
 
 
+def test_a_dataset_with_a_privacy_unit(admin: Client, tmp_path: Path) -> None:
+    ds = admin.create_dataset(
+        name(), lower=0, upper=250, epsilon="5", privacy_unit="person", max_rows_per_unit=2
+    )
+    assert (ds.privacy_unit, ds.max_rows_per_unit, ds.max_groups_per_unit) == ("person", 2, 1)
+    csv = tmp_path / "visits.csv"
+    rows = [(f"p{i % 40}", v) for i, v in enumerate(VALUES)]  # 40 people
+    csv.write_text("person,income\n" + "".join(f"{p},{v}\n" for p, v in rows))
+    stored = admin.upload(ds.id, path=csv, column="income")
+    assert stored.units == 40 and stored.n == 80
+    assert stored.rows_dropped == len(VALUES) - 80
+    release = admin.quantiles(ds.id, [0.5], epsilon="1", method="jointexp")
+    assert release.estimates is not None and len(release.estimates) == 1
+
+
 def test_keys_lifecycle(admin: Client, server: LiveServer) -> None:
     created = admin.create_key("viewer", name="to revoke")
     assert created.key.startswith("dpq_") and created.role == "viewer"

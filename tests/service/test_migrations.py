@@ -23,6 +23,7 @@ TABLES = {
     "budget_balance",
     "dataset",
     "dataset_data",
+    "dataset_unit",
     "ledger_entry",
     "release",
 }

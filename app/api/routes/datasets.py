@@ -15,7 +15,7 @@ from app.codec.histogram import TooManyCells
 from app.core.amounts import AmountPublic, Budget
 from app.core.errors import DpquantError, error_responses, invalid
 from app.core.principal import Principal
-from app.datasets import service, upload
+from app.datasets import service, units, upload
 from app.datasets.models import Dataset
 from app.datasets.schemas import (
     DatasetAdmin,
@@ -47,6 +47,9 @@ def present(
         granularity=dataset.granularity,
         size_hint=dataset.size_hint,
         n=dataset.n if dataset.neighbors == "swap" else None,
+        privacy_unit=dataset.privacy_unit,
+        max_rows_per_unit=dataset.max_rows_per_unit,
+        max_groups_per_unit=dataset.max_groups_per_unit,
         budget_remaining=remaining,
         created_at=dataset.created_at,
         archived_at=dataset.archived_at,
@@ -58,6 +61,8 @@ def present(
         n_outside_bounds=dataset.n_outside,
         n_cells=dataset.n_cells,
         values_skipped=dataset.values_skipped,
+        rows_dropped=dataset.rows_dropped,
+        units=dataset.units,
         values_uploaded_at=dataset.values_uploaded_at,
         frozen_at=dataset.frozen_at,
     )
@@ -274,6 +279,10 @@ def _receive_values(
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
     service.ensure_writable(dataset)  # early: do not read a body that cannot be stored
     media_type = _media_type(request)
+    if dataset.privacy_unit is not None:
+        return _receive_unit_values(
+            request, session, principal, dataset, media_type, column, missing, append
+        )
     if media_type not in upload.VALUE_MEDIA_TYPES:
         raise upload.unsupported(upload.VALUE_MEDIA_TYPES)
     if media_type in (upload.MEDIA_CSV, upload.MEDIA_PARQUET) and not column:
@@ -308,6 +317,70 @@ def _receive_values(
         upload="values",
         media_type=media_type,
         size_bytes=counted.total,
+    )
+    return present(session, dataset, principal)
+
+
+def _receive_unit_values(
+    request: Request,
+    session: SessionDep,
+    principal: Principal,
+    dataset: Dataset,
+    media_type: str,
+    column: str | None,
+    missing: str,
+    append: bool,
+) -> DatasetPublic:
+    """A dataset with a privacy unit: CSV rows carrying the unit column, bounded to k rows
+    per unit in PostgreSQL (:mod:`app.datasets.units`), all in one transaction."""
+    settings = request.app.state.settings
+    if media_type != upload.MEDIA_CSV:
+        raise upload.unsupported((upload.MEDIA_CSV,))
+    if not column:
+        raise invalid("query.column", f"is required for {media_type} uploads")
+    assert dataset.privacy_unit is not None and dataset.unit_key is not None
+    dataset_id, key, k = dataset.id, dataset.unit_key, dataset.max_rows_per_unit
+    unit_column = dataset.privacy_unit
+    builder = service.new_builder(dataset, max_cells=settings.max_cells)
+    session.commit()
+    counted = ByteCounter(request_chunks(request))
+    conn = service.driver(session)  # a new transaction: the staged rows live in it
+    stats = units.stage_csv(
+        conn,
+        upload.limited(iter(counted), settings.max_upload_bytes),
+        key=key,
+        unit_column=unit_column,
+        value_column=column,
+        skip_missing=missing == "skip",
+        max_values=settings.max_values,
+    )
+    # lock the dataset row before reading the units' stored counts: appends serialise
+    dataset = service.get_visible(
+        session, principal=principal, dataset_id=dataset_id, for_update=True
+    )
+    service.ensure_writable(dataset)
+    try:
+        stored_units = units.bound_rows(
+            conn, builder, stats, dataset_id=dataset_id, k=k, append=append
+        )
+        histogram = builder.result()
+    except TooManyCells as exc:
+        raise DpquantError(413, "payload_too_large", str(exc)) from None
+    dataset = service.store_histogram(
+        session,
+        principal=principal,
+        dataset_id=dataset_id,
+        histogram=histogram,
+        n_outside=builder.n_outside,
+        skipped=stats.skipped,
+        append=append,
+        max_values=settings.max_values,
+        max_cells=settings.max_cells,
+        upload="values",
+        media_type=media_type,
+        size_bytes=counted.total,
+        rows_dropped=stats.dropped,
+        units=stored_units,
     )
     return present(session, dataset, principal)
 
@@ -380,6 +453,13 @@ def upload_histogram(
     settings = request.app.state.settings
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
     service.ensure_writable(dataset)
+    if dataset.privacy_unit is not None:
+        raise DpquantError(
+            409,
+            "privacy_unit_needs_rows",
+            "this dataset has a privacy_unit: upload its rows with their unit column "
+            "(PUT or POST /values, text/csv), so that each unit can be bounded",
+        )
     media_type = _media_type(request)
     if media_type not in upload.HISTOGRAM_MEDIA_TYPES:
         raise upload.unsupported(upload.HISTOGRAM_MEDIA_TYPES)

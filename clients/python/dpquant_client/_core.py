@@ -215,6 +215,9 @@ class Core:
         neighbors: str,
         description: str,
         granularity: float | None,
+        privacy_unit: str | None = None,
+        max_rows_per_unit: int = 1,
+        max_groups_per_unit: int = 1,
     ) -> Flow[Dataset]:
         body: dict[str, Any] = {
             "name": name,
@@ -227,6 +230,10 @@ class Core:
         }
         if granularity is not None:
             body["granularity"] = granularity
+        if privacy_unit is not None:
+            body["privacy_unit"] = privacy_unit
+            body["max_rows_per_unit"] = max_rows_per_unit
+            body["max_groups_per_unit"] = max_groups_per_unit
         a: Answer = yield Call("POST", "/v1/datasets", False, kwargs={"json": body})
         return Dataset.model_validate(a.body)
 

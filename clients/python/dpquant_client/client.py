@@ -134,11 +134,26 @@ class Client(Core):
         neighbors: str = "swap",
         description: str = "",
         granularity: float | None = None,
+        privacy_unit: str | None = None,
+        max_rows_per_unit: int = 1,
+        max_groups_per_unit: int = 1,
     ) -> Dataset:
-        """Create a dataset (admin): public bounds, neighbour relation, initial budget."""
+        """Create a dataset (admin): public bounds, neighbour relation, initial budget;
+        ``privacy_unit`` names the column identifying a person in uploads, whose rows are
+        kept to ``max_rows_per_unit`` (releases are then private per person)."""
         return self._run(
             self._create_dataset(
-                name, lower, upper, epsilon, delta, neighbors, description, granularity
+                name,
+                lower,
+                upper,
+                epsilon,
+                delta,
+                neighbors,
+                description,
+                granularity,
+                privacy_unit,
+                max_rows_per_unit,
+                max_groups_per_unit,
             )
         )
 

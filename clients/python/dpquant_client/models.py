@@ -50,6 +50,11 @@ class Dataset(_Model):
     values_uploaded_at: datetime | None = None
     frozen_at: datetime | None = None
     archived_at: datetime | None = None
+    privacy_unit: str | None = None
+    max_rows_per_unit: int = 1
+    max_groups_per_unit: int = 1
+    rows_dropped: int | None = None
+    units: int | None = None
 
 
 class Release(_Model):
