@@ -268,11 +268,17 @@ def list_visible(
 Histogram = tuple[IntArray, IntArray]
 
 
-def ensure_writable(dataset: Dataset) -> None:
-    """409 once the dataset is archived, or frozen by its first release."""
+def ensure_writable(dataset: Dataset, *, append: bool = False) -> None:
+    """409 once the dataset is archived; a replace also once it is frozen by its first
+    release. Appends stay open: a release records the data version it ran on, and a unit
+    that already has its k rows gets no more (app.datasets.units)."""
     ensure_live(dataset)
-    if dataset.frozen_at is not None:
-        raise DpquantError(409, "dataset_frozen", "values cannot change after the first release")
+    if dataset.frozen_at is not None and not append:
+        raise DpquantError(
+            409,
+            "dataset_frozen",
+            "values cannot be replaced after the first release (append with POST /values)",
+        )
 
 
 def new_builder(dataset: Dataset, *, max_cells: int) -> HistogramBuilder:
@@ -338,7 +344,7 @@ def store_histogram(
     ``rows_dropped`` and ``units``: a privacy-unit upload's bounding figures (admins only).
     """
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
-    ensure_writable(dataset)
+    ensure_writable(dataset, append=append)
     cells, counts = histogram
     if append and dataset.n is not None:
         current = _fetch_histogram(driver(session), dataset_id=dataset_id)

@@ -83,6 +83,8 @@ class Release(Base):
     #: When the finished release becomes visible to non-admin readers: the later of its
     #: finish and its run's start plus the public run-time bound (migration 0011).
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: The dataset's data version the run loaded (migration 0013).
+    data_version: Mapped[int | None] = mapped_column(Integer)
     #: A-priori expected missed points of the method (migration 0006): one
     #: ``{quantile, mean, bound90}`` per quantile, or NULL when unknown. Public figures only.
     expected_error: Mapped[list[dict[str, float]] | None] = mapped_column(JSONB)

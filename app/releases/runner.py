@@ -327,6 +327,7 @@ def complete_batch(
             # float8[] literals of the doubles' shortest round-trip repr: read back exactly
             "estimates": ["{" + ",".join(map(repr, estimates)) + "}" for _, estimates in done],
             "bounds": [float(b) for b in bounds] if bounds is not None else [0.0] * len(done),
+            "versions": [_version(claim) for claim, _ in done],
         },
     ).fetchall()
     for (method,) in rows:
@@ -334,16 +335,23 @@ def complete_batch(
     return len(rows)
 
 
+def _version(claim: Claim) -> int | None:
+    """The data version the claim's run loaded (recorded on the release)."""
+    version = None if claim.row is None else claim.row.get("data_version")
+    return None if version is None else int(version)
+
+
 _COMPLETE = """
     UPDATE release AS r
     SET status = 'done', estimates = v.estimates::double precision[],
+        data_version = v.version,
         finished_at = clock_timestamp(), lease_until = NULL,
         published_at = greatest(
             clock_timestamp(),
             coalesce(r.run_started_at, clock_timestamp()) + make_interval(secs => v.bound))
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(estimates)s::text[],
-                %(bounds)s::double precision[])
-             AS v(id, token, estimates, bound),
+                %(bounds)s::double precision[], %(versions)s::integer[])
+             AS v(id, token, estimates, bound, version),
          (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
     WHERE r.id = v.id AND r.lease_token = v.token AND r.status = 'pending'
       AND cfg.v IS NOT NULL

@@ -104,6 +104,11 @@ class ReleasePublic(BaseModel):
         default_factory=list,
         description="E.g. the expected error is a large share of the ranks: noise.",
     )
+    data_version: int | None = Field(
+        default=None,
+        description="The dataset's data version the release ran on (every upload or append "
+        "adds one); null until it is done, and for failed releases.",
+    )
 
 
 class QuoteFigures(BaseModel):

@@ -88,6 +88,8 @@ class ReleaseRecord:
     #: When non-admin readers may see the outcome (None while pending; see
     #: :mod:`app.releases.schedule`).
     published_at: datetime | None = None
+    #: The data version the run loaded (None until done, and for failed releases).
+    data_version: int | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -418,6 +420,8 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         raw: Sequence[Any] | None = outcome["estimates"]
         estimates = None if raw is None else [float(x) for x in raw]
         failure = outcome["failure"]
+        version = outcome.get("data_version")
+        data_version = None if version is None else int(version)
     except (KeyError, TypeError, ValueError):
         return None
     return dataclasses.replace(
@@ -427,6 +431,7 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         finished_at=finished_at,
         estimates=estimates,
         published_at=published_at,
+        data_version=data_version,
     )
 
 
@@ -447,7 +452,12 @@ def published_view(release: ReleaseRecord, *, admin: bool, now: datetime) -> Rel
     published = release.published_at or release.finished_at
     if published is None or now < published:
         return dataclasses.replace(
-            release, status=PENDING, estimates=None, failure=None, finished_at=None
+            release,
+            status=PENDING,
+            estimates=None,
+            failure=None,
+            finished_at=None,
+            data_version=None,
         )
     return dataclasses.replace(release, finished_at=published)
 

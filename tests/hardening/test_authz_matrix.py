@@ -33,8 +33,8 @@ CALLERS = ("none", "bad", "revoked", "admin", "analyst", "viewer", "other_scope"
 
 # route -> expected status for each caller, in the order of CALLERS.
 # 401: no usable key. 403: role may not. 404: outside the key's scope (never 403, which
-# would confirm the object exists). Admin's 409 on the values upload: dataset A is frozen
-# by its first release (authorisation passed).
+# would confirm the object exists). Admin's 409 on the values replace: dataset A is frozen
+# by its first release (authorisation passed); appends stay open after releases.
 MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/healthz"): (200, 200, 200, 200, 200, 200, 200),
     ("GET", "/readyz"): (200, 200, 200, 200, 200, 200, 200),
@@ -44,7 +44,7 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("PATCH", "/v1/datasets/{dataset_id}"): (401, 401, 401, 200, 403, 403, 403),
     ("DELETE", "/v1/datasets/{dataset_id}"): (401, 401, 401, 204, 403, 403, 403),
     ("PUT", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 409, 403, 403, 403),
-    ("POST", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 409, 403, 403, 403),
+    ("POST", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 200, 403, 403, 403),
     ("PUT", "/v1/datasets/{dataset_id}/histogram"): (401, 401, 401, 409, 403, 403, 403),
     ("POST", "/v1/datasets/{dataset_id}/grants"): (401, 401, 401, 201, 403, 403, 403),
     ("GET", "/v1/datasets/{dataset_id}/ledger"): (401, 401, 401, 200, 403, 403, 403),

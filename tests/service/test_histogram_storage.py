@@ -268,14 +268,17 @@ def test_append_merges_counts_replace_resets_and_release_freezes(
     r = client.put(values_url(ds), json=[5.0], headers=ADMIN)  # replace
     assert r.json()["n"] == 1 and stored(db_engine, ds) == ([5], [1])
     assert api.query(ds["id"]).status_code == 201
-    for method in ("PUT", "POST"):
-        r = client.request(method, values_url(ds), json=[1.0], headers=ADMIN)
-        assert r.status_code == 409 and r.json()["type"] == "dataset_frozen"
+    r = client.put(values_url(ds), json=[1.0], headers=ADMIN)
+    assert r.status_code == 409 and r.json()["type"] == "dataset_frozen"
     r = client.put(
         f"/v1/datasets/{ds['id']}/histogram", json={"cells": [1], "counts": [1]}, headers=ADMIN
     )
     assert r.status_code == 409 and r.json()["type"] == "dataset_frozen"
     assert stored(db_engine, ds) == ([5], [1])
+    # appends stay open after releases (growing data under one budget)
+    r = client.post(values_url(ds), json=[1.0], headers=ADMIN)
+    assert r.status_code == 200 and r.json()["n"] == 2
+    assert stored(db_engine, ds) == ([1, 5], [1, 1])
 
 
 def test_append_respects_max_values_over_both_uploads(

@@ -234,3 +234,33 @@ def test_unit_ids_and_per_unit_figures_reach_no_reader(
     digest = hashed.hex()
     for page in seen:
         assert PLANTED not in page and "PLANTED" not in page and digest not in page
+
+
+def test_appends_after_releases_keep_the_bound_and_old_releases_read_the_same(
+    api: Api, client: TestClient
+) -> None:
+    k = 5
+    ds = unit_dataset(api, k)
+    r = put_csv(client, api, ds["id"], visits_csv(patients()))
+    assert r.status_code == 200, r.text
+    first = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp")
+    assert first.status_code == 201, first.text
+    assert first.json()["data_version"] == 1
+    before = client.get(f"/v1/releases/{first.json()['id']}", headers=api.admin)
+    # the large unit sends 100 more rows, a new unit 3 (its rows are counted, up to k)
+    more = [(PLANTED, 90.0)] * 100 + [("newcomer", 11.0)] * 3
+    r = put_csv(client, api, ds["id"], visits_csv(more), append=True)
+    assert r.status_code == 200, r.text
+    assert (r.json()["n"], r.json()["units"]) == (1000 + k + 3, 1002)
+    assert r.json()["rows_dropped"] == (1500 - k) + 100
+    # a replace stays refused after the first release
+    assert put_csv(client, api, ds["id"], visits_csv(more)).status_code == 409
+    close = 0
+    for _ in range(10):
+        rel = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp")
+        assert rel.status_code == 201, rel.text
+        assert rel.json()["data_version"] == 2
+        close += abs(rel.json()["estimates"][0] - 10.0) <= 2.0
+    assert close >= 9
+    after = client.get(f"/v1/releases/{first.json()['id']}", headers=api.admin)
+    assert after.status_code == 200 and after.content == before.content

@@ -277,7 +277,7 @@ def _receive_values(
     settings = request.app.state.settings
     _declared_too_large(request, settings.max_upload_bytes)
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
-    service.ensure_writable(dataset)  # early: do not read a body that cannot be stored
+    service.ensure_writable(dataset, append=append)  # early: a body that cannot be stored
     media_type = _media_type(request)
     if dataset.privacy_unit is not None:
         return _receive_unit_values(
@@ -358,7 +358,7 @@ def _receive_unit_values(
     dataset = service.get_visible(
         session, principal=principal, dataset_id=dataset_id, for_update=True
     )
-    service.ensure_writable(dataset)
+    service.ensure_writable(dataset, append=append)
     try:
         stored_units = units.bound_rows(
             conn, builder, stats, dataset_id=dataset_id, k=k, append=append

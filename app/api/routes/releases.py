@@ -75,6 +75,7 @@ def present(
             "finished_at": release.finished_at,
             "expected_error": release.expected_error,
             "warnings": release.warnings or [],
+            "data_version": release.data_version,
         }
     )
 
