@@ -16,9 +16,11 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    UniqueConstraint,
     text,
 )
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.db import Base
 
@@ -85,6 +87,10 @@ class Dataset(Base):
     #: Rows dropped by the bounding, and distinct units kept (admins only).
     rows_dropped: Mapped[int | None] = mapped_column(BigInteger)
     units: Mapped[int | None] = mapped_column(BigInteger)
+    #: The public schema, in declared order (migration 0014).
+    columns: Mapped[list[DatasetColumn]] = relationship(
+        order_by="DatasetColumn.position", lazy="selectin", cascade="all, delete-orphan"
+    )
 
 
 class DatasetData(Base):
@@ -99,6 +105,10 @@ class DatasetData(Base):
     __tablename__ = "dataset_data"
 
     dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("dataset.id"), primary_key=True)
+    #: The numeric column these counts are of (migration 0014; ``value`` for one-column sets).
+    column_name: Mapped[str] = mapped_column(
+        String(200), primary_key=True, server_default=text("'value'")
+    )
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
@@ -114,3 +124,42 @@ class DatasetUnit(Base):
     )
     unit_hash: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
     rows: Mapped[int] = mapped_column(Integer)
+
+
+class DatasetColumn(Base):
+    """One declared column of a dataset's public schema (migration 0014).
+
+    Numeric types (``numeric``, ``integer``) carry public bounds and an output grid and are
+    stored as one grid histogram each (``DatasetData``); a categorical column carries its
+    optional public key list. ``n_outside`` and ``n_cells`` describe the stored values
+    (admins only).
+    """
+
+    __tablename__ = "dataset_column"
+    __table_args__ = (
+        CheckConstraint(
+            "type IN ('numeric', 'integer', 'categorical')", name="dataset_column_type"
+        ),
+        CheckConstraint(
+            "(type = 'categorical') = (lower IS NULL AND upper IS NULL AND granularity IS NULL)",
+            name="dataset_column_bounds",
+        ),
+        UniqueConstraint("dataset_id", "position", name="uq_dataset_column_position"),
+    )
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("dataset.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(16))
+    lower: Mapped[float | None] = mapped_column(Double)
+    upper: Mapped[float | None] = mapped_column(Double)
+    granularity: Mapped[float | None] = mapped_column(Double)
+    keys: Mapped[list[str] | None] = mapped_column(JSONB)
+    n_outside: Mapped[int | None] = mapped_column(BigInteger)
+    n_cells: Mapped[int | None] = mapped_column(BigInteger)
+
+    @property
+    def numeric(self) -> bool:
+        return self.type != "categorical"

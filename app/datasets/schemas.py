@@ -34,15 +34,98 @@ SIZE_HINT_DOC = (
 )
 
 
+ColumnName = Annotated[StorableText, Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")]
+MAX_COLUMNS = 100
+MAX_KEYS = 10_000
+
+
+class NumericColumn(BaseModel):
+    """A numeric column: public bounds and output grid, as a one-column dataset's.
+    ``integer`` declares whole numbers: its grid step defaults to 1 and must be whole."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ColumnName
+    type: Literal["numeric", "integer"]
+    lower: float = Field(allow_inf_nan=False, description="Public lower bound (not from data).")
+    upper: float = Field(allow_inf_nan=False, description="Public upper bound, > lower.")
+    granularity: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Output grid step; default: 1 for integer columns, else the largest "
+        "power of ten <= (upper - lower) / 10^6.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> NumericColumn:
+        if not self.lower < self.upper:
+            raise ValueError("lower must be smaller than upper")
+        if not math.isfinite(self.upper - self.lower):
+            raise ValueError("upper - lower must be a finite double")
+        if self.type == "integer":
+            if self.granularity is None:
+                self.granularity = 1.0
+            if self.granularity != math.floor(self.granularity):
+                raise ValueError("an integer column's granularity must be a whole number")
+        return self
+
+
+class CategoricalColumn(BaseModel):
+    """A categorical column: its key list is optional, and public when given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ColumnName
+    type: Literal["categorical"]
+    keys: list[Annotated[StorableText, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None, max_length=MAX_KEYS, description="The public keys (optional)."
+    )
+
+    @model_validator(mode="after")
+    def _keys(self) -> CategoricalColumn:
+        if self.keys is not None and len(set(self.keys)) != len(self.keys):
+            raise ValueError("keys must be distinct")
+        return self
+
+
+ColumnSpec = Annotated[NumericColumn | CategoricalColumn, Field(discriminator="type")]
+
+
+class ColumnPublic(BaseModel):
+    """A column of a dataset's public schema."""
+
+    name: str
+    type: Literal["numeric", "integer", "categorical"]
+    lower: float | None = None
+    upper: float | None = None
+    granularity: float | None = None
+    keys: list[str] | None = None
+
+
 class DatasetCreate(BaseModel):
-    """A new dataset: public bounds, neighbour relation, initial budget, output grid."""
+    """A new dataset: a table of public schema (``columns``; or, the one-column shape,
+    ``lower``, ``upper`` and ``granularity``, meaning one numeric column named ``value``),
+    neighbour relation, privacy unit, initial budget."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: StorableText = Field(min_length=1, max_length=200, pattern=r"^\S(.*\S)?$")
     description: StorableText = Field(default="", max_length=2000)
-    lower: float = Field(allow_inf_nan=False, description="Public lower bound (not from data).")
-    upper: float = Field(allow_inf_nan=False, description="Public upper bound, > lower.")
+    columns: list[ColumnSpec] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_COLUMNS,
+        description="The table's columns: numeric ({name, type: numeric|integer, lower, upper, "
+        "granularity}) and categorical ({name, type: categorical, keys}). Give either columns "
+        "or lower/upper (one numeric column named value).",
+    )
+    lower: float | None = Field(
+        default=None, allow_inf_nan=False, description="Public lower bound (not from data)."
+    )
+    upper: float | None = Field(
+        default=None, allow_inf_nan=False, description="Public upper bound, > lower."
+    )
     neighbors: Neighbors = Field(
         default="swap", description="Neighbour relation: swap (n public) or add_remove."
     )
@@ -67,10 +150,23 @@ class DatasetCreate(BaseModel):
 
     @model_validator(mode="after")
     def _bounds(self) -> DatasetCreate:
-        if not self.lower < self.upper:
-            raise ValueError("lower must be smaller than upper")
-        if not math.isfinite(self.upper - self.lower):
-            raise ValueError("upper - lower must be a finite double")
+        if self.columns is None:
+            if self.lower is None or self.upper is None:
+                raise ValueError("give columns, or lower and upper")
+            if not self.lower < self.upper:
+                raise ValueError("lower must be smaller than upper")
+            if not math.isfinite(self.upper - self.lower):
+                raise ValueError("upper - lower must be a finite double")
+        else:
+            if self.lower is not None or self.upper is not None or self.granularity is not None:
+                raise ValueError("give either columns or lower/upper/granularity, not both")
+            names = [c.name for c in self.columns]
+            if len(set(names)) != len(names):
+                raise ValueError("column names must be distinct")
+            if not any(isinstance(c, NumericColumn) for c in self.columns):
+                raise ValueError("a table needs at least one numeric column")
+            if self.privacy_unit is not None and self.privacy_unit in names:
+                raise ValueError("the privacy_unit column is not released: it cannot be declared")
         if self.privacy_unit is None and (
             self.max_rows_per_unit > 1 or self.max_groups_per_unit > 1
         ):
@@ -78,6 +174,21 @@ class DatasetCreate(BaseModel):
                 "max_rows_per_unit and max_groups_per_unit above 1 need a privacy_unit column"
             )
         return self
+
+    def table(self) -> list[NumericColumn | CategoricalColumn]:
+        """The declared columns (the one-column shape: a numeric column named ``value``)."""
+        if self.columns is not None:
+            return list(self.columns)
+        assert self.lower is not None and self.upper is not None
+        return [
+            NumericColumn(
+                name="value",
+                type="numeric",
+                lower=self.lower,
+                upper=self.upper,
+                granularity=self.granularity,
+            )
+        ]
 
 
 class DatasetUpdate(BaseModel):
@@ -122,6 +233,9 @@ class DatasetPublic(BaseModel):
         "the same n, the mechanisms use it, and a quote's expected error in missed points is "
         "read against it) and every role sees it; under `add_remove` it is private and only "
         "admins see it (null for other roles). Null before the first upload.",
+    )
+    columns: list[ColumnPublic] = Field(
+        default_factory=list, description="The table's public schema, in declared order."
     )
     privacy_unit: str | None = Field(default=None, description=UNIT_DOC)
     max_rows_per_unit: int = Field(default=1, description=ROWS_DOC)

@@ -28,8 +28,8 @@ from app.codec.histogram import (
 )
 from app.core.errors import DpquantError, invalid, not_found
 from app.core.principal import Principal
-from app.datasets.models import Dataset, DatasetData
-from app.datasets.schemas import DatasetCreate
+from app.datasets.models import Dataset, DatasetColumn, DatasetData
+from app.datasets.schemas import CategoricalColumn, DatasetCreate
 
 FloatArray = NDArray[np.float64]
 
@@ -82,6 +82,30 @@ def snap_to_grid(
 # --------------------------------------------------------------------------- create and read
 
 
+def _granularity(lower: float, upper: float, granularity: float | None, field: str) -> float:
+    """A numeric column's grid step: the default for its bounds, or the declared one if the
+    bounds hold at least one step and at most MAX_GRID_STEPS."""
+    if granularity is None:
+        return default_granularity(lower, upper)
+    if granularity > upper - lower:
+        raise invalid(field if field.endswith("granularity") else f"{field}.granularity",
+                      "must not exceed upper - lower")  # fmt: skip
+    if (upper - lower) / granularity > MAX_GRID_STEPS:
+        raise invalid(field if field.endswith("granularity") else f"{field}.granularity",
+                      "is too fine for these bounds")  # fmt: skip
+    return granularity
+
+
+def columns_of(session: Session, dataset_id: uuid.UUID) -> list[DatasetColumn]:
+    """The dataset's declared columns, in order."""
+    stmt = (
+        select(DatasetColumn)
+        .where(DatasetColumn.dataset_id == dataset_id)
+        .order_by(DatasetColumn.position)
+    )
+    return list(session.scalars(stmt))
+
+
 def _name_taken(session: Session, name: str, *, other_than: uuid.UUID | None = None) -> bool:
     """True when a dataset that is not archived already has ``name``."""
     stmt = select(Dataset.id).where(Dataset.name == name, Dataset.archived_at.is_(None))
@@ -99,24 +123,36 @@ def create_dataset(
 ) -> Dataset:
     """Insert the dataset (its initial grant is the caller's: the ledger depends on datasets,
     not the other way round). Names are unique among datasets that are not archived."""
-    if body.granularity is None:
-        granularity = default_granularity(body.lower, body.upper)
-    else:
-        granularity = body.granularity
-        if granularity > body.upper - body.lower:
-            raise invalid("body.granularity", "must not exceed upper - lower")
-        if (body.upper - body.lower) / granularity > MAX_GRID_STEPS:
-            raise invalid("body.granularity", "is too fine for these bounds")
+    columns: list[DatasetColumn] = []
+    for position, spec in enumerate(body.table()):
+        if isinstance(spec, CategoricalColumn):
+            columns.append(
+                DatasetColumn(name=spec.name, position=position, type=spec.type, keys=spec.keys)
+            )
+            continue
+        field = "body.granularity" if body.columns is None else f"body.columns[{position}]"
+        columns.append(
+            DatasetColumn(
+                name=spec.name,
+                position=position,
+                type=spec.type,
+                lower=spec.lower,
+                upper=spec.upper,
+                granularity=_granularity(spec.lower, spec.upper, spec.granularity, field),
+            )
+        )
+    first = next(c for c in columns if c.numeric)
+    assert first.lower is not None and first.upper is not None and first.granularity is not None
     if _name_taken(session, body.name):
         raise _name_conflict()
     dataset = Dataset(
         id=uuid.uuid4(),
         name=body.name,
         description=body.description,
-        lower=body.lower,
-        upper=body.upper,
+        lower=first.lower,
+        upper=first.upper,
         neighbors=body.neighbors,
-        granularity=granularity,
+        granularity=first.granularity,
         n=None,
         n_outside=None,
         n_cells=None,
@@ -132,6 +168,7 @@ def create_dataset(
         max_groups_per_unit=body.max_groups_per_unit,
         unit_key=secrets.token_bytes(32) if body.privacy_unit is not None else None,
     )
+    dataset.columns = columns
     session.add(dataset)
     try:
         session.flush()
@@ -153,6 +190,7 @@ def create_dataset(
             "privacy_unit": dataset.privacy_unit,
             "max_rows_per_unit": dataset.max_rows_per_unit,
             "max_groups_per_unit": dataset.max_groups_per_unit,
+            "columns": [c.name for c in columns],
         },
     )
     return dataset
@@ -265,6 +303,9 @@ def list_visible(
 
 # --------------------------------------------------------------------------- histograms
 
+#: The column of a dataset created in the one-column shape (and of every earlier one).
+DEFAULT_COLUMN = "value"
+
 Histogram = tuple[IntArray, IntArray]
 
 
@@ -279,6 +320,18 @@ def ensure_writable(dataset: Dataset, *, append: bool = False) -> None:
             "dataset_frozen",
             "values cannot be replaced after the first release (append with POST /values)",
         )
+
+
+def column_builder(column: DatasetColumn, *, max_cells: int) -> HistogramBuilder:
+    """An empty histogram on a numeric column's public grid."""
+    assert column.lower is not None and column.upper is not None
+    assert column.granularity is not None
+    return HistogramBuilder(
+        lower=column.lower,
+        upper=column.upper,
+        granularity=column.granularity,
+        max_cells=max_cells,
+    )
 
 
 def new_builder(dataset: Dataset, *, max_cells: int) -> HistogramBuilder:
@@ -302,14 +355,15 @@ def driver(source: Session | psycopg.Connection[Any]) -> psycopg.Connection[Any]
 
 
 def _fetch_histogram(
-    conn: psycopg.Connection[Any], *, dataset_id: uuid.UUID
+    conn: psycopg.Connection[Any], *, dataset_id: uuid.UUID, column: str = DEFAULT_COLUMN
 ) -> tuple[int, Histogram] | None:
-    """(data version, histogram) read in PostgreSQL's binary format, or None."""
+    """(data version, histogram of ``column``) read in PostgreSQL's binary format, or None."""
     with conn.cursor(binary=True) as cursor:
         cursor.execute(
             "SELECT d.data_version, v.data FROM dataset d "
-            "JOIN dataset_data v ON v.dataset_id = d.id WHERE d.id = %s AND d.n IS NOT NULL",
-            (dataset_id,),
+            "JOIN dataset_data v ON v.dataset_id = d.id "
+            "WHERE d.id = %s AND v.column_name = %s AND d.n IS NOT NULL",
+            (dataset_id, column),
         )
         row = cursor.fetchone()
     if row is None:
@@ -333,6 +387,8 @@ def store_histogram(
     size_bytes: int | None = None,
     rows_dropped: int | None = None,
     units: int | None = None,
+    column: str | None = None,
+    more: dict[str, tuple[Histogram, int | None]] | None = None,
 ) -> Dataset:
     """Replace (or, with ``append``, add to) the dataset's histogram, atomically.
 
@@ -342,35 +398,46 @@ def store_histogram(
     an upload happened (``upload`` kind, replace or append, media type, body bytes) and
     nothing about the values: not even n, which is private under add_remove.
     ``rows_dropped`` and ``units``: a privacy-unit upload's bounding figures (admins only).
+    ``column``: the numeric column ``histogram`` is of (default: the first); ``more``: the
+    other numeric columns' (histogram, n_outside) of a table upload (every column holds the
+    same rows, so the same n).
     """
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     ensure_writable(dataset, append=append)
-    cells, counts = histogram
+    numeric = [c for c in dataset.columns if c.numeric]
+    first = numeric[0] if column is None else next(c for c in numeric if c.name == column)
+    parts = {first.name: (histogram, n_outside), **(more or {})}
+    total: int | None = None
+    for col in numeric:
+        if col.name not in parts:
+            continue
+        (cells, counts), outside = parts[col.name]
+        if append and dataset.n is not None:
+            current = _fetch_histogram(driver(session), dataset_id=dataset_id, column=col.name)
+            if current is not None:
+                cells, counts = merge_histograms(current[1], (cells, counts))
+            outside = None if outside is None or col.n_outside is None else outside + col.n_outside
+        if cells.size == 0:
+            raise invalid("body", "the upload contains no values")
+        if cells.size > max_cells:
+            raise DpquantError(
+                413, "payload_too_large", f"more than {max_cells} distinct grid cells"
+            )
+        encoded = encode_histogram(cells, counts, level=1)
+        if encoded.total > max_values:
+            raise DpquantError(413, "payload_too_large", f"more than {max_values} values")
+        stored = session.get(DatasetData, (dataset.id, col.name))
+        if stored is None:
+            session.add(DatasetData(dataset_id=dataset.id, column_name=col.name, data=encoded.blob))
+        else:
+            stored.data = encoded.blob
+        col.n_outside, col.n_cells = outside, encoded.distinct
+        if col is first:
+            total = encoded.total
+            dataset.n_outside, dataset.n_cells = outside, encoded.distinct
     if append and dataset.n is not None:
-        current = _fetch_histogram(driver(session), dataset_id=dataset_id)
-        if current is not None:
-            cells, counts = merge_histograms(current[1], (cells, counts))
-        n_outside = (
-            None
-            if n_outside is None or dataset.n_outside is None
-            else n_outside + dataset.n_outside
-        )
         skipped += dataset.values_skipped or 0
-    if cells.size == 0:
-        raise invalid("body", "the upload contains no values")
-    if cells.size > max_cells:
-        raise DpquantError(413, "payload_too_large", f"more than {max_cells} distinct grid cells")
-    encoded = encode_histogram(cells, counts, level=1)
-    if encoded.total > max_values:
-        raise DpquantError(413, "payload_too_large", f"more than {max_values} values")
-    stored = session.get(DatasetData, dataset.id)
-    if stored is None:
-        session.add(DatasetData(dataset_id=dataset.id, data=encoded.blob))
-    else:
-        stored.data = encoded.blob
-    dataset.n = encoded.total
-    dataset.n_outside = n_outside
-    dataset.n_cells = encoded.distinct
+    dataset.n = total
     dataset.values_skipped = skipped
     if units is not None:
         dataset.units = units
@@ -476,6 +543,7 @@ def load_histogram(
     *,
     dataset_id: uuid.UUID,
     version: int | None = None,
+    column: str = DEFAULT_COLUMN,
 ) -> tuple[int, IntArray, IntArray] | None:
     """The dataset's data version, cells (strictly increasing) and counts (>= 1), or None
     when nothing was uploaded. The arrays are read-only (shared by the process cache).
@@ -490,14 +558,15 @@ def load_histogram(
         version = _current_version(driver(source), dataset_id=dataset_id)
     if version is None:
         return None
-    cached = VALUES_CACHE.get((dataset_id, version, "histogram"))
+    key = (dataset_id, version, "histogram" if column == DEFAULT_COLUMN else f"histogram:{column}")
+    cached = VALUES_CACHE.get(key)
     if cached is not None:
         return version, cached[0], cached[1]
-    fetched = _fetch_histogram(driver(source), dataset_id=dataset_id)
+    fetched = _fetch_histogram(driver(source), dataset_id=dataset_id, column=column)
     if fetched is None:
         return None
     version, (cells, counts) = fetched
     cells.flags.writeable = False  # shared through the cache: nobody may change them
     counts.flags.writeable = False
-    VALUES_CACHE.put((dataset_id, version, "histogram"), (cells, counts))
+    VALUES_CACHE.put(key, (cells, counts))
     return version, cells, counts

@@ -1,18 +1,20 @@
-"""Value uploads for datasets with a privacy unit: at most k rows per unit, across appends.
+"""Table uploads (several columns, a privacy unit): at most k rows per unit, across appends.
 
-A dataset that names a ``privacy_unit`` column takes its values as CSV with a header row that
-carries that column and the value column. Each row's unit id is kept only as HMAC-SHA256
-under the dataset's random ``unit_key`` (16 bytes of it), never in clear, and never reaches a
-log, an error or a response (errors name the row, never a value or an id).
+A table (several declared columns) or a dataset that names a ``privacy_unit`` column takes
+its rows as CSV with a header row that carries every declared column (and the unit column).
+Each row's unit id is kept only as HMAC-SHA256 under the dataset's random ``unit_key`` (16
+bytes of it), never in clear, and never reaches a log, an error or a response (errors name
+the row, never a value or an id).
 
 Contribution bounding runs in PostgreSQL, so memory stays bounded whatever the upload's size
 (the bounding needs every row of a unit together): the rows stream into a temporary table
 with a 63-bit sort key from the CSPRNG (:func:`app.mechanisms.rng.make_rng`), and each unit
 keeps its ``k - already`` rows of smallest key (``already``: the rows the stored values keep
 of it, from ``dataset_unit``; 0 on a replace), a uniformly random subset of its rows. The
-kept values feed the histogram builder through a server-side cursor; ``dataset_unit`` is
-updated in the same transaction, after the dataset row is locked, so concurrent appends
-serialise and a unit never exceeds k.
+kept rows feed the columns' histogram builders through a server-side cursor;
+``dataset_unit`` is updated in the same transaction, after the dataset row is locked, so
+concurrent appends serialise and a unit never exceeds k. Without a unit column every row is
+its own unit: the rows go straight to the builders.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import hashlib
 import hmac
 import math
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import psycopg
+from numpy.typing import NDArray
 
 from app.codec.histogram import HistogramBuilder
 from app.core.errors import DpquantError, invalid
@@ -60,26 +63,35 @@ class BoundedUpload:
         return self.rows - self.kept
 
 
-_CREATE = (
-    "CREATE TEMPORARY TABLE upload_rows (unit bytea NOT NULL, r bigint NOT NULL, "
-    "value double precision NOT NULL) ON COMMIT DROP"
-)
+@dataclass(frozen=True)
+class TableSpec:
+    """What a table upload reads: the CSV header names feeding the numeric columns (in
+    declared order), the categorical columns (name, public keys or None) and the unit
+    column's header name (None: each row is its own unit)."""
+
+    numeric: tuple[str, ...]
+    categorical: tuple[tuple[str, frozenset[str] | None], ...] = ()
+    unit: str | None = None
 
 
-def stage_csv(
-    conn: psycopg.Connection[Any],
+Batch = Callable[[list[bytes] | None, NDArray[np.float64]], None]
+
+
+def read_table_csv(
     chunks: Iterable[bytes],
+    spec: TableSpec,
+    on_batch: Batch,
     *,
-    key: bytes,
-    unit_column: str,
-    value_column: str,
+    key: bytes | None,
     skip_missing: bool,
     max_values: int,
 ) -> BoundedUpload:
-    """Stream a CSV with a header row into the temporary table ``upload_rows`` (unit hash,
-    random sort key, value), inside ``conn``'s open transaction. Rows are counted from 1
-    after the header; an empty value cell is skipped with ``skip_missing`` (and counted),
-    an empty unit cell is an error naming its row."""
+    """Read a CSV with a header row carrying every declared column (and the unit column):
+    ``on_batch(unit hashes or None, values)`` gets the rows by blocks, one row of doubles
+    per record (numeric columns in declared order). A row with an empty numeric cell is an
+    error naming it, or skipped whole with ``skip_missing``; a categorical cell must be one
+    of the column's public keys when it has them; an empty unit cell is an error. Rows are
+    counted from 1 after the header; no message carries a cell."""
     reader = csv.reader(lines(chunks), strict=True)
     try:
         header = next(reader)
@@ -88,65 +100,99 @@ def stage_csv(
     except csv.Error:
         raise _bad("malformed CSV header") from None
     names = [h.strip() for h in header]
-    if value_column not in names:
-        raise invalid("query.column", "no such column in the CSV header")
-    if unit_column not in names:
+    wanted = [*spec.numeric, *(name for name, _ in spec.categorical)]
+    for name in wanted:
+        if name not in names:
+            raise _bad(f"the CSV header lacks the declared column {name!r}")
+    if spec.unit is not None and spec.unit not in names:
         raise _bad("the CSV header lacks the dataset's privacy_unit column")
-    vi, ui = names.index(value_column), names.index(unit_column)
+    vi = [names.index(name) for name in spec.numeric]
+    ci = [(names.index(name), keys) for name, keys in spec.categorical]
+    ui = None if spec.unit is None else names.index(spec.unit)
+    last = max([*vi, *(i for i, _ in ci), *([] if ui is None else [ui])])
+    width = len(vi)
     stats = BoundedUpload()
-    rng = make_rng(None)
     units: list[bytes] = []
-    values: list[float] = []
+    rows: list[float] = []
     row_number = 0
-    with conn.cursor() as cur:
-        cur.execute(_CREATE)
-        with cur.copy("COPY upload_rows (unit, r, value) FROM STDIN") as copy:
 
-            def flush() -> None:
-                keys = rng.integers(0, 2**63 - 1, size=len(values), dtype=np.int64)
-                for u, r, v in zip(units, keys.tolist(), values, strict=True):
-                    copy.write_row((u, r, v))
-                units.clear()
-                values.clear()
+    def flush() -> None:
+        block = np.asarray(rows, dtype=np.float64).reshape(-1, width)
+        on_batch(None if ui is None else list(units), block)
+        units.clear()
+        rows.clear()
 
-            try:
-                for row_number, row in enumerate(reader, start=1):
-                    if not row:
-                        continue
-                    if max(vi, ui) >= len(row):
-                        raise _bad(f"row {row_number}: missing cell")
-                    unit = row[ui].strip()
-                    if not unit:
-                        raise _bad(f"row {row_number}: empty privacy unit")
-                    text = row[vi].strip()
-                    if stats.rows + stats.skipped >= max_values:
-                        raise too_many_values(max_values)
-                    if not text:
-                        if skip_missing:
-                            stats.skipped += 1
-                            continue
-                        raise _bad(f"row {row_number}: empty cell (use ?missing=skip to skip them)")
-                    try:
-                        value = float(text)
-                    except ValueError:
-                        raise _bad(f"row {row_number}: not a number") from None
-                    if not math.isfinite(value):
-                        raise _bad(f"row {row_number}: not a finite number")
-                    units.append(unit_hash(key, unit))
-                    values.append(value)
-                    stats.rows += 1
-                    if len(values) >= BATCH_VALUES:
-                        flush()
-            except csv.Error:
-                raise _bad(f"row {row_number + 1}: malformed CSV") from None
-            if values:
+    try:
+        for row_number, row in enumerate(reader, start=1):
+            if not row:
+                continue
+            if last >= len(row):
+                raise _bad(f"row {row_number}: missing cell")
+            if stats.rows + stats.skipped >= max_values:
+                raise too_many_values(max_values)
+            unit = ""
+            if ui is not None:
+                unit = row[ui].strip()
+                if not unit:
+                    raise _bad(f"row {row_number}: empty privacy unit")
+            for i, keys in ci:
+                if keys is not None and row[i].strip() not in keys:
+                    raise _bad(f"row {row_number}: a categorical cell is not a declared key")
+            texts = [row[i].strip() for i in vi]
+            if not all(texts):
+                if skip_missing:
+                    stats.skipped += 1
+                    continue
+                raise _bad(f"row {row_number}: empty cell (use ?missing=skip to skip them)")
+            for text in texts:
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise _bad(f"row {row_number}: not a number") from None
+                if not math.isfinite(value):
+                    raise _bad(f"row {row_number}: not a finite number")
+                rows.append(value)
+            if ui is not None:
+                assert key is not None
+                units.append(unit_hash(key, unit))
+            stats.rows += 1
+            if len(rows) >= BATCH_VALUES:
                 flush()
+    except csv.Error:
+        raise _bad(f"row {row_number + 1}: malformed CSV") from None
+    if rows:
+        flush()
     return stats
 
 
+def _names(width: int) -> list[str]:
+    return [f"v{i}" for i in range(width)]
+
+
+def stage(conn: psycopg.Connection[Any], width: int) -> Batch:
+    """A batch sink that copies rows into the temporary table ``upload_rows`` (unit hash,
+    a 63-bit sort key from the CSPRNG, the values), inside ``conn``'s open transaction."""
+    cols = ", ".join(f"{name} double precision NOT NULL" for name in _names(width))
+    conn.execute(
+        f"CREATE TEMPORARY TABLE upload_rows (unit bytea NOT NULL, r bigint NOT NULL, {cols}) "
+        "ON COMMIT DROP"
+    )
+    rng = make_rng(None)
+    statement = f"COPY upload_rows (unit, r, {', '.join(_names(width))}) FROM STDIN"
+
+    def copy_batch(units: list[bytes] | None, values: NDArray[np.float64]) -> None:
+        assert units is not None
+        keys = rng.integers(0, 2**63 - 1, size=len(units), dtype=np.int64).tolist()
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            for u, r, row in zip(units, keys, values.tolist(), strict=True):
+                copy.write_row((u, r, *row))
+
+    return copy_batch
+
+
 _KEPT = """
-    SELECT c.value FROM (
-        SELECT unit, value, row_number() OVER (PARTITION BY unit ORDER BY r) AS rn
+    SELECT {values} FROM (
+        SELECT *, row_number() OVER (PARTITION BY unit ORDER BY r) AS rn
         FROM upload_rows
     ) AS c
     LEFT JOIN dataset_unit AS du
@@ -169,7 +215,7 @@ _APPEND_UNITS = """
 
 def bound_rows(
     conn: psycopg.Connection[Any],
-    builder: HistogramBuilder,
+    builders: list[HistogramBuilder],
     stats: BoundedUpload,
     *,
     dataset_id: uuid.UUID,
@@ -177,18 +223,21 @@ def bound_rows(
     append: bool,
 ) -> int:
     """Keep at most k rows per unit (counting, on an append, the rows already stored), feed
-    the kept values to ``builder`` and record the units' new row counts. The caller holds the
-    dataset row lock in ``conn``'s transaction. Returns the number of distinct units now
-    stored."""
+    the kept rows' values to ``builders`` (one per numeric column, in order) and record the
+    units' new row counts. The caller holds the dataset row lock in ``conn``'s transaction.
+    Returns the number of distinct units now stored."""
     params = {"id": dataset_id, "k": k, "append": append}
+    query = _KEPT.format(values=", ".join(f"c.{v}" for v in _names(len(builders))))
     with conn.cursor(name=f"kept_{uuid.uuid4().hex}") as cur:
         cur.itersize = BATCH_VALUES
-        cur.execute(_KEPT, params)
+        cur.execute(query, params)
         while True:
             batch = cur.fetchmany(BATCH_VALUES)
             if not batch:
                 break
-            builder.add_values(np.fromiter((r[0] for r in batch), np.float64, len(batch)))
+            block = np.asarray(batch, dtype=np.float64).reshape(len(batch), len(builders))
+            for i, builder in enumerate(builders):
+                builder.add_values(np.ascontiguousarray(block[:, i]))
             stats.kept += len(batch)
     with conn.cursor() as cur:
         if not append:
@@ -199,4 +248,12 @@ def bound_rows(
     return int(row[0]) if row else 0
 
 
-__all__ = ["UNIT_HASH_BYTES", "BoundedUpload", "bound_rows", "stage_csv", "unit_hash"]
+__all__ = [
+    "UNIT_HASH_BYTES",
+    "BoundedUpload",
+    "TableSpec",
+    "bound_rows",
+    "read_table_csv",
+    "stage",
+    "unit_hash",
+]

@@ -85,6 +85,8 @@ class Release(Base):
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: The dataset's data version the run loaded (migration 0013).
     data_version: Mapped[int | None] = mapped_column(Integer)
+    #: The column the release reads (migration 0014).
+    column_name: Mapped[str] = mapped_column(String(200), server_default=text("'value'"))
     #: A-priori expected missed points of the method (migration 0006): one
     #: ``{quantile, mean, bound90}`` per quantile, or NULL when unknown. Public figures only.
     expected_error: Mapped[list[dict[str, float]] | None] = mapped_column(JSONB)

@@ -77,6 +77,8 @@ def request_fingerprint(query: QuantileQuery) -> str:
         "epsilon": str(query.epsilon.normalize()),
         "delta": None if query.delta is None else str(query.delta.normalize()),
     }
+    if query.column is not None:  # (absent: the fingerprints of earlier releases)
+        canonical["column"] = query.column
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
@@ -121,14 +123,30 @@ class PublicFigures:
     size: int | None
     #: k: rows one privacy unit may contribute (fixed at creation)
     rows_per_unit: int = 1
+    #: the numeric columns' names, in declared order (fixed at creation)
+    numeric: tuple[str, ...] = ("value",)
 
     @classmethod
     def of(cls, dataset: Dataset) -> PublicFigures:
         """The figures of a dataset row (``release_reserve()`` computes the same in SQL)."""
         k = dataset.max_rows_per_unit
+        numeric = tuple(c.name for c in dataset.columns if c.numeric)
         if dataset.neighbors == "swap" and dataset.n is not None:
-            return cls(dataset.neighbors, dataset.n, k)
-        return cls(dataset.neighbors, dataset.size_hint, k)
+            return cls(dataset.neighbors, dataset.n, k, numeric)
+        return cls(dataset.neighbors, dataset.size_hint, k, numeric)
+
+    def column(self, name: str | None) -> str:
+        """The numeric column a query reads: the one named, or the only one (422 else)."""
+        if name is None:
+            if len(self.numeric) == 1:
+                return self.numeric[0]
+            raise invalid(
+                "body.column",
+                f"is required: this dataset has {len(self.numeric)} numeric columns",
+            )
+        if name not in self.numeric:
+            raise invalid("body.column", "is not a numeric column of this dataset")
+        return name
 
     def row_epsilon(self, epsilon: float) -> float:
         """What one row gets of a unit's ε (the planner's figure; ε/k)."""
@@ -153,6 +171,8 @@ class Plan:
     fingerprint: str
     expected: list[dict[str, float]] | None
     warnings: list[str]
+    #: the numeric column the release reads
+    column: str = "value"
 
 
 def resolve(
@@ -221,11 +241,12 @@ def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: i
     """Resolve, validate and price ``query`` for a dataset's public figures; the one path of
     quotes and reservations (so a quote's cost is the debit of the release that follows).
     Reads no data value: only the dataset's public description (and n under swap)."""
+    column = figures.column(query.column)
     resolved = resolve(query, figures=figures)
     priced = price_query(resolved, max_quantiles=max_quantiles, rows_per_unit=figures.rows_per_unit)
     check_runs_on(priced.mechanism, neighbors=figures.neighbors)
     expected, warnings = expectation(resolved, figures=figures)
-    return Plan(resolved, priced, request_fingerprint(query), expected, warnings)
+    return Plan(resolved, priced, request_fingerprint(query), expected, warnings, column)
 
 
 def check_runs_on(mech: Mechanism, *, neighbors: str) -> None:

@@ -164,11 +164,14 @@ _CLAIM = """
                               ELSE r.run_started_at END
     FROM next, head,
          dataset AS d,
+         dataset_column AS c,
          (SELECT set_config('synchronous_commit', 'off', true) AS v) AS cfg
     WHERE r.id = next.id AND d.id = r.dataset_id AND cfg.v IS NOT NULL
+      AND c.dataset_id = r.dataset_id AND c.name = r.column_name
     RETURNING r.id, r.seq, next.priority, r.attempts, r.dataset_id, r.method,
-              r.quantiles, r.epsilon, r.delta, d.lower, d.upper,
-              d.granularity, d.neighbors, d.archived_at, d.size_hint, d.max_rows_per_unit,
+              r.quantiles, r.epsilon, r.delta, c.lower, c.upper,
+              c.granularity, d.neighbors, d.archived_at, d.size_hint, d.max_rows_per_unit,
+              r.column_name,
               CASE WHEN d.neighbors = 'swap' THEN d.n END AS public_n,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
@@ -207,7 +210,7 @@ def start_run(conn: Connection, *, claim: Claim, lease_s: float, max_runs: int) 
 
 #: How many grid histograms a worker keeps between runs (see :func:`load_job`).
 KEPT_HISTOGRAMS = 16
-_kept: OrderedDict[tuple[uuid.UUID, int], GridHistogram] = OrderedDict()
+_kept: OrderedDict[tuple[uuid.UUID, int, str], GridHistogram] = OrderedDict()
 
 
 def load_job(conn: Connection, *, claim: Claim) -> Job:
@@ -229,8 +232,9 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
     if version is None:
         raise RunFailed("values missing")  # the claim found no values uploaded
     lower, upper, granularity = params["lower"], params["upper"], params["granularity"]
+    column = str(params.get("column_name") or "value")
     histogram = _histogram(
-        conn, params["dataset_id"], int(version), grid_size(lower, upper, granularity)
+        conn, params["dataset_id"], int(version), grid_size(lower, upper, granularity), column
     )
     return Job(
         claim=claim,
@@ -248,14 +252,14 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
 
 
 def _histogram(
-    conn: Connection, dataset_id: uuid.UUID, version: int, grid_points: int
+    conn: Connection, dataset_id: uuid.UUID, version: int, grid_points: int, column: str
 ) -> GridHistogram:
-    key = (dataset_id, version)
+    key = (dataset_id, version, column)
     kept = _kept.get(key)
     if kept is not None and kept.grid_points == grid_points:
         _kept.move_to_end(key)
         return kept
-    loaded = load_histogram(conn, dataset_id=dataset_id, version=version)
+    loaded = load_histogram(conn, dataset_id=dataset_id, version=version, column=column)
     if loaded is None:
         raise RunFailed("values missing")
     _, cells, counts = loaded

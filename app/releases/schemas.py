@@ -42,6 +42,13 @@ class QuantileQuery(BaseModel):
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."
     )
+    column: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The numeric column to read; may be left out where the dataset has only "
+        "one numeric column (required, else 422).",
+    )
 
     @field_validator("quantiles")
     @classmethod
@@ -82,6 +89,7 @@ class ReleasePublic(BaseModel):
     dataset_id: uuid.UUID
     status: ReleaseStatus
     method: str
+    column: str = Field(default="value", description="The numeric column the release read.")
     quantiles: list[float]
     estimates: list[float] | None = Field(description="The answer; null unless status is done.")
     failure: FailureReason | None = Field(description="Why the release failed; null otherwise.")

@@ -90,6 +90,8 @@ class ReleaseRecord:
     published_at: datetime | None = None
     #: The data version the run loaded (None until done, and for failed releases).
     data_version: int | None = None
+    #: The column the release reads.
+    column_name: str = "value"
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -145,7 +147,7 @@ _RESERVE = (
     " FROM release_reserve(%s::uuid, %s::uuid, %s::uuid, %s::varchar,"
     " %s::double precision[], %s::numeric, %s::numeric, %s::numeric, %s::numeric,"
     " %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::varchar, %s::bigint, %s::integer,"
-    " %s::integer, %s::integer)"
+    " %s::integer, %s::integer, %s::varchar)"
 )
 
 #: ``release_reserve()`` outcomes that refuse the query, as (status, type, detail).
@@ -230,8 +232,10 @@ async def reserve_release(
         row = await run_async(pool, functools.partial(_call_reserve, params=params))
         outcome = row["outcome"]
         if outcome == "replan":
-            k = await run_async(pool, functools.partial(_rows_per_unit, dataset_id=dataset_id))
-            known = PublicFigures(row["neighbors"], row["public_size"], k)
+            k, numeric = await run_async(
+                pool, functools.partial(_table_figures, dataset_id=dataset_id)
+            )
+            known = PublicFigures(row["neighbors"], row["public_size"], k, numeric)
             if figures is not None:
                 figures.put(dataset_id, known)
             continue
@@ -248,13 +252,19 @@ async def reserve_release(
     )
 
 
-async def _rows_per_unit(conn: psycopg.AsyncConnection[Any], *, dataset_id: uuid.UUID) -> int:
-    """The dataset's k (fixed at creation, so a process may keep it with its figures)."""
+async def _table_figures(
+    conn: psycopg.AsyncConnection[Any], *, dataset_id: uuid.UUID
+) -> tuple[int, tuple[str, ...]]:
+    """The dataset's k and its numeric columns' names (fixed at creation, so a process may
+    keep them with its figures)."""
     cursor = await conn.execute(
-        "SELECT max_rows_per_unit FROM dataset WHERE id = %s", (dataset_id,)
+        "SELECT d.max_rows_per_unit, array_remove(array_agg(c.name ORDER BY c.position), NULL) "
+        "FROM dataset d LEFT JOIN dataset_column c "
+        "ON c.dataset_id = d.id AND c.type <> 'categorical' WHERE d.id = %s GROUP BY d.id",
+        (dataset_id,),
     )
     row = await cursor.fetchone()
-    return 1 if row is None else int(row[0])
+    return (1, ()) if row is None else (int(row[0]), tuple(row[1]))
 
 
 async def _call_reserve(
@@ -286,7 +296,7 @@ def _reserve_params(
     (an unknown neighbour relation), so it answers ``replan`` with the dataset's own."""
     if plan is None or known is None:
         return (new_id, dataset_id, principal.key_id, "", [], 0, None, 0, 0, idempotency_key,
-                "", None, None, "", None, max_runs, caps.key, caps.dataset)  # fmt: skip
+                "", None, None, "", None, max_runs, caps.key, caps.dataset, "")  # fmt: skip
     cost = plan.priced.cost
     return (
         new_id,
@@ -307,6 +317,7 @@ def _reserve_params(
         max_runs,
         caps.key,
         caps.dataset,
+        plan.column,
     )
 
 
@@ -346,6 +357,7 @@ def _outcome(
                 expected_error=plan.expected,
                 warnings=plan.warnings,
                 published_at=None,
+                column_name=plan.column,
             ),
             replayed=False,
         )

@@ -217,6 +217,29 @@ def test_a_dataset_with_a_privacy_unit(admin: Client, tmp_path: Path) -> None:
     assert release.estimates is not None and len(release.estimates) == 1
 
 
+def test_a_table_with_two_numeric_columns(admin: Client, tmp_path: Path) -> None:
+    ds = admin.create_dataset(
+        name(),
+        columns=[
+            {"name": "age", "type": "integer", "lower": 0, "upper": 120},
+            {"name": "income", "type": "numeric", "lower": 0, "upper": 250},
+        ],
+        epsilon="1",
+    )
+    assert [c["name"] for c in ds.columns] == ["age", "income"]
+    csv = tmp_path / "people.csv"
+    csv.write_text("age,income\n" + "".join(f"{30 + i % 40},{v}\n" for i, v in enumerate(VALUES)))
+    assert admin.upload(ds.id, path=csv).n == len(VALUES)
+    for column in ("age", "income"):
+        assert admin.quote(ds.id, [0.5], epsilon="0.1", column=column).cost.epsilon == Decimal(
+            "0.1"
+        )
+        release = admin.quantiles(ds.id, [0.5], epsilon="0.1", column=column)
+        assert release.column == column and release.data_version == 1
+    with pytest.raises(ValidationError):
+        admin.quantiles(ds.id, [0.5], epsilon="0.1")  # two numeric columns: name one
+
+
 def test_keys_lifecycle(admin: Client, server: LiveServer) -> None:
     created = admin.create_key("viewer", name="to revoke")
     assert created.key.startswith("dpq_") and created.role == "viewer"

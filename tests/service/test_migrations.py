@@ -22,6 +22,7 @@ TABLES = {
     "audit_event",
     "budget_balance",
     "dataset",
+    "dataset_column",
     "dataset_data",
     "dataset_unit",
     "ledger_entry",

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Annotated, Literal
 
 import anyio.from_thread
+import numpy as np
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import AdminDep, ReaderDep, SessionDep
@@ -18,6 +19,7 @@ from app.core.principal import Principal
 from app.datasets import service, units, upload
 from app.datasets.models import Dataset
 from app.datasets.schemas import (
+    ColumnPublic,
     DatasetAdmin,
     DatasetCreate,
     DatasetPage,
@@ -47,6 +49,17 @@ def present(
         granularity=dataset.granularity,
         size_hint=dataset.size_hint,
         n=dataset.n if dataset.neighbors == "swap" else None,
+        columns=[
+            ColumnPublic(
+                name=c.name,
+                type=c.type,
+                lower=c.lower,
+                upper=c.upper,
+                granularity=c.granularity,
+                keys=c.keys,
+            )
+            for c in dataset.columns
+        ],
         privacy_unit=dataset.privacy_unit,
         max_rows_per_unit=dataset.max_rows_per_unit,
         max_groups_per_unit=dataset.max_groups_per_unit,
@@ -279,8 +292,8 @@ def _receive_values(
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
     service.ensure_writable(dataset, append=append)  # early: a body that cannot be stored
     media_type = _media_type(request)
-    if dataset.privacy_unit is not None:
-        return _receive_unit_values(
+    if dataset.privacy_unit is not None or len(dataset.columns) > 1:
+        return _receive_table(
             request, session, principal, dataset, media_type, column, missing, append
         )
     if media_type not in upload.VALUE_MEDIA_TYPES:
@@ -321,7 +334,7 @@ def _receive_values(
     return present(session, dataset, principal)
 
 
-def _receive_unit_values(
+def _receive_table(
     request: Request,
     session: SessionDep,
     principal: Principal,
@@ -331,47 +344,71 @@ def _receive_unit_values(
     missing: str,
     append: bool,
 ) -> DatasetPublic:
-    """A dataset with a privacy unit: CSV rows carrying the unit column, bounded to k rows
-    per unit in PostgreSQL (:mod:`app.datasets.units`), all in one transaction."""
+    """A table (several columns) or a dataset with a privacy unit: CSV rows carrying every
+    declared column and the unit column (:mod:`app.datasets.units`). With a unit the rows
+    are bounded to k per unit in PostgreSQL, all in one transaction with the store."""
     settings = request.app.state.settings
     if media_type != upload.MEDIA_CSV:
         raise upload.unsupported((upload.MEDIA_CSV,))
-    if not column:
-        raise invalid("query.column", f"is required for {media_type} uploads")
-    assert dataset.privacy_unit is not None and dataset.unit_key is not None
+    numeric = [c for c in dataset.columns if c.numeric]
+    sources = [c.name for c in numeric]
+    if column is not None:
+        if len(numeric) > 1:
+            raise invalid(
+                "query.column", "is not used for tables: the CSV header names the columns"
+            )
+        sources = [column]  # the CSV column feeding the only numeric column
+    spec = units.TableSpec(
+        numeric=tuple(sources),
+        categorical=tuple(
+            (c.name, None if c.keys is None else frozenset(c.keys))
+            for c in dataset.columns
+            if not c.numeric
+        ),
+        unit=dataset.privacy_unit,
+    )
     dataset_id, key, k = dataset.id, dataset.unit_key, dataset.max_rows_per_unit
-    unit_column = dataset.privacy_unit
-    builder = service.new_builder(dataset, max_cells=settings.max_cells)
+    builders = [service.column_builder(c, max_cells=settings.max_cells) for c in numeric]
+    names = [c.name for c in numeric]
     session.commit()
     counted = ByteCounter(request_chunks(request))
-    conn = service.driver(session)  # a new transaction: the staged rows live in it
-    stats = units.stage_csv(
-        conn,
-        upload.limited(iter(counted), settings.max_upload_bytes),
-        key=key,
-        unit_column=unit_column,
-        value_column=column,
-        skip_missing=missing == "skip",
-        max_values=settings.max_values,
-    )
-    # lock the dataset row before reading the units' stored counts: appends serialise
-    dataset = service.get_visible(
-        session, principal=principal, dataset_id=dataset_id, for_update=True
-    )
-    service.ensure_writable(dataset, append=append)
+    body = upload.limited(iter(counted), settings.max_upload_bytes)
+    stored_units: int | None = None
     try:
-        stored_units = units.bound_rows(
-            conn, builder, stats, dataset_id=dataset_id, k=k, append=append
-        )
-        histogram = builder.result()
+        if spec.unit is None:
+
+            def direct(_: list[bytes] | None, block: np.ndarray) -> None:
+                for i, builder in enumerate(builders):
+                    builder.add_values(np.ascontiguousarray(block[:, i]))
+
+            stats = units.read_table_csv(
+                body, spec, direct, key=None, skip_missing=missing == "skip",
+                max_values=settings.max_values,
+            )  # fmt: skip
+            stats.kept = stats.rows
+        else:
+            conn = service.driver(session)  # a new transaction: the staged rows live in it
+            stats = units.read_table_csv(
+                body, spec, units.stage(conn, len(builders)), key=key,
+                skip_missing=missing == "skip", max_values=settings.max_values,
+            )  # fmt: skip
+            # lock the dataset row before reading the units' stored counts: appends serialise
+            locked = service.get_visible(
+                session, principal=principal, dataset_id=dataset_id, for_update=True
+            )
+            service.ensure_writable(locked, append=append)
+            stored_units = units.bound_rows(
+                conn, builders, stats, dataset_id=dataset_id, k=k, append=append
+            )
+        histograms = [b.result() for b in builders]
     except TooManyCells as exc:
         raise DpquantError(413, "payload_too_large", str(exc)) from None
     dataset = service.store_histogram(
         session,
         principal=principal,
         dataset_id=dataset_id,
-        histogram=histogram,
-        n_outside=builder.n_outside,
+        histogram=histograms[0],
+        n_outside=builders[0].n_outside,
         skipped=stats.skipped,
         append=append,
         max_values=settings.max_values,
@@ -379,8 +416,13 @@ def _receive_unit_values(
         upload="values",
         media_type=media_type,
         size_bytes=counted.total,
-        rows_dropped=stats.dropped,
+        rows_dropped=None if stored_units is None else stats.dropped,
         units=stored_units,
+        column=names[0],
+        more={
+            name: (h, b.n_outside)
+            for name, h, b in zip(names[1:], histograms[1:], builders[1:], strict=True)
+        },
     )
     return present(session, dataset, principal)
 

@@ -64,6 +64,7 @@ def present(
             "dataset_id": release.dataset_id,
             "status": release.status,
             "method": release.method,
+            "column": release.column_name,
             "quantiles": release.quantiles,
             "estimates": release.estimates,
             "failure": release.failure,

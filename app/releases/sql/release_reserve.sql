@@ -1,6 +1,7 @@
 -- release_reserve(): the reservation as one statement. It locks the dataset row, checks the
 -- public figures the plan used, replays idempotent requests, checks the dataset budget, the
--- key cap and the queue caps, then inserts the pending release and its debit. This file is
+-- key cap and the queue caps, then inserts the pending release (with the column it reads)
+-- and its debit. This file is
 -- the function as the migrations leave it at head (tests/service/test_sql_rules.py checks
 -- it against the migrated database and against the migration that installs it); a
 -- migration that changes the function changes this file in the same commit.
@@ -23,6 +24,7 @@ CREATE FUNCTION release_reserve(
     p_max_runs integer,
     p_max_pending_key integer,
     p_max_pending_dataset integer,
+    p_column varchar DEFAULT 'value',
     OUT outcome text,
     OUT release_id uuid,
     OUT seq bigint,
@@ -129,12 +131,13 @@ BEGIN
     INSERT INTO release (id, dataset_id, api_key_id, method, quantiles, estimates, epsilon,
                          delta, cost_epsilon, cost_delta, remaining_epsilon, remaining_delta,
                          idempotency_key, request_hash, created_at, status, failure, attempts,
-                         lease_token, lease_until, finished_at, expected_error, warnings)
+                         lease_token, lease_until, finished_at, expected_error, warnings,
+                         column_name)
     VALUES (p_id, p_dataset_id, p_api_key_id, p_method, p_quantiles, NULL, p_epsilon,
             p_delta, p_cost_epsilon, p_cost_delta, left_epsilon - p_cost_epsilon,
             left_delta - p_cost_delta, p_idempotency_key, p_request_hash, v_now,
             'pending', NULL, 0, NULL, NULL, NULL, p_expected_error,
-            coalesce(p_warnings, '[]'::jsonb))
+            coalesce(p_warnings, '[]'::jsonb), p_column)
     RETURNING release.seq INTO seq;
     INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, reason, release_id,
                               api_key_id, created_at)

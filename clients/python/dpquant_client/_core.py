@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -169,7 +169,11 @@ class Core:
 
     @staticmethod
     def _query_body(
-        quantiles: Sequence[float], epsilon: Number, method: str, delta: Number | None
+        quantiles: Sequence[float],
+        epsilon: Number,
+        method: str,
+        delta: Number | None,
+        column: str | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "quantiles": [float(q) for q in quantiles],
@@ -178,6 +182,8 @@ class Core:
         }
         if delta is not None:
             body["delta"] = decimal_text(delta)
+        if column is not None:
+            body["column"] = column
         return body
 
     # ------------------------------------------------------------------ flows
@@ -208,8 +214,8 @@ class Core:
     def _create_dataset(
         self,
         name: str,
-        lower: float,
-        upper: float,
+        lower: float | None,
+        upper: float | None,
         epsilon: Number,
         delta: Number,
         neighbors: str,
@@ -218,16 +224,19 @@ class Core:
         privacy_unit: str | None = None,
         max_rows_per_unit: int = 1,
         max_groups_per_unit: int = 1,
+        columns: Sequence[Mapping[str, Any]] | None = None,
     ) -> Flow[Dataset]:
         body: dict[str, Any] = {
             "name": name,
             "description": description,
-            "lower": lower,
-            "upper": upper,
             "neighbors": neighbors,
             "epsilon": decimal_text(epsilon),
             "delta": decimal_text(delta),
         }
+        if lower is not None or upper is not None:
+            body["lower"], body["upper"] = lower, upper
+        if columns is not None:
+            body["columns"] = [dict(c) for c in columns]
         if granularity is not None:
             body["granularity"] = granularity
         if privacy_unit is not None:
@@ -287,11 +296,12 @@ class Core:
         wait: bool,
         idempotency_key: str | None,
         timeout: float,
+        column: str | None = None,
     ) -> Flow[Release]:
         headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         if not wait:
             headers["Prefer"] = "respond-async"
-        body = self._query_body(quantiles, epsilon, method, delta)
+        body = self._query_body(quantiles, epsilon, method, delta, column)
         # The Idempotency-Key makes a retry a replay: safe to repeat.
         a: Answer = yield Call(
             "POST",
@@ -312,10 +322,11 @@ class Core:
         epsilon: Number,
         method: str,
         delta: Number | None,
+        column: str | None = None,
     ) -> Flow[Quote]:
         if not (yield from self._has("/v1/datasets/{dataset_id}/quote", "post")):
             raise NotSupported(404, "not_supported", "this server has no quote endpoint")
-        body = self._query_body(quantiles, epsilon, method, delta)
+        body = self._query_body(quantiles, epsilon, method, delta, column)
         a: Answer = yield Call(
             "POST", f"/v1/datasets/{dataset_id}/quote", True, kwargs={"json": body}
         )

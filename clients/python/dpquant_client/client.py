@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -127,8 +127,8 @@ class Client(Core):
         self,
         name: str,
         *,
-        lower: float,
-        upper: float,
+        lower: float | None = None,
+        upper: float | None = None,
         epsilon: Number = 0,
         delta: Number = 0,
         neighbors: str = "swap",
@@ -137,10 +137,14 @@ class Client(Core):
         privacy_unit: str | None = None,
         max_rows_per_unit: int = 1,
         max_groups_per_unit: int = 1,
+        columns: Sequence[Mapping[str, Any]] | None = None,
     ) -> Dataset:
         """Create a dataset (admin): public bounds, neighbour relation, initial budget;
         ``privacy_unit`` names the column identifying a person in uploads, whose rows are
-        kept to ``max_rows_per_unit`` (releases are then private per person)."""
+        kept to ``max_rows_per_unit`` (releases are then private per person). ``columns``
+        declares a table instead of ``lower``/``upper``: ``{"name", "type": "numeric" |
+        "integer", "lower", "upper", "granularity"}`` or ``{"name", "type": "categorical",
+        "keys"}``."""
         return self._run(
             self._create_dataset(
                 name,
@@ -154,6 +158,7 @@ class Client(Core):
                 privacy_unit,
                 max_rows_per_unit,
                 max_groups_per_unit,
+                columns,
             )
         )
 
@@ -207,6 +212,7 @@ class Client(Core):
         wait: bool = True,
         idempotency_key: str | None = None,
         timeout: float = 300.0,
+        column: str | None = None,
     ) -> Release:
         """Release differentially private quantiles (spends the budget).
 
@@ -216,7 +222,15 @@ class Client(Core):
         ``pending`` and :meth:`wait` polls it. With ``wait=True`` a pending release is awaited."""
         return self._run(
             self._quantiles(
-                dataset_id, quantiles, epsilon, method, delta, wait, idempotency_key, timeout
+                dataset_id,
+                quantiles,
+                epsilon,
+                method,
+                delta,
+                wait,
+                idempotency_key,
+                timeout,
+                column,
             )
         )
 
@@ -228,9 +242,10 @@ class Client(Core):
         epsilon: Number,
         method: str = "jointexp",
         delta: Number | None = None,
+        column: str | None = None,
     ) -> Quote:
         """What the query would cost, without spending; ``NotSupported`` on servers without it."""
-        return self._run(self._quote(dataset_id, quantiles, epsilon, method, delta))
+        return self._run(self._quote(dataset_id, quantiles, epsilon, method, delta, column))
 
     def methods(self) -> list[Any]:
         """The server's methods; ``NotSupported`` on servers without ``/v1/methods``."""

@@ -50,6 +50,7 @@ class Dataset(_Model):
     values_uploaded_at: datetime | None = None
     frozen_at: datetime | None = None
     archived_at: datetime | None = None
+    columns: list[dict[str, Any]] = []
     privacy_unit: str | None = None
     max_rows_per_unit: int = 1
     max_groups_per_unit: int = 1
@@ -63,6 +64,8 @@ class Release(_Model):
     id: uuid.UUID
     dataset_id: uuid.UUID
     method: str
+    column: str = "value"
+    data_version: int | None = None
     quantiles: list[float]
     estimates: list[float] | None = None
     epsilon: Decimal

@@ -160,12 +160,31 @@ async function selectDataset(id, { quiet = false } = {}) {
   text($("ds-description"), ds.description || "");
   const facts = $("ds-facts");
   clearChildren(facts);
-  const rows = [
-    ["Bounds", `[${ds.lower}, ${ds.upper}]`],
-    ["Neighbours", ds.neighbors],
-    ["Grid step", ds.granularity],
-    ["Created", when(ds.created_at)],
-  ];
+  const columns = ds.columns || [];
+  const numeric = columns.filter((c) => c.type !== "categorical");
+  const rows = columns.length > 1 || (columns[0] && columns[0].name !== "value")
+    ? columns.map((c) => [
+        `Column ${c.name}`,
+        c.type === "categorical"
+          ? `categorical${c.keys ? ` (${c.keys.length} public keys)` : ""}`
+          : `${c.type}, [${c.lower}, ${c.upper}], step ${c.granularity}`,
+      ])
+    : [["Bounds", `[${ds.lower}, ${ds.upper}]`], ["Grid step", ds.granularity]];
+  rows.push(["Neighbours", ds.neighbors]);
+  rows.push([
+    "Privacy unit",
+    ds.privacy_unit ? `${ds.privacy_unit}, at most ${ds.max_rows_per_unit} rows each` : "one row",
+  ]);
+  rows.push(["Created", when(ds.created_at)]);
+  const picker = $("query-column");
+  clearChildren(picker);
+  for (const c of numeric) {
+    const option = document.createElement("option");
+    option.value = c.name;
+    option.textContent = c.name;
+    picker.append(option);
+  }
+  $("query-column-field").hidden = numeric.length < 2;
   if ("n" in ds) rows.push(["Values", ds.n === null ? "none uploaded" : `${ds.n} (${ds.n_outside_bounds} outside bounds)`]);
   if ("frozen_at" in ds) rows.push(["Frozen", ds.frozen_at ? when(ds.frozen_at) : "no"]);
   for (const [k, v] of rows) {
@@ -329,6 +348,7 @@ function readQuery() {
   const epsilon = $("query-epsilon").value.trim();
   if (!/^\d*\.?\d+([eE][-+]?\d+)?$/.test(epsilon)) return { error: "ε: a positive decimal number" };
   const body = { quantiles, epsilon, method: $("query-method").value };
+  if (!$("query-column-field").hidden && $("query-column").value) body.column = $("query-column").value;
   const delta = $("query-delta").value.trim();
   if (delta) {
     if (!/^\d*\.?\d+([eE][-+]?\d+)?$/.test(delta)) return { error: "δ: a positive decimal number" };
@@ -489,7 +509,7 @@ async function main() {
   });
   $("sign-out").addEventListener("click", signOut);
   $("query-form").addEventListener("submit", submitQuery);
-  for (const id of ["query-quantiles", "query-epsilon", "query-delta", "query-method"]) {
+  for (const id of ["query-quantiles", "query-epsilon", "query-delta", "query-method", "query-column"]) {
     $(id).addEventListener("input", scheduleQuote);
   }
   installAdmin({ loadDatasets, refreshSelected });
