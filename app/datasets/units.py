@@ -178,16 +178,36 @@ def stage(conn: psycopg.Connection[Any], width: int) -> Batch:
         "ON COMMIT DROP"
     )
     rng = make_rng(None)
-    statement = f"COPY upload_rows (unit, r, {', '.join(_names(width))}) FROM STDIN"
+    names = ", ".join(_names(width))
+    statement = f"COPY upload_rows (unit, r, {names}) FROM STDIN (FORMAT BINARY)"
+    # PostgreSQL's binary COPY rows are fixed-width here: a field count, then each field as
+    # a length and its big-endian bytes; a batch is one structured array (no Python per row).
+    fields: list[tuple[str, str]] = [("count", ">i2"), ("ulen", ">i4"), ("unit", "S16")]
+    fields += [("rlen", ">i4"), ("r", ">i8")]
+    for i in range(width):
+        fields += [(f"len{i}", ">i4"), (f"v{i}", ">f8")]
+    row_type = np.dtype(fields)
 
     def copy_batch(units: list[bytes] | None, values: NDArray[np.float64]) -> None:
         assert units is not None
-        keys = rng.integers(0, 2**63 - 1, size=len(units), dtype=np.int64).tolist()
+        rows = np.empty(len(units), dtype=row_type)
+        rows["count"] = 2 + width
+        rows["ulen"] = UNIT_HASH_BYTES
+        rows["unit"] = np.frombuffer(b"".join(units), dtype="S16")
+        rows["rlen"] = 8
+        rows["r"] = rng.integers(0, 2**63 - 1, size=len(units), dtype=np.int64)
+        for i in range(width):
+            rows[f"len{i}"] = 8
+            rows[f"v{i}"] = values[:, i]
         with conn.cursor() as cur, cur.copy(statement) as copy:
-            for u, r, row in zip(units, keys, values.tolist(), strict=True):
-                copy.write_row((u, r, *row))
+            copy.write(_BINARY_HEADER + rows.tobytes() + _BINARY_TRAILER)
 
     return copy_batch
+
+
+#: The binary COPY signature, flags and header extension length; the trailer (-1 fields).
+_BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
+_BINARY_TRAILER = (-1).to_bytes(2, "big", signed=True)
 
 
 _KEPT = """
