@@ -23,18 +23,28 @@ import csv
 import hashlib
 import hmac
 import math
+import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import ijson
 import numpy as np
 import psycopg
 from numpy.typing import NDArray
 
 from app.codec.histogram import HistogramBuilder
 from app.core.errors import DpquantError, invalid
-from app.datasets.upload import BATCH_VALUES, lines, too_many_values
+from app.datasets.parquet_scan import ParquetRefused, check_parquet_pages, parquet_leaf
+from app.datasets.upload import (
+    BATCH_VALUES,
+    MAX_PARQUET_PAGE_BYTES,
+    PARQUET_BUFFER_BYTES,
+    lines,
+    spool,
+    too_many_values,
+)
 from app.mechanisms.rng import make_rng
 
 #: Bytes of HMAC-SHA256 kept per unit id (2^-128 collision odds per pair).
@@ -77,21 +87,14 @@ class TableSpec:
 Batch = Callable[[list[bytes] | None, NDArray[np.float64]], None]
 
 
-def read_table_csv(
-    chunks: Iterable[bytes],
-    spec: TableSpec,
-    on_batch: Batch,
-    *,
-    key: bytes | None,
-    skip_missing: bool,
-    max_values: int,
-) -> BoundedUpload:
-    """Read a CSV with a header row carrying every declared column (and the unit column):
-    ``on_batch(unit hashes or None, values)`` gets the rows by blocks, one row of doubles
-    per record (numeric columns in declared order). A row with an empty numeric cell is an
-    error naming it, or skipped whole with ``skip_missing``; a categorical cell must be one
-    of the column's public keys when it has them; an empty unit cell is an error. Rows are
-    counted from 1 after the header; no message carries a cell."""
+#: One record of a table upload: its position (CSV row from 1 after the header, JSON index
+#: from 0) and its cells: the unit's (if any), the numeric columns' and the categorical
+#: columns', in that order; a missing cell is None.
+Record = tuple[int, list[object]]
+
+
+def csv_records(chunks: Iterable[bytes], spec: TableSpec) -> Iterator[Record]:
+    """A CSV with a header row carrying every declared column (and the unit column)."""
     reader = csv.reader(lines(chunks), strict=True)
     try:
         header = next(reader)
@@ -100,66 +103,192 @@ def read_table_csv(
     except csv.Error:
         raise _bad("malformed CSV header") from None
     names = [h.strip() for h in header]
-    wanted = [*spec.numeric, *(name for name, _ in spec.categorical)]
-    for name in wanted:
+    for name in _wanted(spec):
         if name not in names:
             raise _bad(f"the CSV header lacks the declared column {name!r}")
     if spec.unit is not None and spec.unit not in names:
         raise _bad("the CSV header lacks the dataset's privacy_unit column")
-    vi = [names.index(name) for name in spec.numeric]
-    ci = [(names.index(name), keys) for name, keys in spec.categorical]
-    ui = None if spec.unit is None else names.index(spec.unit)
-    last = max([*vi, *(i for i, _ in ci), *([] if ui is None else [ui])])
-    width = len(vi)
-    stats = BoundedUpload()
-    units: list[bytes] = []
-    rows: list[float] = []
+    order = [*([] if spec.unit is None else [spec.unit]), *_wanted(spec)]
+    at = [names.index(name) for name in order]
+    last = max(at)
     row_number = 0
-
-    def flush() -> None:
-        block = np.asarray(rows, dtype=np.float64).reshape(-1, width)
-        on_batch(None if ui is None else list(units), block)
-        units.clear()
-        rows.clear()
-
     try:
         for row_number, row in enumerate(reader, start=1):
             if not row:
                 continue
             if last >= len(row):
                 raise _bad(f"row {row_number}: missing cell")
-            if stats.rows + stats.skipped >= max_values:
-                raise too_many_values(max_values)
-            unit = ""
-            if ui is not None:
-                unit = row[ui].strip()
-                if not unit:
-                    raise _bad(f"row {row_number}: empty privacy unit")
-            for i, keys in ci:
-                if keys is not None and row[i].strip() not in keys:
-                    raise _bad(f"row {row_number}: a categorical cell is not a declared key")
-            texts = [row[i].strip() for i in vi]
-            if not all(texts):
-                if skip_missing:
-                    stats.skipped += 1
-                    continue
-                raise _bad(f"row {row_number}: empty cell (use ?missing=skip to skip them)")
-            for text in texts:
-                try:
-                    value = float(text)
-                except ValueError:
-                    raise _bad(f"row {row_number}: not a number") from None
-                if not math.isfinite(value):
-                    raise _bad(f"row {row_number}: not a finite number")
-                rows.append(value)
-            if ui is not None:
-                assert key is not None
-                units.append(unit_hash(key, unit))
-            stats.rows += 1
-            if len(rows) >= BATCH_VALUES:
-                flush()
+            yield row_number, [row[i].strip() or None for i in at]
     except csv.Error:
         raise _bad(f"row {row_number + 1}: malformed CSV") from None
+
+
+class _ChunkReader:
+    """A file-like ``read(n)`` over an iterator of byte chunks (what ijson reads)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._pending) < size:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._pending += chunk
+        if size < 0:
+            size = len(self._pending)
+        out, self._pending = self._pending[:size], self._pending[size:]
+        return out
+
+
+def json_records(chunks: Iterable[bytes], spec: TableSpec) -> Iterator[Record]:
+    """A JSON array of objects, one per row, keyed by column name (streamed: one object at a
+    time is held); a declared column missing from an object is an error naming it."""
+    order = [*([] if spec.unit is None else [spec.unit]), *_wanted(spec)]
+    index = -1
+    try:
+        for index, item in enumerate(ijson.items(_ChunkReader(chunks), "item", use_float=True)):
+            if not isinstance(item, dict):
+                raise _bad(f"index {index}: not an object")
+            for name in order:
+                if name not in item:
+                    if name == spec.unit:
+                        raise _bad(f"index {index}: lacks the dataset's privacy_unit column")
+                    raise _bad(f"index {index}: lacks the declared column {name!r}")
+            yield index, [item[name] for name in order]
+    except ijson.JSONError:
+        raise _bad(f"index {index + 1}: malformed JSON (an array of objects is expected)") from None
+
+
+def parquet_records(
+    chunks: Iterable[bytes], spec: TableSpec, *, max_page_bytes: int | None = None
+) -> Iterator[Record]:
+    """A Parquet file carrying every declared column (and the unit column) by name, spooled
+    to a temporary file and read one record batch at a time; every page header of the
+    columns read is checked first, as for one-column uploads
+    (:func:`app.datasets.upload.read_parquet`). Numeric columns must be integer or floating
+    point, categorical ones strings, the unit integers or strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bound = MAX_PARQUET_PAGE_BYTES if max_page_bytes is None else max_page_bytes
+    order = [*([] if spec.unit is None else [spec.unit]), *_wanted(spec)]
+    with tempfile.TemporaryFile(prefix="dpquant-upload-") as file:
+        if spool(chunks, file) == 0:
+            raise _bad("the upload is empty")
+        file.seek(0)
+        try:
+            parquet = pq.ParquetFile(file, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
+            schema = parquet.schema_arrow
+            metadata = parquet.metadata
+        except (pa.ArrowException, OSError, ValueError):
+            raise _bad("not a valid Parquet file") from None
+        for name in order:
+            what = "the dataset's privacy_unit column" if name == spec.unit else repr(name)
+            if len(schema.get_all_field_indices(name)) != 1:
+                raise _bad(f"the Parquet schema lacks (or repeats) {what}")
+            kind = schema.field(name).type
+            if name == spec.unit:
+                fits = pa.types.is_integer(kind) or pa.types.is_string(kind)
+            elif name in spec.numeric:
+                fits = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            else:
+                fits = pa.types.is_string(kind) or pa.types.is_dictionary(kind)
+            leaf = parquet_leaf(parquet, name)
+            if not fits or leaf is None:
+                raise _bad(f"the Parquet column {what} has the wrong type")
+            try:
+                check_parquet_pages(file, metadata, leaf, max_page_bytes=bound)
+            except ParquetRefused as exc:
+                if exc.too_large:
+                    raise DpquantError(413, "payload_too_large", str(exc)) from None
+                raise _bad(str(exc)) from None
+        row = 1
+        try:
+            for batch in parquet.iter_batches(batch_size=BATCH_VALUES, columns=order):
+                columns = [batch.column(i).to_pylist() for i in range(len(order))]
+                for offset, cells in enumerate(zip(*columns, strict=True)):
+                    yield row + offset, list(cells)
+                row += batch.num_rows
+        except (pa.ArrowException, OSError):
+            raise _bad(f"row {row}: unreadable Parquet data") from None
+
+
+def _wanted(spec: TableSpec) -> list[str]:
+    return [*spec.numeric, *(name for name, _ in spec.categorical)]
+
+
+def read_table(
+    records: Iterable[Record],
+    spec: TableSpec,
+    on_batch: Batch,
+    *,
+    key: bytes | None,
+    skip_missing: bool,
+    max_values: int,
+    where: str = "row",
+) -> BoundedUpload:
+    """Check and pass on a table upload's records: ``on_batch(unit hashes or None,
+    values)`` gets them by blocks, one row of doubles per record (numeric columns in
+    declared order). A record with a missing numeric cell is an error naming it, or skipped
+    whole with ``skip_missing``; numbers must be finite; a categorical cell must be a string
+    and one of the column's public keys when it has them; a unit id must be a non-empty
+    string or an integer. ``where`` names positions ("row" or "index"); no message carries
+    a cell."""
+    width = len(spec.numeric)
+    has_unit = spec.unit is not None
+    keysets = [keys for _, keys in spec.categorical]
+    stats = BoundedUpload()
+    units: list[bytes] = []
+    rows: list[float] = []
+
+    def flush() -> None:
+        block = np.asarray(rows, dtype=np.float64).reshape(-1, width)
+        on_batch(list(units) if has_unit else None, block)
+        units.clear()
+        rows.clear()
+
+    for position, cells in records:
+        if stats.rows + stats.skipped >= max_values:
+            raise too_many_values(max_values)
+        here = f"{where} {position}"
+        unit = ""
+        if has_unit:
+            raw = cells[0]
+            if isinstance(raw, int) and not isinstance(raw, bool):
+                unit = str(raw)
+            elif isinstance(raw, str) and raw.strip():
+                unit = raw.strip()
+            else:
+                raise _bad(f"{here}: empty privacy unit (a string or an integer is needed)")
+        numbers = cells[int(has_unit) : int(has_unit) + width]
+        for keys, cell in zip(keysets, cells[int(has_unit) + width :], strict=True):
+            if cell is not None and not isinstance(cell, str):
+                raise _bad(f"{here}: a categorical cell is not a string")
+            if keys is not None and cell not in keys:
+                raise _bad(f"{here}: a categorical cell is not a declared key")
+        if any(v is None for v in numbers):
+            if skip_missing:
+                stats.skipped += 1
+                continue
+            raise _bad(f"{here}: empty cell (use ?missing=skip to skip them)")
+        for cell in numbers:
+            if isinstance(cell, bool) or not isinstance(cell, (str, int, float)):
+                raise _bad(f"{here}: not a number")
+            try:
+                value = float(cell)
+            except (ValueError, OverflowError):
+                raise _bad(f"{here}: not a number") from None
+            if not math.isfinite(value):
+                raise _bad(f"{here}: not a finite number")
+            rows.append(value)
+        if has_unit:
+            assert key is not None
+            units.append(unit_hash(key, unit))
+        stats.rows += 1
+        if len(rows) >= BATCH_VALUES:
+            flush()
     if rows:
         flush()
     return stats
@@ -273,7 +402,10 @@ __all__ = [
     "BoundedUpload",
     "TableSpec",
     "bound_rows",
-    "read_table_csv",
+    "csv_records",
+    "json_records",
+    "parquet_records",
+    "read_table",
     "stage",
     "unit_hash",
 ]

@@ -165,6 +165,12 @@ def test_bad_declarations_and_uploads_are_refused_by_name(api: Api, client: Test
     r = put_csv(client, api, ds["id"], b"visit_value,patient\n1.0,\n")
     assert r.status_code == 422 and "row 1" in r.text
     r = client.put(f"/v1/datasets/{ds['id']}/values", json=[1.0], headers=api.admin)
+    assert r.status_code == 422 and "index 0: not an object" in r.text
+    r = client.put(
+        f"/v1/datasets/{ds['id']}/values",
+        content=b"\0" * 8,
+        headers={**api.admin, "content-type": "application/octet-stream"},
+    )
     assert r.status_code == 415
     r = client.put(
         f"/v1/datasets/{ds['id']}/histogram",

@@ -143,6 +143,12 @@ def test_table_uploads_are_checked_by_name_and_store_nothing_when_bad(
     )
     assert r.status_code == 422 and "query.column" in r.text
     r = client.put(f"/v1/datasets/{ds['id']}/values", json=[1.0], headers=api.admin)
+    assert r.status_code == 422 and "index 0: not an object" in r.text
+    r = client.put(
+        f"/v1/datasets/{ds['id']}/values",
+        content=b"\0" * 8,
+        headers={**api.admin, "content-type": "application/octet-stream"},
+    )
     assert r.status_code == 415
     assert client.get(f"/v1/datasets/{ds['id']}", headers=api.admin).json()["n"] is None
     skipped = client.put(
@@ -177,3 +183,71 @@ def test_bad_schemas_are_refused_by_name(
         body["columns"] = COLUMNS
     r = client.post("/v1/datasets", json=body, headers=api.admin)
     assert r.status_code == 422 and needle in r.text, r.text
+
+
+def test_a_json_array_of_objects_is_a_table_upload(api: Api, client: TestClient) -> None:
+    ds = table(api, privacy_unit="person", max_rows_per_unit=1)
+    rows = [
+        {"person": 7, "age": 30, "income": 1000.5, "region": "north", "other": [1]},
+        {"person": 7, "age": 31, "income": 2000, "region": "south"},  # same person: 1 kept
+        {"person": "ann", "age": 40, "income": 3000, "region": "north"},
+    ]
+    r = client.put(f"/v1/datasets/{ds['id']}/values", json=rows, headers=api.admin)
+    assert r.status_code == 200, r.text
+    assert (r.json()["n"], r.json()["units"], r.json()["rows_dropped"]) == (2, 2, 1)
+    bad = [
+        ([{"age": 1, "income": 2, "region": "north"}], "index 0", "privacy_unit"),
+        ([{"person": "a", "income": 2, "region": "north"}], "index 0", "'age'"),
+        ([{"person": "a", "age": "x", "income": 2, "region": "north"}], "index 0", "number"),
+        ([{"person": "a", "age": True, "income": 2, "region": "north"}], "index 0", "number"),
+        ([{"person": "a", "age": 1, "income": 2, "region": 5}], "index 0", "string"),
+        ([{"person": "", "age": 1, "income": 2, "region": "north"}], "index 0", "unit"),
+        ([{"person": 1.5, "age": 1, "income": 2, "region": "north"}], "index 0", "unit"),
+        ([{"person": "a", "age": 1, "income": 2, "region": "north"}, 3], "index 1", "object"),
+    ]
+    for body, where, what in bad:
+        r = client.post(f"/v1/datasets/{ds['id']}/values", json=body, headers=api.admin)
+        assert r.status_code == 422 and where in r.text and what in r.text, r.text
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/values",
+        content=b'[{"person": "a", "age": 1,',
+        headers={**api.admin, "content-type": "application/json"},
+    )
+    assert r.status_code == 422 and "malformed JSON" in r.text
+    assert client.get(f"/v1/datasets/{ds['id']}", headers=api.admin).json()["n"] == 2
+
+
+def test_a_parquet_file_is_a_table_upload(api: Api, client: TestClient) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ds = table(api, privacy_unit="person", max_rows_per_unit=2)
+    n = 3000
+    rng = np.random.default_rng(2)
+    frame = pa.table(
+        {
+            "person": pa.array([i // 3 for i in range(n)], pa.int64()),  # 3 rows each
+            "age": pa.array(rng.integers(18, 90, n), pa.int32()),
+            "income": pa.array(rng.lognormal(10, 0.5, n)),
+            "region": pa.array(["north" if i % 2 else "south" for i in range(n)]),
+            "ignored": pa.array(np.zeros(n)),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(frame, sink)
+    parquet = {**api.admin, "content-type": "application/vnd.apache.parquet"}
+    r = client.put(f"/v1/datasets/{ds['id']}/values", content=sink.getvalue(), headers=parquet)
+    assert r.status_code == 200, r.text
+    assert (r.json()["n"], r.json()["units"], r.json()["rows_dropped"]) == (2000, 1000, 1000)
+    rel = api.query(ds["id"], quantiles=[0.5], epsilon="0.5", column="age")
+    assert rel.status_code == 201 and 18 <= rel.json()["estimates"][0] <= 90
+    wrong = io.BytesIO()
+    pq.write_table(frame.drop_columns(["age"]), wrong)
+    r = client.post(f"/v1/datasets/{ds['id']}/values", content=wrong.getvalue(), headers=parquet)
+    assert r.status_code == 422 and "'age'" in r.text
+    typed = io.BytesIO()
+    pq.write_table(frame.set_column(1, "age", pa.array(["x"] * n)), typed)
+    r = client.post(f"/v1/datasets/{ds['id']}/values", content=typed.getvalue(), headers=parquet)
+    assert r.status_code == 422 and "wrong type" in r.text

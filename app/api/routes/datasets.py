@@ -348,8 +348,9 @@ def _receive_table(
     declared column and the unit column (:mod:`app.datasets.units`). With a unit the rows
     are bounded to k per unit in PostgreSQL, all in one transaction with the store."""
     settings = request.app.state.settings
-    if media_type != upload.MEDIA_CSV:
-        raise upload.unsupported((upload.MEDIA_CSV,))
+    table_media = (upload.MEDIA_CSV, upload.MEDIA_JSON, upload.MEDIA_PARQUET)
+    if media_type not in table_media:
+        raise upload.unsupported(table_media)
     numeric = [c for c in dataset.columns if c.numeric]
     sources = [c.name for c in numeric]
     if column is not None:
@@ -373,6 +374,12 @@ def _receive_table(
     session.commit()
     counted = ByteCounter(request_chunks(request))
     body = upload.limited(iter(counted), settings.max_upload_bytes)
+    if media_type == upload.MEDIA_CSV:
+        records, where = units.csv_records(body, spec), "row"
+    elif media_type == upload.MEDIA_PARQUET:
+        records, where = units.parquet_records(body, spec), "row"
+    else:
+        records, where = units.json_records(body, spec), "index"
     stored_units: int | None = None
     try:
         if spec.unit is None:
@@ -381,16 +388,16 @@ def _receive_table(
                 for i, builder in enumerate(builders):
                     builder.add_values(np.ascontiguousarray(block[:, i]))
 
-            stats = units.read_table_csv(
-                body, spec, direct, key=None, skip_missing=missing == "skip",
-                max_values=settings.max_values,
+            stats = units.read_table(
+                records, spec, direct, key=None, skip_missing=missing == "skip",
+                max_values=settings.max_values, where=where,
             )  # fmt: skip
             stats.kept = stats.rows
         else:
             conn = service.driver(session)  # a new transaction: the staged rows live in it
-            stats = units.read_table_csv(
-                body, spec, units.stage(conn, len(builders)), key=key,
-                skip_missing=missing == "skip", max_values=settings.max_values,
+            stats = units.read_table(
+                records, spec, units.stage(conn, len(builders)), key=key,
+                skip_missing=missing == "skip", max_values=settings.max_values, where=where,
             )  # fmt: skip
             # lock the dataset row before reading the units' stored counts: appends serialise
             locked = service.get_visible(
