@@ -142,23 +142,70 @@ class _ChunkReader:
         return out
 
 
+#: Deepest nesting a JSON table upload may have: the array, its objects, and values nested
+#: inside columns that are not declared (read and dropped, never built).
+MAX_JSON_DEPTH = 64
+_NOT_SCALAR = object()  # a declared column's value that is an array or an object
+
+
 def json_records(chunks: Iterable[bytes], spec: TableSpec) -> Iterator[Record]:
-    """A JSON array of objects, one per row, keyed by column name (streamed: one object at a
-    time is held); a declared column missing from an object is an error naming it."""
+    """A JSON array of objects, one per row, keyed by column name; a declared column missing
+    from an object is an error naming it. Read from ijson's basic event stream (no prefix
+    strings, which grow with the depth): only the declared columns' scalars are kept, one
+    object at a time, and nesting beyond :data:`MAX_JSON_DEPTH` is refused."""
     order = [*([] if spec.unit is None else [spec.unit]), *_wanted(spec)]
+    wanted = set(order)
     index = -1
+    depth = 0
+    row: dict[str, object] = {}
+    key: str | None = None
     try:
-        for index, item in enumerate(ijson.items(_ChunkReader(chunks), "item", use_float=True)):
-            if not isinstance(item, dict):
+        for event, value in ijson.basic_parse(_ChunkReader(chunks), use_float=True):
+            if event in ("start_map", "start_array"):
+                if depth == 0 and event != "start_array":
+                    raise _bad("the body must be a JSON array of objects")
+                if depth == 1:
+                    index += 1
+                    if event != "start_map":
+                        raise _bad(f"index {index}: not an object")
+                    row, key = {}, None
+                elif depth == 2 and key in wanted:
+                    row[key] = _NOT_SCALAR
+                depth += 1
+                if depth > MAX_JSON_DEPTH:
+                    raise _bad(f"index {index}: nested too deeply")
+            elif event in ("end_map", "end_array"):
+                depth -= 1
+                if depth == 1:
+                    yield index, _json_cells(row, order, spec, index)
+            elif event == "map_key":
+                if depth == 2:
+                    key = value
+            elif depth == 1:
+                index += 1
                 raise _bad(f"index {index}: not an object")
-            for name in order:
-                if name not in item:
-                    if name == spec.unit:
-                        raise _bad(f"index {index}: lacks the dataset's privacy_unit column")
-                    raise _bad(f"index {index}: lacks the declared column {name!r}")
-            yield index, [item[name] for name in order]
+            elif depth == 2 and key in wanted:
+                row[key] = value
+            elif depth == 0:
+                raise _bad("the body must be a JSON array of objects")
     except ijson.JSONError:
         raise _bad(f"index {index + 1}: malformed JSON (an array of objects is expected)") from None
+
+
+def _json_cells(
+    row: dict[str, object], order: list[str], spec: TableSpec, index: int
+) -> list[object]:
+    cells: list[object] = []
+    for name in order:
+        if name not in row:
+            if name == spec.unit:
+                raise _bad(f"index {index}: lacks the dataset's privacy_unit column")
+            raise _bad(f"index {index}: lacks the declared column {name!r}")
+        cell = row[name]
+        if cell is _NOT_SCALAR:
+            cell = [None]  # an array or object: refused as not a number / string / unit
+        cells.append(cell)
+    return cells
 
 
 def parquet_records(

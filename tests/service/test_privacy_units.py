@@ -270,3 +270,20 @@ def test_appends_after_releases_keep_the_bound_and_old_releases_read_the_same(
     assert close >= 9
     after = client.get(f"/v1/releases/{first.json()['id']}", headers=api.admin)
     assert after.status_code == 200 and after.content == before.content
+
+
+def test_concurrent_appends_never_take_a_unit_past_k(api: Api, client: TestClient) -> None:
+    """Eight appends at once, each giving one unit 3 rows, on k = 3: the dataset row lock
+    serialises the bounding, so the unit keeps exactly 3 rows whatever the interleaving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds = unit_dataset(api, 3)
+    assert put_csv(client, api, ds["id"], visits_csv([("other", 1.0)])).status_code == 200
+    body = visits_csv([("busy", 50.0)] * 3)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(lambda _: put_csv(client, api, ds["id"], body, append=True), range(8))
+        )
+    assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+    final = client.get(f"/v1/datasets/{ds['id']}", headers=api.admin).json()
+    assert (final["n"], final["units"], final["rows_dropped"]) == (4, 2, 21)

@@ -214,6 +214,14 @@ def test_a_json_array_of_objects_is_a_table_upload(api: Api, client: TestClient)
         headers={**api.admin, "content-type": "application/json"},
     )
     assert r.status_code == 422 and "malformed JSON" in r.text
+    # deep nesting is refused at once (ijson's prefixed events grew quadratically with it)
+    for body in (b"[" * 200_000, b'[{"person": 1, "x": ' + b"[" * 100_000):
+        r = client.post(
+            f"/v1/datasets/{ds['id']}/values",
+            content=body,
+            headers={**api.admin, "content-type": "application/json"},
+        )
+        assert r.status_code == 422 and ("nested" in r.text or "object" in r.text), r.text
     assert client.get(f"/v1/datasets/{ds['id']}", headers=api.admin).json()["n"] == 2
 
 
