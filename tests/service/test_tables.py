@@ -150,6 +150,12 @@ def test_table_uploads_are_checked_by_name_and_store_nothing_when_bad(
         headers={**api.admin, "content-type": "application/octet-stream"},
     )
     assert r.status_code == 415
+    r = client.put(
+        f"/v1/datasets/{ds['id']}/histogram",
+        json={"cells": [1], "counts": [1]},
+        headers=api.admin,
+    )
+    assert r.status_code == 409 and "several columns" in r.text
     assert client.get(f"/v1/datasets/{ds['id']}", headers=api.admin).json()["n"] is None
     skipped = client.put(
         f"/v1/datasets/{ds['id']}/values?missing=skip",

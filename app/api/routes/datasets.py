@@ -507,7 +507,15 @@ def upload_histogram(
             409,
             "privacy_unit_needs_rows",
             "this dataset has a privacy_unit: upload its rows with their unit column "
-            "(PUT or POST /values, text/csv), so that each unit can be bounded",
+            "(PUT or POST /values: CSV, JSON objects or Parquet), so that each unit can be "
+            "bounded",
+        )
+    if len(dataset.columns) > 1:
+        raise DpquantError(
+            409,
+            "privacy_unit_needs_rows",
+            "this dataset is a table of several columns: upload its rows (PUT or POST "
+            "/values: CSV, JSON objects or Parquet), so that every column holds the same rows",
         )
     media_type = _media_type(request)
     if media_type not in upload.HISTOGRAM_MEDIA_TYPES:
