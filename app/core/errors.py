@@ -23,6 +23,7 @@ ERROR_TYPES = (
     "dataset_archived",
     "dataset_frozen",
     "privacy_unit_needs_rows",
+    "unit_counts_unknown",
     "idempotency_conflict",
     "no_values",
     "name_taken",

@@ -47,6 +47,9 @@ class Dataset(Base):
             "privacy_unit IS NOT NULL OR (max_rows_per_unit = 1 AND max_groups_per_unit = 1)",
             name="unit_bounds",
         ),
+        CheckConstraint(
+            "bounded_by IS NULL OR bounded_by IN ('server', 'sender')", name="bounded_by"
+        ),
         # Names are unique among the datasets that are not archived (migration 0005).
         Index(
             "uq_dataset_name_live",
@@ -84,6 +87,9 @@ class Dataset(Base):
     max_groups_per_unit: Mapped[int] = mapped_column(Integer, server_default=text("1"))
     #: The per-dataset HMAC key under which unit ids are kept (never in clear).
     unit_key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    #: Who kept the units at k rows (migration 0015): ``server`` (per-unit counts kept,
+    #: appends allowed) or ``sender`` (a histogram bounded by ``dpquant ingest``).
+    bounded_by: Mapped[str | None] = mapped_column(String(16))
     #: Rows dropped by the bounding, and distinct units kept (admins only).
     rows_dropped: Mapped[int | None] = mapped_column(BigInteger)
     units: Mapped[int | None] = mapped_column(BigInteger)

@@ -28,7 +28,7 @@ from app.codec.histogram import (
 )
 from app.core.errors import DpquantError, invalid, not_found
 from app.core.principal import Principal
-from app.datasets.models import Dataset, DatasetColumn, DatasetData
+from app.datasets.models import Dataset, DatasetColumn, DatasetData, DatasetUnit
 from app.datasets.schemas import CategoricalColumn, DatasetCreate
 
 FloatArray = NDArray[np.float64]
@@ -389,6 +389,7 @@ def store_histogram(
     units: int | None = None,
     column: str | None = None,
     more: dict[str, tuple[Histogram, int | None]] | None = None,
+    bounded_by: str | None = None,
 ) -> Dataset:
     """Replace (or, with ``append``, add to) the dataset's histogram, atomically.
 
@@ -400,7 +401,9 @@ def store_histogram(
     ``rows_dropped`` and ``units``: a privacy-unit upload's bounding figures (admins only).
     ``column``: the numeric column ``histogram`` is of (default: the first); ``more``: the
     other numeric columns' (histogram, n_outside) of a table upload (every column holds the
-    same rows, so the same n).
+    same rows, so the same n). ``bounded_by``: who kept the units at k rows (``server``:
+    ``dataset_unit`` holds the counts; ``sender``: a bounded histogram, whose replace
+    forgets every per-unit count).
     """
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     ensure_writable(dataset, append=append)
@@ -439,10 +442,15 @@ def store_histogram(
         skipped += dataset.values_skipped or 0
     dataset.n = total
     dataset.values_skipped = skipped
-    if units is not None:
+    if bounded_by == "sender":  # the sender's own figures, if it gave them
+        dataset.units, dataset.rows_dropped = units, rows_dropped
+        session.execute(delete(DatasetUnit).where(DatasetUnit.dataset_id == dataset.id))
+    elif units is not None:
         dataset.units = units
         earlier = (dataset.rows_dropped or 0) if append else 0
         dataset.rows_dropped = earlier + (rows_dropped or 0)
+    if bounded_by is not None:
+        dataset.bounded_by = bounded_by
     dataset.data_version += 1
     dataset.values_uploaded_at = datetime.now(UTC)
     session.flush()

@@ -234,8 +234,17 @@ def _check(response: Any, what: str) -> Any:
 
 def fetch_grid(client: Any, dataset_id: str) -> Grid:
     """The dataset's public bounds and granularity."""
+    return fetch_dataset(client, dataset_id)[0]
+
+
+def fetch_dataset(client: Any, dataset_id: str) -> tuple[Grid, str | None, int]:
+    """The dataset's public grid, its privacy unit column (or None) and max_rows_per_unit.
+    A table of several columns takes rows, not histograms: refused here."""
     ds = _check(client.get(f"/v1/datasets/{dataset_id}"), "reading the dataset")
-    return Grid(float(ds["lower"]), float(ds["upper"]), float(ds["granularity"]))
+    if len(ds.get("columns") or []) > 1:
+        raise IngestError("the dataset is a table of several columns: upload its rows instead")
+    grid = Grid(float(ds["lower"]), float(ds["upper"]), float(ds["granularity"]))
+    return grid, ds.get("privacy_unit"), int(ds.get("max_rows_per_unit") or 1)
 
 
 def pair_chunks(counted: Counted, pairs_per_chunk: int = 1 << 16) -> Iterator[bytes]:
@@ -247,14 +256,20 @@ def pair_chunks(counted: Counted, pairs_per_chunk: int = 1 << 16) -> Iterator[by
         yield block.tobytes()
 
 
-def upload(client: Any, dataset_id: str, counted: Counted) -> Any:
-    """PUT the histogram (counts only) and return the server's view of the dataset."""
+def upload(
+    client: Any, dataset_id: str, counted: Counted, bounded: tuple[int, int, int] | None = None
+) -> Any:
+    """PUT the histogram (counts only) and return the server's view of the dataset.
+    ``bounded``: (k, units, rows dropped) of a privacy-unit bounding done here."""
     if counted.cells.size == 0:
         raise IngestError("no values found (all missing?)")
+    params: dict[str, int] = {"n_outside": counted.n_outside, "values_skipped": counted.skipped}
+    if bounded is not None:
+        params.update(rows_per_unit=bounded[0], units=bounded[1], rows_dropped=bounded[2])
     return _check(
         client.put(
             f"/v1/datasets/{dataset_id}/histogram",
-            params={"n_outside": counted.n_outside, "values_skipped": counted.skipped},
+            params=params,
             content=pair_chunks(counted),
             headers={"content-type": "application/octet-stream"},
         ),

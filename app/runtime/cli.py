@@ -299,7 +299,11 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     try:
         kind, files = core.expand_paths(args.paths, allow_uris=args.engine == "spark")
         with core.make_client(args.server, api_key) as client:
-            grid = core.fetch_grid(client, args.dataset)
+            grid, unit, k = core.fetch_dataset(client, args.dataset)
+            if args.unit is not None and unit is None:
+                raise core.IngestError("the dataset has no privacy_unit: drop --unit")
+            unit = args.unit or unit
+            bounded: tuple[int, int, int] | None = None
             if args.engine == "spark":
                 try:
                     from app.ingest.spark import count_spark, session
@@ -309,11 +313,26 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
                     raise core.IngestError(
                         'the Spark engine needs pyspark: pip install "dpquant[spark]"'
                     ) from None
-                counted = count_spark(spark, kind, files, args.column, grid)
-            else:
+                if unit is None:
+                    counted = count_spark(spark, kind, files, args.column, grid)
+                else:
+                    from app.ingest.bounded import count_spark_bounded
+
+                    counted, units, dropped = count_spark_bounded(
+                        spark, kind, files, args.column, unit, grid, k
+                    )
+                    bounded = (k, units, dropped)
+            elif unit is None:
                 counted = core.count_local(kind, files, args.column, grid)
+            else:
+                from app.ingest.bounded import count_local_bounded
+
+                counted, units, dropped = count_local_bounded(
+                    kind, files, args.column, unit, grid, k
+                )
+                bounded = (k, units, dropped)
             counted_at = time.perf_counter()
-            dataset = core.upload(client, args.dataset, counted)
+            dataset = core.upload(client, args.dataset, counted, bounded)
     except core.IngestError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -328,6 +347,8 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
                 "n_cells": dataset.get("n_cells"),
                 "n_outside_bounds": dataset.get("n_outside_bounds"),
                 "values_skipped": dataset.get("values_skipped"),
+                "units": dataset.get("units"),
+                "rows_dropped": dataset.get("rows_dropped"),
                 "count_s": round(counted_at - started, 3),
                 "upload_s": round(done - counted_at, 3),
             }
@@ -419,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--server", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     ingest.add_argument("--dataset", required=True, help="dataset id")
     ingest.add_argument("--column", required=True, help="the numeric column to count")
+    ingest.add_argument(
+        "--unit",
+        default=None,
+        help="the privacy unit column of the files (default: the dataset's privacy_unit); "
+        "each unit keeps at most the dataset's max_rows_per_unit rows, chosen at random here",
+    )
     ingest.add_argument("--engine", choices=["local", "spark"], default="local")
     ingest.add_argument(
         "--spark-master", default="local[*]", help="Spark master URL (engine spark)"

@@ -302,3 +302,115 @@ def test_page_scan_accepts_files_written_by_spark(spark: Any, tmp_path: Path) ->
                 )
     counted = core.count_local("parquet", files, "x", Grid(0.0, 1.0, 0.01), max_values=300_000)
     assert counted.n + counted.skipped == 300_000
+
+
+# ------------------------------------------------------------------ privacy units (bounded)
+
+
+def unit_parquet(root: Path, rows_per_unit: np.ndarray, seed: int, parts: int = 3) -> Path:
+    """Parquet files of (x, person): unit u has ``rows_per_unit[u]`` rows (ids as strings),
+    rows shuffled over ``parts`` files."""
+    rng = np.random.default_rng(seed)
+    people = np.repeat(np.arange(rows_per_unit.size), rows_per_unit)
+    rng.shuffle(people)
+    x = np.round(rng.normal(50, 20, people.size), 2)
+    root.mkdir(parents=True)
+    for i, (xs, ps) in enumerate(
+        zip(np.array_split(x, parts), np.array_split(people, parts), strict=True)
+    ):
+        table = pa.table({"x": xs, "person": pa.array([f"id-{p}" for p in ps])})
+        pq.write_table(table, root / f"part{i}.parquet")
+    return root
+
+
+def test_both_engines_bound_each_unit_to_k_rows(spark: Any, tmp_path: Path) -> None:
+    from app.ingest.bounded import count_local_bounded, count_spark_bounded
+
+    grid, k = Grid(0.0, 100.0, 0.01), 3
+    per_unit = np.random.default_rng(3).integers(1, 9, 4000)
+    kind, files = core.expand_paths([str(unit_parquet(tmp_path / "d", per_unit, 1))])
+    want_n = int(np.minimum(per_unit, k).sum())
+    for counted, units, dropped in (
+        count_local_bounded(kind, files, "x", "person", grid, k),
+        count_spark_bounded(spark, kind, files, "x", "person", grid, k),
+    ):
+        assert counted.n == int(counted.counts.sum()) == want_n
+        assert units == per_unit.size and dropped == int(per_unit.sum()) - want_n
+        assert np.all(np.diff(counted.cells) > 0)
+
+
+def test_without_excess_rows_both_engines_count_the_unbounded_histogram(
+    spark: Any, tmp_path: Path
+) -> None:
+    from app.ingest.bounded import count_local_bounded, count_spark_bounded
+
+    grid, k = Grid(-3.3, 107.7, 1.1), 5
+    per_unit = np.random.default_rng(4).integers(1, k + 1, 3000)  # nobody above k
+    kind, files = core.expand_paths([str(unit_parquet(tmp_path / "d", per_unit, 2))])
+    plain = core.count_local(kind, files, "x", grid)
+    local, _, dropped_local = count_local_bounded(kind, files, "x", "person", grid, k)
+    remote, _, dropped_remote = count_spark_bounded(spark, kind, files, "x", "person", grid, k)
+    assert dropped_local == dropped_remote == 0
+    for counted in (local, remote):
+        assert np.array_equal(counted.cells, plain.cells)
+        assert np.array_equal(counted.counts, plain.counts)
+        assert counted.n_outside == plain.n_outside
+
+
+def test_the_kept_rows_are_uniform_per_unit(tmp_path: Path) -> None:
+    """One unit with rows at 10, 20, 30, 40 and k = 1, counted 400 times by the local engine:
+    each row kept ~100 times (5 standard deviations allowed)."""
+    from app.ingest.bounded import count_local_bounded
+
+    root = tmp_path / "d"
+    root.mkdir()
+    pq.write_table(
+        pa.table({"x": [10.0, 20.0, 30.0, 40.0], "person": ["a"] * 4}), root / "p.parquet"
+    )
+    kind, files = core.expand_paths([str(root)])
+    seen = dict.fromkeys((1000, 2000, 3000, 4000), 0)
+    for _ in range(400):
+        counted, _, _ = count_local_bounded(kind, files, "x", "person", Grid(0, 100, 0.01), 1)
+        (cell,) = counted.cells.tolist()
+        seen[cell] += 1
+    assert all(abs(c - 100) <= 5 * (400 * 0.25 * 0.75) ** 0.5 for c in seen.values())
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_ingest_into_a_unit_dataset_then_appends_are_refused(
+    engine: str,
+    spark: Any,
+    api: Api,
+    client: TestClient,
+    tmp_path: Path,
+    in_process: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ds = api.dataset(lower=0.0, upper=100.0, epsilon="1", privacy_unit="person",
+                     max_rows_per_unit=2)  # fmt: skip
+    per_unit = np.full(500, 4)
+    data = unit_parquet(tmp_path / "d", per_unit, 5)
+    argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ds["id"]]
+    argv += ["--column", "x", "--engine", engine, str(data)]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    view = client.get(f"/v1/datasets/{ds['id']}", headers=ADMIN).json()
+    assert (view["n"], view["units"], view["rows_dropped"]) == (1000, 500, 1000)
+    assert api.query(ds["id"], quantiles=[0.5], epsilon="0.1").status_code == 201
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/values?column=x",
+        content=b"x,person\n1.0,id-1\n",
+        headers={**ADMIN, "content-type": "text/csv"},
+    )
+    assert r.status_code == 409 and r.json()["type"] == "unit_counts_unknown"
+    # a histogram without the bounding's attestation is refused, as is a wrong k
+    for params in ({}, {"rows_per_unit": 3}):
+        r = client.put(
+            f"/v1/datasets/{ds['id']}/histogram",
+            params=params,
+            json={"cells": [1], "counts": [1]},
+            headers=ADMIN,
+        )
+        assert r.status_code == 409 and r.json()["type"] in (
+            "privacy_unit_needs_rows",
+            "dataset_frozen",
+        )

@@ -334,6 +334,20 @@ def _receive_values(
     return present(session, dataset, principal)
 
 
+def _appendable(dataset: Dataset, append: bool) -> None:
+    """409 on an append to a privacy-unit dataset whose rows a sender bounded: the server has
+    no per-unit counts to keep each unit at k rows across the append."""
+    if append and dataset.bounded_by == "sender":
+        raise DpquantError(
+            409,
+            "unit_counts_unknown",
+            "this dataset's values came from a histogram bounded by its sender (dpquant "
+            "ingest): the server keeps no per-unit counts, so an append could take a unit past "
+            "max_rows_per_unit; replace the values (before the first release) or ingest all "
+            "rows again",
+        )
+
+
 def _receive_table(
     request: Request,
     session: SessionDep,
@@ -348,6 +362,7 @@ def _receive_table(
     declared column and the unit column (:mod:`app.datasets.units`). With a unit the rows
     are bounded to k per unit in PostgreSQL, all in one transaction with the store."""
     settings = request.app.state.settings
+    _appendable(dataset, append)
     table_media = (upload.MEDIA_CSV, upload.MEDIA_JSON, upload.MEDIA_PARQUET)
     if media_type not in table_media:
         raise upload.unsupported(table_media)
@@ -404,6 +419,7 @@ def _receive_table(
                 session, principal=principal, dataset_id=dataset_id, for_update=True
             )
             service.ensure_writable(locked, append=append)
+            _appendable(locked, append)
             stored_units = units.bound_rows(
                 conn, builders, stats, dataset_id=dataset_id, k=k, append=append
             )
@@ -425,6 +441,7 @@ def _receive_table(
         size_bytes=counted.total,
         rows_dropped=None if stored_units is None else stats.dropped,
         units=stored_units,
+        bounded_by=None if stored_units is None else "server",
         column=names[0],
         more={
             name: (h, b.n_outside)
@@ -497,19 +514,29 @@ def upload_histogram(
     values_skipped: Annotated[
         int, Query(ge=0, le=2**62, description="Missing values skipped by the sender.")
     ] = 0,
+    rows_per_unit: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=10_000,
+            description="For a dataset with a privacy_unit: the sender attests that it kept at "
+            "most this many rows per unit (must equal max_rows_per_unit; dpquant ingest does "
+            "the bounding). Appends are then refused (no per-unit counts on the server).",
+        ),
+    ] = None,
+    units_kept: Annotated[
+        int | None,
+        Query(alias="units", ge=0, le=2**62, description="Units the sender kept (admin figure)."),
+    ] = None,
+    rows_dropped: Annotated[
+        int | None,
+        Query(ge=0, le=2**62, description="Rows the sender's bounding dropped (admin figure)."),
+    ] = None,
 ) -> DatasetPublic:
     """Replace the values by (cell, count) pairs computed elsewhere (e.g. `dpquant ingest`)."""
     settings = request.app.state.settings
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
     service.ensure_writable(dataset)
-    if dataset.privacy_unit is not None:
-        raise DpquantError(
-            409,
-            "privacy_unit_needs_rows",
-            "this dataset has a privacy_unit: upload its rows with their unit column "
-            "(PUT or POST /values: CSV, JSON objects or Parquet), so that each unit can be "
-            "bounded",
-        )
     if len(dataset.columns) > 1:
         raise DpquantError(
             409,
@@ -517,6 +544,20 @@ def upload_histogram(
             "this dataset is a table of several columns: upload its rows (PUT or POST "
             "/values: CSV, JSON objects or Parquet), so that every column holds the same rows",
         )
+    if dataset.privacy_unit is not None and rows_per_unit != dataset.max_rows_per_unit:
+        raise DpquantError(
+            409,
+            "privacy_unit_needs_rows",
+            "this dataset has a privacy_unit: upload its rows with their unit column "
+            "(PUT or POST /values: CSV, JSON objects or Parquet), or a histogram that "
+            "dpquant ingest bounded to max_rows_per_unit rows per unit (?rows_per_unit=k)",
+        )
+    if dataset.privacy_unit is None and (rows_per_unit, units_kept, rows_dropped) != (
+        None,
+        None,
+        None,
+    ):
+        raise invalid("query.rows_per_unit", "this dataset has no privacy_unit")
     media_type = _media_type(request)
     if media_type not in upload.HISTOGRAM_MEDIA_TYPES:
         raise upload.unsupported(upload.HISTOGRAM_MEDIA_TYPES)
@@ -552,5 +593,8 @@ def upload_histogram(
         upload="histogram",
         media_type=media_type,
         size_bytes=counted.total,
+        rows_dropped=rows_dropped,
+        units=units_kept,
+        bounded_by="sender" if rows_per_unit is not None else None,
     )
     return present(session, dataset, principal)
