@@ -23,7 +23,6 @@ import csv
 import hashlib
 import hmac
 import math
-import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -40,9 +39,8 @@ from app.datasets.parquet_scan import ParquetRefused, check_parquet_pages, parqu
 from app.datasets.upload import (
     BATCH_VALUES,
     MAX_PARQUET_PAGE_BYTES,
-    PARQUET_BUFFER_BYTES,
     lines,
-    spool,
+    spooled_parquet,
     too_many_values,
 )
 from app.mechanisms.rng import make_rng
@@ -217,20 +215,11 @@ def parquet_records(
     (:func:`app.datasets.upload.read_parquet`). Numeric columns must be integer or floating
     point, categorical ones strings, the unit integers or strings."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     bound = MAX_PARQUET_PAGE_BYTES if max_page_bytes is None else max_page_bytes
     order = [*([] if spec.unit is None else [spec.unit]), *_wanted(spec)]
-    with tempfile.TemporaryFile(prefix="dpquant-upload-") as file:
-        if spool(chunks, file) == 0:
-            raise _bad("the upload is empty")
-        file.seek(0)
-        try:
-            parquet = pq.ParquetFile(file, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-            schema = parquet.schema_arrow
-            metadata = parquet.metadata
-        except (pa.ArrowException, OSError, ValueError):
-            raise _bad("not a valid Parquet file") from None
+    with spooled_parquet(chunks) as (file, parquet):
+        schema, metadata = parquet.schema_arrow, parquet.metadata
         for name in order:
             what = "the dataset's privacy_unit column" if name == spec.unit else repr(name)
             if len(schema.get_all_field_indices(name)) != 1:

@@ -22,6 +22,7 @@ import math
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -390,6 +391,26 @@ def spool(chunks: Iterable[bytes], file: IO[bytes]) -> int:
     return size
 
 
+@contextmanager
+def spooled_parquet(chunks: Iterable[bytes]) -> Iterator[tuple[IO[bytes], Any]]:
+    """The body spooled to a temporary file and opened as a ``pyarrow.parquet.ParquetFile``
+    (read through a buffer of :data:`PARQUET_BUFFER_BYTES`, no pre-buffering); 422 when it is
+    empty or not Parquet. The file is removed on exit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryFile(prefix="dpquant-upload-") as file:
+        if spool(chunks, file) == 0:
+            raise _bad("the upload is empty")
+        file.seek(0)
+        try:
+            parquet = pq.ParquetFile(file, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
+            parquet.metadata  # noqa: B018 - read the footer now: a bad file fails here
+        except (pa.ArrowException, OSError, ValueError):
+            raise _bad("not a valid Parquet file") from None
+        yield file, parquet
+
+
 def read_parquet(
     chunks: Iterable[bytes],
     sink: ValueSink,
@@ -408,20 +429,11 @@ def read_parquet(
     the sink enforces the limit again, should the footer understate the records.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     bound = MAX_PARQUET_PAGE_BYTES if max_page_bytes is None else max_page_bytes
     stats = UploadStats()
-    with tempfile.TemporaryFile(prefix="dpquant-upload-") as file:
-        if spool(chunks, file) == 0:
-            raise _bad("the upload is empty")
-        file.seek(0)
-        try:
-            parquet = pq.ParquetFile(file, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-            schema = parquet.schema_arrow
-            metadata = parquet.metadata
-        except (pa.ArrowException, OSError, ValueError):
-            raise _bad("not a valid Parquet file") from None
+    with spooled_parquet(chunks) as (file, parquet):
+        schema, metadata = parquet.schema_arrow, parquet.metadata
         if column not in schema.names:
             raise invalid("query.column", "no such column in the Parquet schema")
         if len(schema.get_all_field_indices(column)) != 1:
