@@ -230,12 +230,19 @@ def test_a_table_with_two_numeric_columns(admin: Client, tmp_path: Path) -> None
     csv = tmp_path / "people.csv"
     csv.write_text("age,income\n" + "".join(f"{30 + i % 40},{v}\n" for i, v in enumerate(VALUES)))
     assert admin.upload(ds.id, path=csv).n == len(VALUES)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "people.parquet"
+    pq.write_table(pa.table({"age": [30, 40], "income": [10.0, 20.0]}), parquet)
+    assert admin.upload(ds.id, path=parquet).n == 2
+    assert admin.upload(ds.id, path=csv).n == len(VALUES)
     for column in ("age", "income"):
         assert admin.quote(ds.id, [0.5], epsilon="0.1", column=column).cost.epsilon == Decimal(
             "0.1"
         )
         release = admin.quantiles(ds.id, [0.5], epsilon="0.1", column=column)
-        assert release.column == column and release.data_version == 1
+        assert release.column == column and release.data_version == 3
     with pytest.raises(ValidationError):
         admin.quantiles(ds.id, [0.5], epsilon="0.1")  # two numeric columns: name one
 

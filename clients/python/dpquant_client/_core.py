@@ -260,9 +260,13 @@ class Core:
             kwargs["json"] = [float(v) for v in values]
         else:
             file = Path(str(path))
-            media = {".csv": "text/csv", ".json": "application/json"}.get(
-                file.suffix.lower(), "application/octet-stream"
-            )
+            media = {
+                ".csv": "text/csv",
+                ".json": "application/json",
+                ".parquet": "application/vnd.apache.parquet",
+                ".parq": "application/vnd.apache.parquet",
+                ".pq": "application/vnd.apache.parquet",
+            }.get(file.suffix.lower(), "application/octet-stream")
             kwargs["content"] = file.read_bytes()
             kwargs["headers"] = {"Content-Type": media}
         # Uploading replaces the values atomically: repeating it is safe.

@@ -172,8 +172,9 @@ class Client(Core):
     ) -> Dataset:
         """Replace a dataset's values (admin) from numbers or a file.
 
-        Files: ``.csv`` (pick the column with ``column=``), ``.json`` (an array of numbers),
-        anything else is sent as little-endian float64 bytes."""
+        Files: ``.csv`` (pick the column with ``column=``; a table's CSV names its columns in
+        its header), ``.json`` (an array of numbers, or of objects for a table), ``.parquet``
+        (``column=`` for one column), anything else as little-endian float64 bytes."""
         return self._run(self._upload(dataset_id, values, path, column))
 
     def budget(
