@@ -10,12 +10,13 @@ dropped. Counting only: nothing is uploaded (the upload is the histogram, O(cell
 Usage::
 
     .venv/bin/python -m benchmarks.bench_ingest_units [--rows 100000000] [--units 10000000]
-        [--k 5] [--engines local,spark] [--dir /tmp/dpquant-bench-units]
+        [--k 5] [--engines local,spark] [--dir /tmp/dpquant-bench-units] [--spark-memory 6g]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import shutil
 import threading
@@ -79,7 +80,6 @@ class Peak:
     """Samples the RSS of this process and its children every 0.2 s."""
 
     def __init__(self) -> None:
-        import os
 
         self.pid, self.peak, self._stop = os.getpid(), 0.0, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -104,6 +104,7 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--engines", default="local,spark")
     parser.add_argument("--dir", default="/tmp/dpquant-bench-units")
+    parser.add_argument("--spark-memory", default="6g", help="local mode's driver memory")
     args = parser.parse_args()
     root = Path(args.dir)
     shutil.rmtree(root, ignore_errors=True)
@@ -132,6 +133,11 @@ def main() -> int:
                 from app.ingest.bounded import count_spark_bounded
                 from app.ingest.spark import session
 
+                # local mode runs the executors inside the driver: give it the memory a
+                # cluster's executors would have (the default is 1 GB)
+                os.environ.setdefault(
+                    "PYSPARK_SUBMIT_ARGS", f"--driver-memory {args.spark_memory} pyspark-shell"
+                )
                 spark = session("local[*]")  # the JVM's start is not counted
                 t = time.perf_counter()
                 counted, units, dropped = count_spark_bounded(

@@ -202,41 +202,37 @@ def _spark(
         F.concat_ws("|", F.lit(secret), F.col("u"), F.monotonically_increasing_id().cast("string")),
         256,
     )
-    ranked = (
+    # One window pass, no cache: each unit's first row (rn = 1) is always kept (k >= 1), so
+    # the kept rows' counts per cell also give the number of units.
+    counted = (
         data.where(F.col("x").isNotNull())
         .withColumn("rn", F.row_number().over(Window.partitionBy("u").orderBy(order)))
-        .cache()
-    )
-    try:
-        totals = ranked.agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.countDistinct("u").alias("units"),
-            F.sum(F.when(F.col("rn") <= k, 1).otherwise(0)).alias("kept"),
-            F.sum(
-                F.when(
-                    (F.col("rn") <= k) & ((F.col("x") < grid.lower) | (F.col("x") > grid.upper)),
-                    1,
-                ).otherwise(0)
-            ).alias("outside"),
-        ).collect()[0]
-        counted = (
-            ranked.where(F.col("rn") <= k)
-            .select(cell_column(F.col("x"), grid).alias("cell"))
-            .groupBy("cell")
-            .count()
-            .orderBy("cell")
-            .toArrow()
+        .where(F.col("rn") <= k)
+        .select(
+            cell_column(F.col("x"), grid).alias("cell"),
+            F.when(F.col("rn") == 1, 1).otherwise(0).alias("first"),
+            F.when((F.col("x") < grid.lower) | (F.col("x") > grid.upper), 1)
+            .otherwise(0)
+            .alias("outside"),
         )
-    finally:
-        ranked.unpersist()
+        .groupBy("cell")
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.sum("first").alias("units"),
+            F.sum("outside").alias("outside"),
+        )
+        .orderBy("cell")
+        .toArrow()
+    )
     cells = counted.column("cell").to_numpy().astype(np.int64)
     counts = counted.column("count").to_numpy().astype(np.int64)
-    kept = int(totals["kept"] or 0)
+    kept = int(counts.sum())
     result = Counted(
         cells=cells,
         counts=counts,
         n=kept,
-        n_outside=int(totals["outside"] or 0),
+        n_outside=int(counted.column("outside").to_numpy().sum()),
         skipped=int(checks["rows"] - checks["present"]),
     )
-    return result, int(totals["units"]), int(totals["rows"]) - kept
+    units = int(counted.column("units").to_numpy().sum())
+    return result, units, int(checks["present"]) - kept
