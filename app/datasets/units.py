@@ -39,7 +39,7 @@ from app.datasets.parquet_scan import ParquetRefused, check_parquet_pages, parqu
 from app.datasets.upload import (
     BATCH_VALUES,
     MAX_PARQUET_PAGE_BYTES,
-    lines,
+    csv_with_header,
     spooled_parquet,
     too_many_values,
 )
@@ -93,14 +93,7 @@ Record = tuple[int, list[object]]
 
 def csv_records(chunks: Iterable[bytes], spec: TableSpec) -> Iterator[Record]:
     """A CSV with a header row carrying every declared column (and the unit column)."""
-    reader = csv.reader(lines(chunks), strict=True)
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise _bad("the CSV has no header row") from None
-    except csv.Error:
-        raise _bad("malformed CSV header") from None
-    names = [h.strip() for h in header]
+    reader, names = csv_with_header(chunks)
     for name in _wanted(spec):
         if name not in names:
             raise _bad(f"the CSV header lacks the declared column {name!r}")

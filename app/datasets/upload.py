@@ -305,6 +305,19 @@ def lines(chunks: Iterable[bytes]) -> Iterator[str]:
         yield pending
 
 
+def csv_with_header(chunks: Iterable[bytes]) -> tuple[Iterator[list[str]], list[str]]:
+    """A strict CSV reader over the body's lines and its header row's names (stripped);
+    422 without a header or with a malformed one."""
+    reader = csv.reader(lines(chunks), strict=True)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise _bad("the CSV has no header row") from None
+    except csv.Error:
+        raise _bad("malformed CSV header") from None
+    return reader, [h.strip() for h in header]
+
+
 def read_csv(
     chunks: Iterable[bytes], sink: ValueSink, *, column: str, skip_missing: bool
 ) -> UploadStats:
@@ -314,14 +327,7 @@ def read_csv(
     field spanning lines is one record). Empty cells are an error naming their row unless
     ``skip_missing``, which skips and counts them.
     """
-    reader = csv.reader(lines(chunks), strict=True)
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise _bad("the CSV has no header row") from None
-    except csv.Error:
-        raise _bad("malformed CSV header") from None
-    names = [h.strip() for h in header]
+    reader, names = csv_with_header(chunks)
     if column not in names:
         raise invalid("query.column", "no such column in the CSV header")
     idx = names.index(column)
