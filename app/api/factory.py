@@ -31,6 +31,7 @@ from app.api.routes.keys import router as keys_router
 from app.api.routes.ledger import router as ledger_router
 from app.api.routes.ops import router as ops_router
 from app.api.routes.releases import router as releases_router
+from app.api.routes.uploads import router as uploads_router
 from app.api.ui.docs import install_docs
 from app.api.ui.router import install_dashboard
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys
@@ -192,6 +193,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(ops_router)
     app.include_router(datasets_router)
+    app.include_router(uploads_router)
     app.include_router(ledger_router)
     app.include_router(releases_router)
     app.include_router(keys_router)

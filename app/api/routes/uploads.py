@@ -1,0 +1,447 @@
+"""Dataset upload endpoints: values (one column, or a table's rows) and grid histograms."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Annotated, Literal
+
+import anyio.from_thread
+import numpy as np
+from fastapi import APIRouter, Query, Request
+
+from app.api.deps import AdminDep, SessionDep
+from app.api.http import DecimalJSONRoute
+from app.api.routes.datasets import present
+from app.codec.histogram import TooManyCells
+from app.core.errors import DpquantError, error_responses, invalid
+from app.core.principal import Principal
+from app.datasets import service, units, upload
+from app.datasets.models import Dataset
+from app.datasets.schemas import DatasetAdmin, DatasetPublic
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=DecimalJSONRoute)
+
+
+class ByteCounter:
+    """Counts the bytes of a chunk stream as it passes (for the audit log: size only)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.total = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.total += len(chunk)
+            yield chunk
+
+
+def request_chunks(request: Request) -> Iterator[bytes]:
+    """The request body as it arrives, read from a worker thread (sync endpoints only).
+
+    Each chunk is pulled from the ASGI receive channel on the event loop; nothing is
+    buffered beyond the chunk the server handed over, so the body never sits in memory.
+    """
+    stream = request.stream()
+
+    async def next_chunk() -> bytes | None:
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    while True:
+        chunk = anyio.from_thread.run(next_chunk)
+        if chunk is None:
+            return
+        yield chunk
+
+
+def _declared_too_large(request: Request, limit: int) -> None:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise upload.too_large(limit)
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+# One content type per operation in the document: client generators cannot dispatch one
+# operation over several bodies (openapi-python-client emits ``isinstance(body, list[float])``).
+# CSV and float64 bytes are accepted all the same; the description and x-also-accepts say so.
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The values as a JSON array of numbers. The same operation also accepts "
+        "`text/csv` and `application/vnd.apache.parquet` (pick the column with `?column=`) and "
+        "`application/octet-stream` (little-endian float64 bytes), listed in `x-also-accepts`. "
+        "Streamed: any size up to `DPQUANT_MAX_UPLOAD_BYTES`.",
+        "content": {
+            "application/json": {"schema": {"type": "array", "items": {"type": "number"}}},
+        },
+        "x-also-accepts": [
+            "text/csv",
+            "application/octet-stream",
+            "application/vnd.apache.parquet",
+        ],
+    }
+}
+
+HISTOGRAM_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": 'Grid histogram: `{"cells": [...], "counts": [...]}` (JSON, up to '
+        "`DPQUANT_MAX_BODY_BYTES`) or little-endian int64 pairs (cell, count), 16 bytes each "
+        "(octet-stream, streamed, up to `DPQUANT_MAX_UPLOAD_BYTES`). Cells lie in [0, K] "
+        "(grid point lower + k*granularity), counts >= 1; repeated cells are summed.",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "cells": {"type": "array", "items": {"type": "integer"}},
+                        "counts": {"type": "array", "items": {"type": "integer"}},
+                    },
+                    "required": ["cells", "counts"],
+                }
+            },
+        },
+        # One content type per operation for client generators; the binary form is accepted
+        # all the same (and is what `dpquant ingest` sends).
+        "x-also-accepts": ["application/octet-stream"],
+    }
+}
+
+ColumnQuery = Annotated[
+    str | None, Query(max_length=200, description="Column name (CSV and Parquet uploads)")
+]
+MissingQuery = Annotated[
+    Literal["error", "skip"],
+    Query(
+        description="Empty CSV cells / Parquet nulls: `error` (422 naming the first such row) "
+        "or `skip` (skipped and counted in `values_skipped`)."
+    ),
+]
+
+
+def _receive_values(
+    request: Request,
+    session: SessionDep,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    column: str | None,
+    missing: str,
+    append: bool,
+) -> DatasetPublic:
+    settings = request.app.state.settings
+    _declared_too_large(request, settings.max_upload_bytes)
+    dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
+    service.ensure_writable(dataset, append=append)  # early: a body that cannot be stored
+    media_type = _media_type(request)
+    if dataset.privacy_unit is not None or len(dataset.columns) > 1:
+        return _receive_table(
+            request, session, principal, dataset, media_type, column, missing, append
+        )
+    if media_type not in upload.VALUE_MEDIA_TYPES:
+        raise upload.unsupported(upload.VALUE_MEDIA_TYPES)
+    if media_type in (upload.MEDIA_CSV, upload.MEDIA_PARQUET) and not column:
+        raise invalid("query.column", f"is required for {media_type} uploads")
+    already = dataset.n or 0 if append else 0
+    builder = service.new_builder(dataset, max_cells=settings.max_cells)
+    # End the read-only transaction: no connection is held while the body streams in.
+    session.commit()
+    sink = upload.ValueSink(builder, max_values=settings.max_values, already=already)
+    counted = ByteCounter(request_chunks(request))
+    try:
+        stats = upload.read_values(
+            upload.limited(iter(counted), settings.max_upload_bytes),
+            sink,
+            media_type=media_type,
+            column=column,
+            skip_missing=missing == "skip",
+        )
+        histogram = builder.result()
+    except TooManyCells as exc:
+        raise DpquantError(413, "payload_too_large", str(exc)) from None
+    dataset = service.store_histogram(
+        session,
+        principal=principal,
+        dataset_id=dataset_id,
+        histogram=histogram,
+        n_outside=builder.n_outside,
+        skipped=stats.skipped,
+        append=append,
+        max_values=settings.max_values,
+        max_cells=settings.max_cells,
+        upload="values",
+        media_type=media_type,
+        size_bytes=counted.total,
+    )
+    return present(session, dataset, principal)
+
+
+def _appendable(dataset: Dataset, append: bool) -> None:
+    """409 on an append to a privacy-unit dataset whose rows a sender bounded: the server has
+    no per-unit counts to keep each unit at k rows across the append."""
+    if append and dataset.bounded_by == "sender":
+        raise DpquantError(
+            409,
+            "unit_counts_unknown",
+            "this dataset's values came from a histogram bounded by its sender (dpquant "
+            "ingest): the server keeps no per-unit counts, so an append could take a unit past "
+            "max_rows_per_unit; replace the values (before the first release) or ingest all "
+            "rows again",
+        )
+
+
+def _receive_table(
+    request: Request,
+    session: SessionDep,
+    principal: Principal,
+    dataset: Dataset,
+    media_type: str,
+    column: str | None,
+    missing: str,
+    append: bool,
+) -> DatasetPublic:
+    """A table (several columns) or a dataset with a privacy unit: CSV rows carrying every
+    declared column and the unit column (:mod:`app.datasets.units`). With a unit the rows
+    are bounded to k per unit in PostgreSQL, all in one transaction with the store."""
+    settings = request.app.state.settings
+    _appendable(dataset, append)
+    table_media = (upload.MEDIA_CSV, upload.MEDIA_JSON, upload.MEDIA_PARQUET)
+    if media_type not in table_media:
+        raise upload.unsupported(table_media)
+    numeric = [c for c in dataset.columns if c.numeric]
+    sources = [c.name for c in numeric]
+    if column is not None:
+        if len(numeric) > 1:
+            raise invalid(
+                "query.column", "is not used for tables: the CSV header names the columns"
+            )
+        sources = [column]  # the CSV column feeding the only numeric column
+    spec = units.TableSpec(
+        numeric=tuple(sources),
+        categorical=tuple(
+            (c.name, None if c.keys is None else frozenset(c.keys))
+            for c in dataset.columns
+            if not c.numeric
+        ),
+        unit=dataset.privacy_unit,
+    )
+    dataset_id, key, k = dataset.id, dataset.unit_key, dataset.max_rows_per_unit
+    builders = [service.column_builder(c, max_cells=settings.max_cells) for c in numeric]
+    names = [c.name for c in numeric]
+    session.commit()
+    counted = ByteCounter(request_chunks(request))
+    body = upload.limited(iter(counted), settings.max_upload_bytes)
+    if media_type == upload.MEDIA_CSV:
+        records, where = units.csv_records(body, spec), "row"
+    elif media_type == upload.MEDIA_PARQUET:
+        records, where = units.parquet_records(body, spec), "row"
+    else:
+        records, where = units.json_records(body, spec), "index"
+    stored_units: int | None = None
+    try:
+        if spec.unit is None:
+
+            def direct(_: list[bytes] | None, block: np.ndarray) -> None:
+                for i, builder in enumerate(builders):
+                    builder.add_values(np.ascontiguousarray(block[:, i]))
+
+            stats = units.read_table(
+                records, spec, direct, key=None, skip_missing=missing == "skip",
+                max_values=settings.max_values, where=where,
+            )  # fmt: skip
+            stats.kept = stats.rows
+        else:
+            conn = service.driver(session)  # a new transaction: the staged rows live in it
+            stats = units.read_table(
+                records, spec, units.stage(conn, len(builders)), key=key,
+                skip_missing=missing == "skip", max_values=settings.max_values, where=where,
+            )  # fmt: skip
+            # lock the dataset row before reading the units' stored counts: appends serialise
+            locked = service.get_visible(
+                session, principal=principal, dataset_id=dataset_id, for_update=True
+            )
+            service.ensure_writable(locked, append=append)
+            _appendable(locked, append)
+            stored_units = units.bound_rows(
+                conn, builders, stats, dataset_id=dataset_id, k=k, append=append
+            )
+        histograms = [b.result() for b in builders]
+    except TooManyCells as exc:
+        raise DpquantError(413, "payload_too_large", str(exc)) from None
+    dataset = service.store_histogram(
+        session,
+        principal=principal,
+        dataset_id=dataset_id,
+        histogram=histograms[0],
+        n_outside=builders[0].n_outside,
+        skipped=stats.skipped,
+        append=append,
+        max_values=settings.max_values,
+        max_cells=settings.max_cells,
+        upload="values",
+        media_type=media_type,
+        size_bytes=counted.total,
+        rows_dropped=None if stored_units is None else stats.dropped,
+        units=stored_units,
+        bounded_by=None if stored_units is None else "server",
+        column=names[0],
+        more={
+            name: (h, b.n_outside)
+            for name, h, b in zip(names[1:], histograms[1:], builders[1:], strict=True)
+        },
+    )
+    return present(session, dataset, principal)
+
+
+@router.put(
+    "/{dataset_id}/values",
+    response_model=DatasetAdmin,
+    responses=error_responses(401, 403, 404, 409, 413, 415, 422, 503),
+    openapi_extra=UPLOAD_BODY,
+    summary="Upload (replace) a dataset's values",
+)
+def upload_values(
+    dataset_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    principal: AdminDep,  # before the body: unauthenticated uploads are never read
+    column: ColumnQuery = None,
+    missing: MissingQuery = "error",
+) -> DatasetPublic:
+    """Replace the values atomically; any bad row rejects the whole upload (422).
+
+    The body is streamed: each value is clamped to [lower, upper] and counted in its grid
+    cell as it arrives; only the histogram is stored.
+    """
+    return _receive_values(request, session, principal, dataset_id, column, missing, append=False)
+
+
+@router.post(
+    "/{dataset_id}/values",
+    response_model=DatasetAdmin,
+    responses=error_responses(401, 403, 404, 409, 413, 415, 422, 503),
+    openapi_extra=UPLOAD_BODY,
+    summary="Append values to a dataset",
+)
+def append_values(
+    dataset_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    principal: AdminDep,
+    column: ColumnQuery = None,
+    missing: MissingQuery = "error",
+) -> DatasetPublic:
+    """Add values to the stored ones (counts merge); same formats and rules as the upload."""
+    return _receive_values(request, session, principal, dataset_id, column, missing, append=True)
+
+
+@router.put(
+    "/{dataset_id}/histogram",
+    response_model=DatasetAdmin,
+    responses=error_responses(401, 403, 404, 409, 413, 415, 422, 503),
+    openapi_extra=HISTOGRAM_BODY,
+    summary="Upload (replace) a dataset's grid histogram",
+)
+def upload_histogram(
+    dataset_id: uuid.UUID,
+    request: Request,
+    session: SessionDep,
+    principal: AdminDep,
+    n_outside: Annotated[
+        int | None,
+        Query(
+            ge=0, le=2**62, description="Values outside [lower, upper] before clamping, if known."
+        ),
+    ] = None,
+    values_skipped: Annotated[
+        int, Query(ge=0, le=2**62, description="Missing values skipped by the sender.")
+    ] = 0,
+    rows_per_unit: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=10_000,
+            description="For a dataset with a privacy_unit: the sender attests that it kept at "
+            "most this many rows per unit (must equal max_rows_per_unit; dpquant ingest does "
+            "the bounding). Appends are then refused (no per-unit counts on the server).",
+        ),
+    ] = None,
+    units_kept: Annotated[
+        int | None,
+        Query(alias="units", ge=0, le=2**62, description="Units the sender kept (admin figure)."),
+    ] = None,
+    rows_dropped: Annotated[
+        int | None,
+        Query(ge=0, le=2**62, description="Rows the sender's bounding dropped (admin figure)."),
+    ] = None,
+) -> DatasetPublic:
+    """Replace the values by (cell, count) pairs computed elsewhere (e.g. `dpquant ingest`)."""
+    settings = request.app.state.settings
+    dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
+    service.ensure_writable(dataset)
+    if len(dataset.columns) > 1:
+        raise DpquantError(
+            409,
+            "privacy_unit_needs_rows",
+            "this dataset is a table of several columns: upload its rows (PUT or POST "
+            "/values: CSV, JSON objects or Parquet), so that every column holds the same rows",
+        )
+    if dataset.privacy_unit is not None and rows_per_unit != dataset.max_rows_per_unit:
+        raise DpquantError(
+            409,
+            "privacy_unit_needs_rows",
+            "this dataset has a privacy_unit: upload its rows with their unit column "
+            "(PUT or POST /values: CSV, JSON objects or Parquet), or a histogram that "
+            "dpquant ingest bounded to max_rows_per_unit rows per unit (?rows_per_unit=k)",
+        )
+    if dataset.privacy_unit is None and (rows_per_unit, units_kept, rows_dropped) != (
+        None,
+        None,
+        None,
+    ):
+        raise invalid("query.rows_per_unit", "this dataset has no privacy_unit")
+    media_type = _media_type(request)
+    if media_type not in upload.HISTOGRAM_MEDIA_TYPES:
+        raise upload.unsupported(upload.HISTOGRAM_MEDIA_TYPES)
+    limit = (
+        settings.max_body_bytes if media_type == upload.MEDIA_JSON else settings.max_upload_bytes
+    )
+    _declared_too_large(request, limit)
+    builder = service.new_builder(dataset, max_cells=settings.max_cells)
+    session.commit()  # no connection is held while the body streams in
+    sink = upload.PairSink(builder, max_values=settings.max_values)
+    counted = ByteCounter(request_chunks(request))
+    chunks = upload.limited(iter(counted), limit)
+    try:
+        if media_type == upload.MEDIA_JSON:
+            upload.read_histogram_json(b"".join(chunks), sink)
+        else:
+            upload.read_histogram_octet(chunks, sink)
+        histogram = builder.result()
+    except TooManyCells as exc:
+        raise DpquantError(413, "payload_too_large", str(exc)) from None
+    if n_outside is not None and n_outside > builder.n:
+        raise invalid("query.n_outside", "must not exceed the number of values")
+    dataset = service.store_histogram(
+        session,
+        principal=principal,
+        dataset_id=dataset_id,
+        histogram=histogram,
+        n_outside=n_outside,
+        skipped=values_skipped,
+        append=False,
+        max_values=settings.max_values,
+        max_cells=settings.max_cells,
+        upload="histogram",
+        media_type=media_type,
+        size_bytes=counted.total,
+        rows_dropped=rows_dropped,
+        units=units_kept,
+        bounded_by="sender" if rows_per_unit is not None else None,
+    )
+    return present(session, dataset, principal)
