@@ -114,7 +114,7 @@ def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     (The test client hands the app the whole body in one ASGI message; the pieces are cut
     from it by wrapping the endpoint's chunk source.)
     """
-    from app.api.routes import datasets as router
+    from app.api.routes import uploads as router
 
     real = router.request_chunks
     rng = np.random.default_rng(0)

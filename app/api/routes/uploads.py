@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import anyio.from_thread
 import numpy as np
 from fastapi import APIRouter, Query, Request
+from pydantic import Field
 
 from app.api.deps import AdminDep, SessionDep
 from app.api.http import DecimalJSONRoute
@@ -17,8 +18,15 @@ from app.codec.histogram import TooManyCells
 from app.core.errors import DpquantError, error_responses, invalid
 from app.core.principal import Principal
 from app.datasets import service, units, upload
+from app.datasets.histogram_upload import (
+    PairSink,
+    read_histogram_json,
+    read_histogram_octet,
+    read_sections_json,
+    read_sections_octet,
+)
 from app.datasets.models import Dataset
-from app.datasets.schemas import DatasetAdmin, DatasetPublic
+from app.datasets.schemas import MAX_COLUMNS, DatasetAdmin, DatasetPublic
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=DecimalJSONRoute)
 
@@ -94,7 +102,10 @@ HISTOGRAM_BODY = {
         "description": 'Grid histogram: `{"cells": [...], "counts": [...]}` (JSON, up to '
         "`DPQUANT_MAX_BODY_BYTES`) or little-endian int64 pairs (cell, count), 16 bytes each "
         "(octet-stream, streamed, up to `DPQUANT_MAX_UPLOAD_BYTES`). Cells lie in [0, K] "
-        "(grid point lower + k*granularity), counts >= 1; repeated cells are summed.",
+        "(grid point lower + k*granularity), counts >= 1; repeated cells are summed. With "
+        "`?column=` (required for a table of several numeric columns): "
+        '`{"<column>": {"cells": [...], "counts": [...]}, ...}` in JSON, or per named column, '
+        "in order, an int64 pair count followed by its pairs in octet-stream.",
         "content": {
             "application/json": {
                 "schema": {
@@ -352,14 +363,27 @@ def upload_histogram(
     request: Request,
     session: SessionDep,
     principal: AdminDep,
-    n_outside: Annotated[
-        int | None,
+    column: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=200)]] | None,
         Query(
-            ge=0, le=2**62, description="Values outside [lower, upper] before clamping, if known."
+            max_length=MAX_COLUMNS,
+            description="The numeric columns the body holds histograms of, in the body's "
+            "order (repeat the parameter). Required for a table of several numeric columns, "
+            "which must name every one: a table's columns hold the same rows. With it, the "
+            "octet-stream body is one section per column (an int64 pair count, then the "
+            "pairs) and the JSON body an object keyed by column name.",
+        ),
+    ] = None,
+    n_outside: Annotated[
+        list[Annotated[int, Field(ge=0, le=2**62)]] | None,
+        Query(
+            max_length=MAX_COLUMNS,
+            description="Values outside [lower, upper] before clamping, if known: one per "
+            "column, in the order of `column`.",
         ),
     ] = None,
     values_skipped: Annotated[
-        int, Query(ge=0, le=2**62, description="Missing values skipped by the sender.")
+        int, Query(ge=0, le=2**62, description="Rows with missing values the sender skipped.")
     ] = 0,
     rows_per_unit: Annotated[
         int | None,
@@ -384,13 +408,10 @@ def upload_histogram(
     settings = request.app.state.settings
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
     service.ensure_writable(dataset)
-    if len(dataset.columns) > 1:
-        raise DpquantError(
-            409,
-            "privacy_unit_needs_rows",
-            "this dataset is a table of several columns: upload its rows (PUT or POST "
-            "/values: CSV, JSON objects or Parquet), so that every column holds the same rows",
-        )
+    numeric = [c.name for c in dataset.columns if c.numeric]
+    names = _histogram_columns(numeric, column)
+    if n_outside is not None and len(n_outside) != len(names):
+        raise invalid("query.n_outside", f"give one per column ({len(names)}), or none")
     if dataset.privacy_unit is not None and rows_per_unit != dataset.max_rows_per_unit:
         raise DpquantError(
             409,
@@ -412,27 +433,42 @@ def upload_histogram(
         settings.max_body_bytes if media_type == upload.MEDIA_JSON else settings.max_upload_bytes
     )
     _declared_too_large(request, limit)
-    builder = service.new_builder(dataset, max_cells=settings.max_cells)
+    by_name = {c.name: c for c in dataset.columns}
+    sinks = [
+        PairSink(
+            service.column_builder(by_name[name], max_cells=settings.max_cells),
+            max_values=settings.max_values,
+            label=f"column {name!r}" if column is not None else "",
+        )
+        for name in names
+    ]
     session.commit()  # no connection is held while the body streams in
-    sink = upload.PairSink(builder, max_values=settings.max_values)
     counted = ByteCounter(request_chunks(request))
     chunks = upload.limited(iter(counted), limit)
     try:
-        if media_type == upload.MEDIA_JSON:
-            upload.read_histogram_json(b"".join(chunks), sink)
+        if column is None and media_type == upload.MEDIA_JSON:
+            read_histogram_json(b"".join(chunks), sinks[0])
+        elif column is None:
+            read_histogram_octet(chunks, sinks[0])
+        elif media_type == upload.MEDIA_JSON:
+            read_sections_json(b"".join(chunks), dict(zip(names, sinks, strict=True)))
         else:
-            upload.read_histogram_octet(chunks, sink)
-        histogram = builder.result()
+            read_sections_octet(chunks, sinks)
+        histograms = [sink.builder.result() for sink in sinks]
     except TooManyCells as exc:
         raise DpquantError(413, "payload_too_large", str(exc)) from None
-    if n_outside is not None and n_outside > builder.n:
+    totals = {sink.builder.n for sink in sinks}
+    if len(totals) > 1:
+        raise invalid("body", "every column must count the same rows: the columns' totals differ")
+    outside: list[int | None] = [None] * len(names) if n_outside is None else list(n_outside)
+    if any(o is not None and o > sinks[0].builder.n for o in outside):
         raise invalid("query.n_outside", "must not exceed the number of values")
     dataset = service.store_histogram(
         session,
         principal=principal,
         dataset_id=dataset_id,
-        histogram=histogram,
-        n_outside=n_outside,
+        histogram=histograms[0],
+        n_outside=outside[0],
         skipped=values_skipped,
         append=False,
         max_values=settings.max_values,
@@ -443,5 +479,33 @@ def upload_histogram(
         rows_dropped=rows_dropped,
         units=units_kept,
         bounded_by="sender" if rows_per_unit is not None else None,
+        column=names[0],
+        more=dict(zip(names[1:], zip(histograms[1:], outside[1:], strict=True), strict=True)),
     )
     return present(session, dataset, principal)
+
+
+def _histogram_columns(numeric: list[str], named: list[str] | None) -> list[str]:
+    """The numeric columns a histogram upload replaces, in the body's order: all of them
+    (a table's columns hold the same rows), each named once."""
+    if named is None:
+        if len(numeric) > 1:
+            raise invalid(
+                "query.column",
+                "is required for a table of several numeric columns: name each of them "
+                f"({', '.join(numeric)}), in the order of the body's sections",
+            )
+        return numeric
+    for name in named:
+        if name not in numeric:
+            raise invalid("query.column", f"{name!r} is not a numeric column of the dataset")
+    if len(set(named)) != len(named):
+        raise invalid("query.column", "names a column twice")
+    missing = [name for name in numeric if name not in named]
+    if missing:
+        raise invalid(
+            "query.column",
+            f"misses {', '.join(map(repr, missing))}: a histogram upload replaces every "
+            "numeric column at once (they hold the same rows)",
+        )
+    return list(named)
