@@ -8,6 +8,22 @@ thing sent to the server is the histogram: int64 (cell, count) pairs plus the fi
 expression (:func:`app.codec.grid.cell_of`), so their histograms are identical.
 """
 
-from app.ingest.core import Counted, Grid, IngestError, count_local, expand_paths
+from app.ingest.core import (
+    Counted,
+    Grid,
+    IngestError,
+    Target,
+    count_columns_local,
+    count_local,
+    expand_paths,
+)
 
-__all__ = ["Counted", "Grid", "IngestError", "count_local", "expand_paths"]
+__all__ = [
+    "Counted",
+    "Grid",
+    "IngestError",
+    "Target",
+    "count_columns_local",
+    "count_local",
+    "expand_paths",
+]

@@ -31,12 +31,21 @@ from typing import Any
 import numpy as np
 
 from app.codec.grid import cell_of
-from app.ingest.core import BATCH_ROWS, Counted, Grid, IngestError
+from app.ingest.core import BATCH_ROWS, Counted, Grid, IngestError, numeric_block
 from app.mechanisms.rng import make_rng
 
 #: Temporary files the local engine spreads the rows over (by unit hash).
 BUCKETS = 64
-_ROW = np.dtype([("unit", "<u8"), ("key", "<i8"), ("cell", "<i8"), ("outside", "u1")])
+
+Bounded = tuple[list[Counted], int, int]
+
+
+def _row_type(width: int) -> np.dtype[Any]:
+    """A staged row: unit hash, random sort key, and per column its cell and whether the
+    value lay outside the bounds."""
+    return np.dtype(
+        [("unit", "<u8"), ("key", "<i8"), ("cell", "<i8", (width,)), ("outside", "u1", (width,))]
+    )
 
 
 def _unit_hashes(array: Any, run_key: bytes, path: str) -> np.ndarray:
@@ -55,30 +64,31 @@ def _unit_hashes(array: Any, run_key: bytes, path: str) -> np.ndarray:
     return out
 
 
-def _batches(kind: str, path: str, column: str, unit: str) -> Iterator[Any]:
+def _batches(kind: str, path: str, columns: list[str], unit: str) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
+    wanted = [*columns, unit]
     try:
         if kind == "parquet":
             parquet = pq.ParquetFile(path, pre_buffer=False)
-            for name in (column, unit):
+            for name in wanted:
                 if name not in parquet.schema_arrow.names:
                     raise IngestError(f"{path}: no column {name!r}")
-            yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column, unit])
+            yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=wanted)
         else:
             reader = pacsv.open_csv(
                 path,
                 read_options=pacsv.ReadOptions(block_size=1 << 22),
                 convert_options=pacsv.ConvertOptions(
-                    include_columns=[column, unit],
-                    column_types={column: pa.float64(), unit: pa.string()},
+                    include_columns=wanted,
+                    column_types={**dict.fromkeys(columns, pa.float64()), unit: pa.string()},
                 ),
             )
             yield from reader
     except KeyError:
-        raise IngestError(f"{path}: no column {column!r} or {unit!r}") from None
+        raise IngestError(f"{path}: no column {' or '.join(map(repr, wanted))}") from None
     except (pa.ArrowException, OSError) as exc:
         raise IngestError(f"{path}: cannot read the columns ({type(exc).__name__})") from None
 
@@ -86,35 +96,39 @@ def _batches(kind: str, path: str, column: str, unit: str) -> Iterator[Any]:
 def count_local_bounded(
     kind: str, files: list[str], column: str, unit: str, grid: Grid, k: int
 ) -> tuple[Counted, int, int]:
-    """(histogram of the kept rows, units, rows dropped) by the local engine."""
-    import pyarrow as pa
+    """(histogram of the kept rows, units, rows dropped) by the local engine, one column."""
+    (counted,), units, dropped = count_columns_local_bounded(kind, files, [column], unit, [grid], k)
+    return counted, units, dropped
 
+
+def count_columns_local_bounded(
+    kind: str, files: list[str], columns: list[str], unit: str, grids: list[Grid], k: int
+) -> Bounded:
+    """(histogram of each column over the kept rows, units, rows dropped) by the local
+    engine. A row with a missing numeric cell is skipped whole (counted), before bounding."""
     run_key = secrets.token_bytes(32)
     rng = make_rng(None)
+    row_type = _row_type(len(columns))
     skipped = 0
     with tempfile.TemporaryDirectory(prefix="dpquant-ingest-") as tmp:
         paths = [Path(tmp) / f"bucket{b:02d}" for b in range(BUCKETS)]
         files_out = [p.open("wb") for p in paths]
         try:
             for path in files:
-                for batch in _batches(kind, path, column, unit):
-                    values = batch.column(batch.schema.get_field_index(column))
-                    units = batch.column(batch.schema.get_field_index(unit))
-                    if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
-                        raise IngestError(f"{path}: column {column!r} is not numeric")
-                    x = values.to_numpy(zero_copy_only=False).astype(np.float64)
-                    hashes = _unit_hashes(units, run_key, path)
-                    if values.null_count:
-                        present = ~values.is_null().to_numpy(zero_copy_only=False)
-                        skipped += int(values.null_count)
-                        x, hashes = x[present], hashes[present]
-                    if not np.isfinite(x).all():
-                        raise IngestError(f"{path}: column {column!r} holds NaN or infinite values")
-                    rows = np.empty(x.size, dtype=_ROW)
+                for batch in _batches(kind, path, columns, unit):
+                    block, present = numeric_block(batch, columns, path)
+                    hashes = _unit_hashes(batch.column(batch.schema.get_field_index(unit)),
+                                          run_key, path)  # fmt: skip
+                    if not present.all():
+                        skipped += int(present.size - present.sum())
+                        block, hashes = block[present], hashes[present]
+                    rows = np.empty(hashes.size, dtype=row_type)
                     rows["unit"] = hashes
-                    rows["key"] = rng.integers(0, 2**63 - 1, size=x.size, dtype=np.int64)
-                    rows["cell"] = cell_of(x, grid.lower, grid.upper, grid.granularity)
-                    rows["outside"] = (x < grid.lower) | (x > grid.upper)
+                    rows["key"] = rng.integers(0, 2**63 - 1, size=hashes.size, dtype=np.int64)
+                    for i, grid in enumerate(grids):
+                        x = block[:, i]
+                        rows["cell"][:, i] = cell_of(x, grid.lower, grid.upper, grid.granularity)
+                        rows["outside"][:, i] = (x < grid.lower) | (x > grid.upper)
                     bucket = (hashes % np.uint64(BUCKETS)).astype(np.int64)
                     order = np.argsort(bucket, kind="stable")
                     bounds = np.searchsorted(bucket[order], np.arange(BUCKETS + 1))
@@ -125,11 +139,12 @@ def count_local_bounded(
         finally:
             for f in files_out:
                 f.close()
-        cells: list[np.ndarray] = []
-        counts: list[np.ndarray] = []
-        units = kept = total = outside = 0
+        cells: list[list[np.ndarray]] = [[] for _ in columns]
+        counts: list[list[np.ndarray]] = [[] for _ in columns]
+        outside = np.zeros(len(columns), dtype=np.int64)
+        units = kept = total = 0
         for p in paths:
-            rows = np.fromfile(p, dtype=_ROW)
+            rows = np.fromfile(p, dtype=row_type)
             p.unlink()
             if not rows.size:
                 continue
@@ -140,28 +155,40 @@ def count_local_bounded(
             rank = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
             chosen = rows[rank < k]
             kept += chosen.size
-            outside += int(chosen["outside"].sum())
-            c, n = np.unique(chosen["cell"], return_counts=True)
-            cells.append(c)
-            counts.append(n)
-    if not cells:
+            outside += chosen["outside"].sum(axis=0, dtype=np.int64)
+            for i in range(len(columns)):
+                c, n = np.unique(chosen["cell"][:, i], return_counts=True)
+                cells[i].append(c)
+                counts[i].append(n)
+    if not kept:
         raise IngestError("no values found (all missing?)")
-    all_cells = np.concatenate(cells)
-    all_counts = np.concatenate(counts)
-    uniq, inverse = np.unique(all_cells, return_inverse=True)
-    summed = np.zeros(uniq.size, dtype=np.int64)
-    np.add.at(summed, inverse, all_counts)
-    counted = Counted(uniq.astype(np.int64), summed, kept, outside, skipped)
-    return counted, units, total - kept
+    out = []
+    for i in range(len(columns)):
+        uniq, inverse = np.unique(np.concatenate(cells[i]), return_inverse=True)
+        summed = np.zeros(uniq.size, dtype=np.int64)
+        np.add.at(summed, inverse, np.concatenate(counts[i]))
+        out.append(Counted(uniq.astype(np.int64), summed, kept, int(outside[i]), skipped))
+    return out, units, total - kept
 
 
 def count_spark_bounded(
     spark: Any, kind: str, files: list[str], column: str, unit: str, grid: Grid, k: int
 ) -> tuple[Counted, int, int]:
-    """(histogram of the kept rows, units, rows dropped) by Spark; its own errors are
-    reported by class only (their messages can quote a value)."""
+    """(histogram of the kept rows, units, rows dropped) by Spark, one column."""
+    (counted,), units, dropped = count_columns_spark_bounded(
+        spark, kind, files, [column], unit, [grid], k
+    )
+    return counted, units, dropped
+
+
+def count_columns_spark_bounded(
+    spark: Any, kind: str, files: list[str], columns: list[str], unit: str, grids: list[Grid],
+    k: int,
+) -> Bounded:  # fmt: skip
+    """(histogram of each column over the kept rows, units, rows dropped) by Spark; its own
+    errors are reported by class only (their messages can quote a value)."""
     try:
-        return _spark(spark, kind, files, column, unit, grid, k)
+        return _spark(spark, kind, files, columns, unit, grids, k)
     except IngestError:
         raise
     except Exception as exc:
@@ -169,33 +196,36 @@ def count_spark_bounded(
 
 
 def _spark(
-    spark: Any, kind: str, files: list[str], column: str, unit: str, grid: Grid, k: int
-) -> tuple[Counted, int, int]:
+    spark: Any, kind: str, files: list[str], columns: list[str], unit: str, grids: list[Grid],
+    k: int,
+) -> Bounded:  # fmt: skip
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from app.ingest.spark import cell_column
+    from app.ingest.spark import read_frame, stacked_counts
 
-    reader = spark.read
-    frame = (
-        reader.parquet(*files) if kind == "parquet" else reader.option("header", True).csv(files)
-    )
-    for name in (column, unit):
-        if name not in frame.columns:
-            raise IngestError(f"no column {name!r}")
+    frame = read_frame(spark, kind, files, [*columns, unit])
     secret = secrets.token_hex(32)
+    xs = [f"x{i}" for i in range(len(columns))]
     data = frame.select(
-        F.col(f"`{column}`").cast("double").alias("x"),
+        *(F.col(f"`{c}`").cast("double").alias(x) for c, x in zip(columns, xs, strict=True)),
         F.col(f"`{unit}`").cast("string").alias("u"),
     )
+    complete = F.lit(True)
+    for x in xs:
+        complete = complete & F.col(x).isNotNull()
     checks = data.agg(
         F.count(F.lit(1)).alias("rows"),
-        F.count("x").alias("present"),
+        F.sum(F.when(complete, 1).otherwise(0)).alias("present"),
         F.sum(F.when(F.col("u").isNull(), 1).otherwise(0)).alias("no_unit"),
-        F.sum(F.when(F.isnan("x") | (F.abs("x") == float("inf")), 1).otherwise(0)).alias("bad"),
+        *(
+            F.sum(F.when(F.isnan(x) | (F.abs(x) == float("inf")), 1).otherwise(0)).alias(f"bad{x}")
+            for x in xs
+        ),
     ).collect()[0]
-    if checks["bad"]:
-        raise IngestError(f"column {column!r} holds NaN or infinite values")
+    for column, x in zip(columns, xs, strict=True):
+        if checks[f"bad{x}"]:
+            raise IngestError(f"column {column!r} holds NaN or infinite values")
     if checks["no_unit"]:
         raise IngestError("the privacy unit column has empty cells")
     order = F.sha2(
@@ -203,36 +233,16 @@ def _spark(
         256,
     )
     # One window pass, no cache: each unit's first row (rn = 1) is always kept (k >= 1), so
-    # the kept rows' counts per cell also give the number of units.
-    counted = (
-        data.where(F.col("x").isNotNull())
+    # the kept rows' first-row marks also give the number of units.
+    kept = (
+        data.where(complete)
         .withColumn("rn", F.row_number().over(Window.partitionBy("u").orderBy(order)))
         .where(F.col("rn") <= k)
-        .select(
-            cell_column(F.col("x"), grid).alias("cell"),
-            F.when(F.col("rn") == 1, 1).otherwise(0).alias("first"),
-            F.when((F.col("x") < grid.lower) | (F.col("x") > grid.upper), 1)
-            .otherwise(0)
-            .alias("outside"),
-        )
-        .groupBy("cell")
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum("first").alias("units"),
-            F.sum("outside").alias("outside"),
-        )
-        .orderBy("cell")
-        .toArrow()
+        .withColumn("first", F.when(F.col("rn") == 1, 1).otherwise(0))
     )
-    cells = counted.column("cell").to_numpy().astype(np.int64)
-    counts = counted.column("count").to_numpy().astype(np.int64)
-    kept = int(counts.sum())
-    result = Counted(
-        cells=cells,
-        counts=counts,
-        n=kept,
-        n_outside=int(counted.column("outside").to_numpy().sum()),
-        skipped=int(checks["rows"] - checks["present"]),
-    )
-    units = int(counted.column("units").to_numpy().sum())
-    return result, units, int(checks["present"]) - kept
+    counted, extra = stacked_counts(kept, xs, grids, extra="first")
+    present = int(checks["present"])
+    n = int(counted[0].counts.sum()) if counted else 0
+    skipped = int(checks["rows"]) - present
+    out = [Counted(one.cells, one.counts, n, one.n_outside, skipped) for one in counted]
+    return out, extra, present - n

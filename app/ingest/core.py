@@ -118,7 +118,7 @@ def _check_parquet(
 
 
 def _batches(
-    kind: str, path: str, column: str, *, room: int, limit: int, max_page_bytes: int
+    kind: str, path: str, columns: list[str], *, room: int, limit: int, max_page_bytes: int
 ) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -128,32 +128,60 @@ def _batches(
         if kind == "parquet":
             with open(path, "rb") as file:
                 parquet = pq.ParquetFile(file, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-                if column not in parquet.schema_arrow.names:
-                    raise IngestError(f"{path}: no column {column!r}")
-                _check_parquet(
-                    path,
-                    file,
-                    parquet,
-                    column,
-                    room=room,
-                    limit=limit,
-                    max_page_bytes=max_page_bytes,
-                )
-                yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=[column])
+                for column in columns:
+                    if column not in parquet.schema_arrow.names:
+                        raise IngestError(f"{path}: no column {column!r}")
+                    _check_parquet(
+                        path,
+                        file,
+                        parquet,
+                        column,
+                        room=room,
+                        limit=limit,
+                        max_page_bytes=max_page_bytes,
+                    )
+                yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns)
         else:
             reader = pacsv.open_csv(
                 path,
                 read_options=pacsv.ReadOptions(block_size=1 << 22),
                 convert_options=pacsv.ConvertOptions(
-                    include_columns=[column], column_types={column: pa.float64()}
+                    include_columns=columns, column_types=dict.fromkeys(columns, pa.float64())
                 ),
             )
             yield from reader
     except KeyError:
-        raise IngestError(f"{path}: no column {column!r}") from None
+        raise IngestError(f"{path}: no column {_names(columns)}") from None
     except (pa.ArrowException, OSError) as exc:
         # Arrow messages can quote a cell; report the class only.
-        raise IngestError(f"{path}: cannot read column {column!r} ({type(exc).__name__})") from None
+        raise IngestError(
+            f"{path}: cannot read column {_names(columns)} ({type(exc).__name__})"
+        ) from None
+
+
+def _names(columns: list[str]) -> str:
+    return " or ".join(map(repr, columns))
+
+
+def numeric_block(batch: Any, columns: list[str], path: str) -> tuple[Any, NDArray[np.bool_]]:
+    """A record batch's columns as one (rows, columns) float64 array, and the mask of the
+    rows with no missing cell (the others are skipped whole). NaN or infinite values in a
+    kept row are an error."""
+    import pyarrow as pa
+
+    block = np.empty((batch.num_rows, len(columns)), dtype=np.float64)
+    present = np.ones(batch.num_rows, dtype=bool)
+    for i, column in enumerate(columns):
+        array = batch.column(batch.schema.get_field_index(column))
+        if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
+            raise IngestError(f"{path}: column {column!r} is not numeric")
+        block[:, i] = array.to_numpy(zero_copy_only=False).astype(np.float64)
+        if array.null_count:
+            present &= ~array.is_null().to_numpy(zero_copy_only=False)
+    for i, column in enumerate(columns):
+        if not np.isfinite(block[present, i]).all():
+            raise IngestError(f"{path}: column {column!r} holds NaN or infinite values")
+    return block, present
 
 
 def count_local(
@@ -165,47 +193,65 @@ def count_local(
     max_values: int | None = None,
     max_page_bytes: int = MAX_PARQUET_PAGE_BYTES,
 ) -> Counted:
-    """The histogram of ``column`` over ``files``, streamed with pyarrow (memory O(batch + d)).
+    """The histogram of ``column`` over ``files`` (:func:`count_columns_local` of one)."""
+    (counted,) = count_columns_local(
+        kind, files, [column], [grid], max_values=max_values, max_page_bytes=max_page_bytes
+    )
+    return counted
 
-    Nulls (empty CSV cells) are skipped and counted; NaN or infinite values are an error.
-    Values and nulls of all files together count against ``max_values`` (default
-    ``DPQUANT_MAX_VALUES``, as on the server): a Parquet file is refused from its footer
-    before any of it is read, a CSV file as soon as it crosses the limit. A Parquet page
-    above ``max_page_bytes`` is refused from the page headers, before any data page is read
-    (as the server does with uploads: :data:`app.datasets.upload.MAX_PARQUET_PAGE_BYTES`).
+
+def count_columns_local(
+    kind: str,
+    files: list[str],
+    columns: list[str],
+    grids: list[Grid],
+    *,
+    max_values: int | None = None,
+    max_page_bytes: int = MAX_PARQUET_PAGE_BYTES,
+) -> list[Counted]:
+    """The histogram of each of ``columns`` (on its grid) over ``files``, streamed with
+    pyarrow (memory O(batch + cells)).
+
+    A row with a missing cell (empty CSV cell, Parquet null) in any of ``columns`` is
+    skipped whole and counted, so every column counts the same rows; NaN or infinite values
+    are an error. Rows of all files together (skipped ones included) count against
+    ``max_values`` (default ``DPQUANT_MAX_VALUES``, as on the server): a Parquet file is
+    refused from its footer before any of it is read, a CSV file as soon as it crosses the
+    limit. A Parquet page above ``max_page_bytes`` is refused from the page headers, before
+    any data page is read (as the server does with uploads:
+    :data:`app.datasets.upload.MAX_PARQUET_PAGE_BYTES`).
     """
-    import pyarrow as pa
-
     if max_values is None:
         from app.core.config import get_settings
 
         max_values = get_settings().max_values
-    builder = HistogramBuilder(lower=grid.lower, upper=grid.upper, granularity=grid.granularity)
+    builders = [
+        HistogramBuilder(lower=g.lower, upper=g.upper, granularity=g.granularity) for g in grids
+    ]
     skipped = 0
-    read = 0  # values and nulls
+    read = 0  # rows, skipped ones included
     for path in files:
         room = max_values - read
         for batch in _batches(
-            kind, path, column, room=room, limit=max_values, max_page_bytes=max_page_bytes
+            kind, path, columns, room=room, limit=max_values, max_page_bytes=max_page_bytes
         ):
-            array = batch.column(0)
-            read += len(array)
+            read += batch.num_rows
             if read > max_values:
                 raise IngestError(
-                    f"{path}: more than {max_values} values in all (column {column!r}, "
-                    "missing values included; DPQUANT_MAX_VALUES)"
+                    f"{path}: more than {max_values} values in all (column "
+                    f"{_names(columns)}, missing values included; DPQUANT_MAX_VALUES)"
                 )
-            if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type)):
-                raise IngestError(f"{path}: column {column!r} is not numeric")
-            values = array.to_numpy(zero_copy_only=False).astype(np.float64)
-            if array.null_count:
-                skipped += int(array.null_count)
-                values = values[~array.is_null().to_numpy(zero_copy_only=False)]
-            if not np.isfinite(values).all():
-                raise IngestError(f"{path}: column {column!r} holds NaN or infinite values")
-            builder.add_values(values)
-    cells, counts = builder.result()
-    return Counted(cells, counts, builder.n, builder.n_outside, skipped)
+            block, present = numeric_block(batch, columns, path)
+            if not present.all():
+                skipped += int(present.size - present.sum())
+                block = block[present]
+            for i, builder in enumerate(builders):
+                builder.add_values(np.ascontiguousarray(block[:, i]))
+    out = []
+    for builder in builders:
+        cells, counts = builder.result()
+        out.append(Counted(cells, counts, builder.n, builder.n_outside, skipped))
+    return out
 
 
 # --------------------------------------------------------------------------- server
@@ -232,19 +278,30 @@ def _check(response: Any, what: str) -> Any:
     return response.json()
 
 
+@dataclass(frozen=True)
+class Target:
+    """What ingest needs to know of a dataset: its numeric columns and their grids (in
+    declared order), its privacy unit column (or None) and max_rows_per_unit."""
+
+    columns: tuple[tuple[str, Grid], ...]
+    unit: str | None
+    k: int
+
+
 def fetch_grid(client: Any, dataset_id: str) -> Grid:
-    """The dataset's public bounds and granularity."""
-    return fetch_dataset(client, dataset_id)[0]
+    """The public grid of the dataset's first numeric column."""
+    return fetch_dataset(client, dataset_id).columns[0][1]
 
 
-def fetch_dataset(client: Any, dataset_id: str) -> tuple[Grid, str | None, int]:
-    """The dataset's public grid, its privacy unit column (or None) and max_rows_per_unit.
-    A table of several columns takes rows, not histograms: refused here."""
+def fetch_dataset(client: Any, dataset_id: str) -> Target:
+    """The dataset's public schema, as :class:`Target`."""
     ds = _check(client.get(f"/v1/datasets/{dataset_id}"), "reading the dataset")
-    if len(ds.get("columns") or []) > 1:
-        raise IngestError("the dataset is a table of several columns: upload its rows instead")
-    grid = Grid(float(ds["lower"]), float(ds["upper"]), float(ds["granularity"]))
-    return grid, ds.get("privacy_unit"), int(ds.get("max_rows_per_unit") or 1)
+    columns = tuple(
+        (c["name"], Grid(float(c["lower"]), float(c["upper"]), float(c["granularity"])))
+        for c in ds.get("columns") or []
+        if c.get("type") in ("numeric", "integer")
+    ) or (("value", Grid(float(ds["lower"]), float(ds["upper"]), float(ds["granularity"]))),)
+    return Target(columns, ds.get("privacy_unit"), int(ds.get("max_rows_per_unit") or 1))
 
 
 def pair_chunks(counted: Counted, pairs_per_chunk: int = 1 << 16) -> Iterator[bytes]:
@@ -256,21 +313,78 @@ def pair_chunks(counted: Counted, pairs_per_chunk: int = 1 << 16) -> Iterator[by
         yield block.tobytes()
 
 
+def plan_columns(
+    target: Target, column: str | None, columns: list[str] | None
+) -> tuple[list[str], list[str], list[Grid]]:
+    """(file columns to read, dataset columns they fill, grids) for ``--column`` (the file
+    column feeding a one-column dataset; default: the column's own name) or ``--columns``
+    (a table's numeric columns, read from file columns of the same names; default: all of
+    them, and all of them are needed, since a table's columns hold the same rows)."""
+    names = [name for name, _ in target.columns]
+    grids = [grid for _, grid in target.columns]
+    if column is not None and columns is not None:
+        raise IngestError("give --column (one-column dataset) or --columns (table), not both")
+    if column is not None:
+        if len(names) > 1:
+            raise IngestError(
+                f"the dataset is a table of {len(names)} numeric columns: use --columns "
+                f"{','.join(names)} (or leave it out)"
+            )
+        return [column], names, grids
+    if columns is None:
+        return list(names), names, grids
+    unknown = [c for c in columns if c not in names]
+    if unknown:
+        raise IngestError(f"not a numeric column of the dataset: {', '.join(map(repr, unknown))}")
+    if len(set(columns)) != len(columns):
+        raise IngestError("--columns names a column twice")
+    missing = [c for c in names if c not in columns]
+    if missing:
+        raise IngestError(
+            f"--columns misses {', '.join(map(repr, missing))}: a table's numeric columns "
+            "hold the same rows and are uploaded together"
+        )
+    order = [names.index(c) for c in columns]
+    return list(columns), list(columns), [grids[i] for i in order]
+
+
+def section_chunks(counted: list[Counted]) -> Iterator[bytes]:
+    """Every column's histogram as one section: its int64 pair count, then its pairs."""
+    for one in counted:
+        yield np.int64(one.cells.size).astype("<i8").tobytes()
+        yield from pair_chunks(one)
+
+
 def upload(
-    client: Any, dataset_id: str, counted: Counted, bounded: tuple[int, int, int] | None = None
+    client: Any,
+    dataset_id: str,
+    counted: Counted | list[Counted],
+    bounded: tuple[int, int, int] | None = None,
+    columns: list[str] | None = None,
 ) -> Any:
-    """PUT the histogram (counts only) and return the server's view of the dataset.
+    """PUT the histograms (counts only) and return the server's view of the dataset.
+
+    One :class:`Counted` (or a list of one): the one-column body. Several: one section per
+    column of ``columns``, in that order (a table's columns are replaced together).
     ``bounded``: (k, units, rows dropped) of a privacy-unit bounding done here."""
-    if counted.cells.size == 0:
+    parts = counted if isinstance(counted, list) else [counted]
+    if any(one.cells.size == 0 for one in parts):
         raise IngestError("no values found (all missing?)")
-    params: dict[str, int] = {"n_outside": counted.n_outside, "values_skipped": counted.skipped}
+    params: list[tuple[str, int | str]] = []
+    if len(parts) > 1:
+        assert columns is not None and len(columns) == len(parts)
+        params += [("column", name) for name in columns]
+    params += [("n_outside", one.n_outside) for one in parts]
+    params.append(("values_skipped", parts[0].skipped))
     if bounded is not None:
-        params.update(rows_per_unit=bounded[0], units=bounded[1], rows_dropped=bounded[2])
+        params += [("rows_per_unit", bounded[0]), ("units", bounded[1])]
+        params.append(("rows_dropped", bounded[2]))
+    body = pair_chunks(parts[0]) if len(parts) == 1 else section_chunks(parts)
     return _check(
         client.put(
             f"/v1/datasets/{dataset_id}/histogram",
             params=params,
-            content=pair_chunks(counted),
+            content=body,
             headers={"content-type": "application/octet-stream"},
         ),
         "uploading the histogram",

@@ -54,57 +54,114 @@ def cell_column(x: Any, grid: Grid) -> Any:
     return F.least(F.greatest(cell, F.lit(0).cast("bigint")), F.lit(grid.k_max).cast("bigint"))
 
 
+def read_frame(spark: Any, kind: str, files: list[str], names: list[str]) -> Any:
+    """The files as one DataFrame (CSV with a header row); a missing column is an error."""
+    reader = spark.read
+    frame = (
+        reader.parquet(*files) if kind == "parquet" else reader.option("header", True).csv(files)
+    )
+    for name in names:
+        if name not in frame.columns:
+            raise IngestError(f"no column {name!r}")
+    return frame
+
+
+def stacked_counts(
+    data: Any, xs: list[str], grids: list[Grid], *, extra: str | None = None
+) -> tuple[list[Counted], int]:
+    """Per column of ``xs`` (double columns of ``data``, no nulls), its (cell, count) rows and
+    the values outside its bounds, all from one GROUP BY (column, cell): several columns are
+    stacked by an explode. ``extra``: an integer column of ``data`` summed once per row
+    (returned second; 0 without it). ``n`` and ``skipped`` of the results are left 0."""
+    from pyspark.sql import functions as F
+
+    def part(i: int, x: str, grid: Grid) -> list[Any]:
+        outside = (F.col(x) < grid.lower) | (F.col(x) > grid.upper)
+        return [
+            F.lit(i).alias("c"),
+            cell_column(F.col(x), grid).alias("cell"),
+            F.when(outside, 1).otherwise(0).alias("out"),
+        ]
+
+    carried = [F.col(extra).alias("extra")] if extra else [F.lit(0).alias("extra")]
+    if len(xs) == 1:
+        rows = data.select(*part(0, xs[0], grids[0]), *carried)
+    else:
+        stacked = F.explode(
+            F.array(
+                *(F.struct(*part(i, x, g)) for i, (x, g) in enumerate(zip(xs, grids, strict=True)))
+            )
+        )
+        rows = data.select(stacked.alias("s"), *carried).select("s.c", "s.cell", "s.out", "extra")
+    table = (
+        rows.groupBy("c", "cell")
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.sum("out").alias("outside"),
+            F.sum(F.when(F.col("c") == 0, F.col("extra")).otherwise(0)).alias("extra"),
+        )
+        .orderBy("c", "cell")
+        .toArrow()
+    )
+    which = table.column("c").to_numpy()
+    cells = table.column("cell").to_numpy().astype(np.int64)
+    counts = table.column("count").to_numpy().astype(np.int64)
+    outside = table.column("outside").to_numpy().astype(np.int64)
+    out = []
+    for i in range(len(xs)):
+        mine = which == i
+        out.append(Counted(cells[mine], counts[mine], 0, int(outside[mine].sum()), 0))
+    return out, int(table.column("extra").to_numpy().sum())
+
+
 def count_spark(spark: Any, kind: str, files: list[str], column: str, grid: Grid) -> Counted:
-    """The histogram of ``column`` over ``files``, counted by Spark.
+    """The histogram of ``column`` over ``files``, counted by Spark (one column)."""
+    (counted,) = count_columns_spark(spark, kind, files, [column], [grid])
+    return counted
+
+
+def count_columns_spark(
+    spark: Any, kind: str, files: list[str], columns: list[str], grids: list[Grid]
+) -> list[Counted]:
+    """The histogram of each of ``columns`` over ``files``, counted by Spark; a row with a
+    missing cell in any of them is skipped whole (counted), as the local engine does.
 
     Spark's own errors (unreadable files, values that do not cast to double under ANSI mode)
     are reported by class only: their messages can quote a value.
     """
     try:
-        return _count(spark, kind, files, column, grid)
+        return _count(spark, kind, files, columns, grids)
     except IngestError:
         raise
     except Exception as exc:
         raise IngestError(f"Spark failed: {type(exc).__name__}") from None
 
 
-def _count(spark: Any, kind: str, files: list[str], column: str, grid: Grid) -> Counted:
+def _count(
+    spark: Any, kind: str, files: list[str], columns: list[str], grids: list[Grid]
+) -> list[Counted]:
     from pyspark.sql import functions as F
 
-    paths = list(files)
-    reader = spark.read
-    frame = (
-        reader.parquet(*paths) if kind == "parquet" else reader.option("header", True).csv(paths)
+    frame = read_frame(spark, kind, files, columns)
+    xs = [f"x{i}" for i in range(len(columns))]
+    data = frame.select(
+        *(F.col(f"`{c}`").cast("double").alias(x) for c, x in zip(columns, xs, strict=True))
     )
-    if column not in frame.columns:
-        raise IngestError(f"no column {column!r}")
-    x = F.col(f"`{column}`").cast("double")
-    data = frame.select(x.alias("x"))
-    finite = ~(F.isnan("x") | (F.col("x") == float("inf")) | (F.col("x") == float("-inf")))
+    complete = F.lit(True)
+    for x in xs:
+        complete = complete & F.col(x).isNotNull()
     totals = data.agg(
         F.count(F.lit(1)).alias("rows"),
-        F.count("x").alias("present"),
-        F.sum(F.when(~finite, 1).otherwise(0)).alias("bad"),
-        F.sum(F.when((F.col("x") < grid.lower) | (F.col("x") > grid.upper), 1).otherwise(0)).alias(
-            "outside"
+        F.sum(F.when(complete, 1).otherwise(0)).alias("present"),
+        *(
+            F.sum(F.when(F.isnan(x) | (F.abs(x) == float("inf")), 1).otherwise(0)).alias(f"bad{x}")
+            for x in xs
         ),
     ).collect()[0]
-    if totals["bad"]:
-        raise IngestError(f"column {column!r} holds NaN or infinite values")
-    counted = (
-        data.where(F.col("x").isNotNull())
-        .select(cell_column(F.col("x"), grid).alias("cell"))
-        .groupBy("cell")
-        .count()
-        .orderBy("cell")
-        .toArrow()
-    )
-    cells = counted.column("cell").to_numpy().astype(np.int64)
-    counts = counted.column("count").to_numpy().astype(np.int64)
-    return Counted(
-        cells=cells,
-        counts=counts,
-        n=int(totals["present"]),
-        n_outside=int(totals["outside"] or 0),
-        skipped=int(totals["rows"] - totals["present"]),
-    )
+    for column, x in zip(columns, xs, strict=True):
+        if totals[f"bad{x}"]:
+            raise IngestError(f"column {column!r} holds NaN or infinite values")
+    counted, _ = stacked_counts(data.where(complete), xs, grids)
+    present = int(totals["present"] or 0)
+    skipped = int(totals["rows"]) - present
+    return [Counted(one.cells, one.counts, present, one.n_outside, skipped) for one in counted]

@@ -299,14 +299,19 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     try:
         kind, files = core.expand_paths(args.paths, allow_uris=args.engine == "spark")
         with core.make_client(args.server, api_key) as client:
-            grid, unit, k = core.fetch_dataset(client, args.dataset)
-            if args.unit is not None and unit is None:
+            target = core.fetch_dataset(client, args.dataset)
+            if args.unit is not None and target.unit is None:
                 raise core.IngestError("the dataset has no privacy_unit: drop --unit")
-            unit = args.unit or unit
+            unit, k = args.unit or target.unit, target.k
+            listed = None if args.columns is None else [
+                c.strip() for c in args.columns.split(",") if c.strip()
+            ]  # fmt: skip
+            sources, names, grids = core.plan_columns(target, args.column, listed)
             bounded: tuple[int, int, int] | None = None
+            counted: list[core.Counted]
             if args.engine == "spark":
                 try:
-                    from app.ingest.spark import count_spark, session
+                    from app.ingest.spark import count_columns_spark, session
 
                     spark = session(args.spark_master)
                 except ImportError:
@@ -314,25 +319,25 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
                         'the Spark engine needs pyspark: pip install "dpquant[spark]"'
                     ) from None
                 if unit is None:
-                    counted = count_spark(spark, kind, files, args.column, grid)
+                    counted = count_columns_spark(spark, kind, files, sources, grids)
                 else:
-                    from app.ingest.bounded import count_spark_bounded
+                    from app.ingest.bounded import count_columns_spark_bounded
 
-                    counted, units, dropped = count_spark_bounded(
-                        spark, kind, files, args.column, unit, grid, k
+                    counted, units, dropped = count_columns_spark_bounded(
+                        spark, kind, files, sources, unit, grids, k
                     )
                     bounded = (k, units, dropped)
             elif unit is None:
-                counted = core.count_local(kind, files, args.column, grid)
+                counted = core.count_columns_local(kind, files, sources, grids)
             else:
-                from app.ingest.bounded import count_local_bounded
+                from app.ingest.bounded import count_columns_local_bounded
 
-                counted, units, dropped = count_local_bounded(
-                    kind, files, args.column, unit, grid, k
+                counted, units, dropped = count_columns_local_bounded(
+                    kind, files, sources, unit, grids, k
                 )
                 bounded = (k, units, dropped)
             counted_at = time.perf_counter()
-            dataset = core.upload(client, args.dataset, counted, bounded)
+            dataset = core.upload(client, args.dataset, counted, bounded, columns=names)
     except core.IngestError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -342,6 +347,7 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
             {
                 "dataset": args.dataset,
                 "engine": args.engine,
+                "columns": names,
                 "files": len(files),
                 "n": dataset.get("n"),
                 "n_cells": dataset.get("n_cells"),
@@ -434,12 +440,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingest = sub.add_parser(
         "ingest",
-        help="count a dataset's grid histogram from Parquet/CSV files and upload the counts "
+        help="count a dataset's grid histograms from Parquet/CSV files and upload the counts "
         "(admin key in DPQUANT_API_KEY)",
     )
     ingest.add_argument("--server", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     ingest.add_argument("--dataset", required=True, help="dataset id")
-    ingest.add_argument("--column", required=True, help="the numeric column to count")
+    ingest.add_argument(
+        "--column",
+        default=None,
+        help="one-column dataset: the file column to count (default: the dataset column's name)",
+    )
+    ingest.add_argument(
+        "--columns",
+        default=None,
+        help="a table: its numeric columns, comma-separated, read from file columns of the "
+        "same names (default: all of them; a table's columns are uploaded together)",
+    )
     ingest.add_argument(
         "--unit",
         default=None,

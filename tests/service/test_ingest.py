@@ -7,6 +7,7 @@ cross-engine tests prove that Spark SQL's double arithmetic computes bit-identic
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -414,3 +415,190 @@ def test_ingest_into_a_unit_dataset_then_appends_are_refused(
             "privacy_unit_needs_rows",
             "dataset_frozen",
         )
+
+
+# ------------------------------------------------------------------ tables (--columns)
+
+TABLE_GRIDS = [Grid(0.0, 120.0, 1.0), Grid(-3.3, 7.7, 1.1)]
+
+
+def table_parquet(root: Path, per_unit: np.ndarray, seed: int, parts: int = 3) -> Path:
+    """Parquet files of (age, score, person, note): unit u has ``per_unit[u]`` rows; some
+    ages and some scores are null (their rows are skipped whole)."""
+    rng = np.random.default_rng(seed)
+    people = np.repeat(np.arange(per_unit.size), per_unit)
+    rng.shuffle(people)
+    age = rng.integers(0, 130, people.size).astype(np.float64)
+    score = edge_values(TABLE_GRIDS[1], people.size, seed)[: people.size]
+    score = np.resize(score, people.size)
+    root.mkdir(parents=True)
+    for i, idx in enumerate(np.array_split(np.arange(people.size), parts)):
+        pq.write_table(
+            pa.table({
+                "age": pa.array(age[idx], mask=(idx % 89 == 0)),
+                "score": pa.array(score[idx], mask=(idx % 71 == 5)),
+                "person": pa.array([f"p{p}" for p in people[idx]]),
+                "note": pa.array(["x"] * idx.size),
+            }),
+            root / f"part{i}.parquet",
+        )  # fmt: skip
+    return root
+
+
+def complete_rows(root: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """(ages, scores) of the rows with no null, and how many rows have one."""
+    table = pq.read_table(root, columns=["age", "score"])
+    age = table.column("age").to_numpy(zero_copy_only=False)
+    score = table.column("score").to_numpy(zero_copy_only=False)
+    ok = ~(np.isnan(age) | np.isnan(score))
+    return age[ok], score[ok], int((~ok).sum())
+
+
+def test_both_engines_count_every_column_of_a_table_over_the_same_rows(
+    spark: Any, tmp_path: Path
+) -> None:
+    from app.ingest.spark import count_columns_spark
+
+    root = table_parquet(tmp_path / "d", np.ones(20_000, dtype=int), 21)
+    kind, files = core.expand_paths([str(root)])
+    columns = ["score", "age"]  # any order
+    grids = [TABLE_GRIDS[1], TABLE_GRIDS[0]]
+    local = core.count_columns_local(kind, files, columns, grids)
+    remote = count_columns_spark(spark, kind, files, columns, grids)
+    age, score, skipped = complete_rows(root)
+    for one_local, one_remote, x, grid in zip(local, remote, (score, age), grids, strict=True):
+        cells, counts = np.unique(
+            cell_of(x, grid.lower, grid.upper, grid.granularity), return_counts=True
+        )
+        for got in (one_local, one_remote):
+            np.testing.assert_array_equal(got.cells, cells)
+            np.testing.assert_array_equal(got.counts, counts)
+            assert (got.n, got.skipped) == (x.size, skipped)
+            assert got.n_outside == int(np.sum((x < grid.lower) | (x > grid.upper)))
+
+
+def test_both_engines_bound_a_table_by_unit_and_agree_without_excess(
+    spark: Any, tmp_path: Path
+) -> None:
+    from app.ingest.bounded import count_columns_local_bounded, count_columns_spark_bounded
+
+    columns, k = ["age", "score"], 3
+    per_unit = np.random.default_rng(8).integers(1, 9, 3000)
+    kind, files = core.expand_paths([str(table_parquet(tmp_path / "a", per_unit, 2))])
+    _, _, skipped = complete_rows(tmp_path / "a")
+    for counted, units, dropped in (
+        count_columns_local_bounded(kind, files, columns, "person", TABLE_GRIDS, k),
+        count_columns_spark_bounded(spark, kind, files, columns, "person", TABLE_GRIDS, k),
+    ):
+        n = counted[0].n
+        assert all(one.n == int(one.counts.sum()) == n for one in counted)
+        assert n + dropped + skipped == int(per_unit.sum())
+        assert units <= per_unit.size and n <= k * units
+        assert all(one.skipped == skipped for one in counted)
+    # nobody above k: both engines keep every complete row, exactly the unbounded counts
+    few = np.random.default_rng(9).integers(1, k + 1, 3000)
+    kind, files = core.expand_paths([str(table_parquet(tmp_path / "b", few, 4))])
+    plain = core.count_columns_local(kind, files, columns, TABLE_GRIDS)
+    for counted, _, dropped in (
+        count_columns_local_bounded(kind, files, columns, "person", TABLE_GRIDS, k),
+        count_columns_spark_bounded(spark, kind, files, columns, "person", TABLE_GRIDS, k),
+    ):
+        assert dropped == 0
+        for got, want in zip(counted, plain, strict=True):
+            np.testing.assert_array_equal(got.cells, want.cells)
+            np.testing.assert_array_equal(got.counts, want.counts)
+            assert got.n_outside == want.n_outside
+
+
+def test_a_unit_keeps_whole_rows_across_columns(tmp_path: Path) -> None:
+    """k = 1 on one unit whose rows pair (age, score) as (10, 1.1), (20, 2.2), (30, 3.3):
+    the kept age and the kept score always come from the same row."""
+    from app.ingest.bounded import count_columns_local_bounded
+
+    root = tmp_path / "d"
+    root.mkdir()
+    pq.write_table(
+        pa.table({"age": [10.0, 20.0, 30.0], "score": [1.1, 2.2, 3.3], "person": ["a"] * 3}),
+        root / "p.parquet",
+    )
+    kind, files = core.expand_paths([str(root)])
+    seen = set()
+    for _ in range(60):
+        (age, score), units, dropped = count_columns_local_bounded(
+            kind, files, ["age", "score"], "person", TABLE_GRIDS, 1
+        )
+        assert (units, dropped) == (1, 2)
+        seen.add((int(age.cells[0]), int(score.cells[0])))
+    assert seen == {(10, 4), (20, 5), (30, 6)}  # score cell = round((s + 3.3) / 1.1)
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_ingest_columns_fills_a_unit_table_in_one_upload(
+    engine: str,
+    spark: Any,
+    api: Api,
+    client: TestClient,
+    tmp_path: Path,
+    in_process: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    columns = [
+        {"name": "age", "type": "integer", "lower": 0, "upper": 120},
+        {"name": "score", "type": "numeric", "lower": -3.3, "upper": 7.7, "granularity": 1.1},
+        {"name": "note", "type": "categorical"},
+    ]
+    r = client.post(
+        "/v1/datasets",
+        json={"name": f"ingest-table-{engine}", "columns": columns, "epsilon": "10",
+              "privacy_unit": "person", "max_rows_per_unit": 2},
+        headers=ADMIN,
+    )  # fmt: skip
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    per_unit = np.full(400, 3)
+    data = table_parquet(tmp_path / "d", per_unit, 6)
+    argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ds["id"]]
+    argv += ["--engine", engine, str(data)]
+    # --column is for one-column datasets; --columns must name every numeric column
+    assert cli.main([*argv[:5], "--column", "age", *argv[5:]]) == 2
+    assert "use --columns age,score" in capsys.readouterr().err
+    assert cli.main([*argv[:5], "--columns", "age", *argv[5:]]) == 2
+    assert "misses 'score'" in capsys.readouterr().err
+    assert in_process == [f"GET /v1/datasets/{ds['id']}"] * 2
+    assert cli.main([*argv[:5], "--columns", "score,age", *argv[5:]]) == 0, capsys.readouterr()
+    report = json.loads(capsys.readouterr().out)
+    assert report["columns"] == ["score", "age"]
+    assert in_process[-1] == f"PUT /v1/datasets/{ds['id']}/histogram application/octet-stream"
+    view = client.get(f"/v1/datasets/{ds['id']}", headers=ADMIN).json()
+    _, _, skipped = complete_rows(data)
+    assert view["units"] <= 400 and view["n"] <= 2 * view["units"]
+    assert view["n"] + view["rows_dropped"] + view["values_skipped"] == per_unit.sum()
+    assert view["values_skipped"] == skipped
+    for column in ("age", "score"):
+        rel = api.query(ds["id"], quantiles=[0.5], epsilon="1", column=column)
+        assert rel.status_code == 201 and rel.json()["column"] == column
+    r = client.post(
+        f"/v1/datasets/{ds['id']}/values",
+        content=b"person,age,score,note\np1,1,1,x\n",
+        headers={**ADMIN, "content-type": "text/csv"},
+    )
+    assert r.status_code == 409 and r.json()["type"] == "unit_counts_unknown"
+
+
+def test_plan_columns_maps_files_to_the_dataset() -> None:
+    table = core.Target((("age", TABLE_GRIDS[0]), ("score", TABLE_GRIDS[1])), None, 1)
+    assert core.plan_columns(table, None, None) == (["age", "score"], ["age", "score"],
+                                                    TABLE_GRIDS)  # fmt: skip
+    assert core.plan_columns(table, None, ["score", "age"])[2] == TABLE_GRIDS[::-1]
+    one = core.Target((("value", TABLE_GRIDS[0]),), None, 1)
+    assert core.plan_columns(one, "x", None) == (["x"], ["value"], [TABLE_GRIDS[0]])
+    assert core.plan_columns(one, None, None) == (["value"], ["value"], [TABLE_GRIDS[0]])
+    for target, column, listed, problem in (
+        (table, "age", None, "use --columns"),
+        (table, None, ["age", "height"], "not a numeric column"),
+        (table, None, ["age", "age", "score"], "twice"),
+        (table, None, ["score"], "misses 'age'"),
+        (one, "x", ["value"], "not both"),
+    ):
+        with pytest.raises(core.IngestError, match=problem):
+            core.plan_columns(target, column, listed)
