@@ -15,28 +15,51 @@ from pydantic import BaseModel, Field, PlainSerializer
 
 @dataclass(frozen=True)
 class Amount:
-    """An (epsilon, delta) pair of exact decimals."""
+    """An (epsilon, delta) pair of exact decimals, and the rho of a zCDP table's accounts
+    (0 in a pure table)."""
 
     epsilon: Decimal
     delta: Decimal
+    rho: Decimal = Decimal(0)
 
     def covers(self, other: Amount) -> bool:
-        """True when both components of ``other`` fit inside this amount."""
-        return other.epsilon <= self.epsilon and other.delta <= self.delta
+        """True when every component of ``other`` fits inside this amount."""
+        return other.epsilon <= self.epsilon and other.delta <= self.delta and other.rho <= self.rho
+
+    def plus(self, other: Amount) -> Amount:
+        """Exact sum."""
+        with localcontext() as ctx:
+            ctx.prec = 200
+            return Amount(
+                self.epsilon + other.epsilon, self.delta + other.delta, self.rho + other.rho
+            )
 
     def minus(self, other: Amount) -> Amount:
         """Exact difference (no rounding, whatever the number of digits)."""
         with localcontext() as ctx:
             ctx.prec = 200
-            return Amount(self.epsilon - other.epsilon, self.delta - other.delta)
+            return Amount(
+                self.epsilon - other.epsilon, self.delta - other.delta, self.rho - other.rho
+            )
 
 
 @dataclass(frozen=True)
 class Budget:
-    """Granted, spent and remaining budget of one dataset."""
+    """Granted, spent and remaining budget of one dataset. In a zCDP table (``accounting``
+    ``zcdp``) rho is the balance and ``guarantee_delta`` the delta its guarantee is stated
+    at; epsilon and delta are the targets granted and the sums of what queries asked."""
 
     granted: Amount
     spent: Amount
+    accounting: str = "pure"
+    guarantee_delta: Decimal | None = None
+
+    def affords(self, cost: Amount) -> bool:
+        """Whether ``cost`` fits in what is left, by the table's accounting."""
+        left = self.remaining
+        if self.accounting == "zcdp":
+            return cost.rho <= left.rho
+        return cost.epsilon <= left.epsilon and cost.delta <= left.delta
 
     @property
     def remaining(self) -> Amount:

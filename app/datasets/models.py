@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy import (
     BigInteger,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    Numeric,
     String,
     Text,
     UniqueConstraint,
@@ -50,6 +52,12 @@ class Dataset(Base):
         CheckConstraint(
             "bounded_by IS NULL OR bounded_by IN ('server', 'sender')", name="bounded_by"
         ),
+        CheckConstraint("accounting IN ('pure', 'zcdp')", name="accounting"),
+        CheckConstraint(
+            "(accounting = 'zcdp') = (accounting_delta IS NOT NULL) "
+            "AND (accounting_delta IS NULL OR (accounting_delta > 0 AND accounting_delta < 1))",
+            name="accounting_delta",
+        ),
         # Names are unique among the datasets that are not archived (migration 0005).
         Index(
             "uq_dataset_name_live",
@@ -65,6 +73,10 @@ class Dataset(Base):
     lower: Mapped[float] = mapped_column(Double)
     upper: Mapped[float] = mapped_column(Double)
     neighbors: Mapped[str] = mapped_column(String(16))
+    #: How releases compose: ``pure`` (epsilon and delta sum) or ``zcdp`` (rho sums; the
+    #: guarantee is stated at ``accounting_delta``). Fixed at creation.
+    accounting: Mapped[str] = mapped_column(String(8), server_default="pure")
+    accounting_delta: Mapped[Decimal | None] = mapped_column(Numeric)
     granularity: Mapped[float] = mapped_column(Double)
     n: Mapped[int | None] = mapped_column(BigInteger)
     n_outside: Mapped[int | None] = mapped_column(BigInteger)

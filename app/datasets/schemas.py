@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.core.amounts import AmountPublic, BudgetDecimal
+from app.core.amounts import AmountPublic, BudgetDecimal, DecimalText
 from app.core.text import StorableText
 
 Neighbors = Literal["swap", "add_remove"]
@@ -103,6 +103,15 @@ class ColumnPublic(BaseModel):
     keys: list[str] | None = None
 
 
+ACCOUNTING_DOC = (
+    "How releases compose: pure (epsilon and delta sum, basic composition) or zcdp (each "
+    "release debits rho: epsilon^2/8 for an epsilon-DP exponential mechanism; the total is "
+    "converted to (epsilon, delta) at the table's delta). zcdp buys 2-12x more releases of "
+    "small epsilon for a delta > 0; methods proven only in (epsilon, delta)-DP (appindexp, "
+    "smooth) are refused there."
+)
+
+
 class DatasetCreate(BaseModel):
     """A new dataset: a table of public schema (``columns``; or, the one-column shape,
     ``lower``, ``upper`` and ``granularity``, meaning one numeric column named ``value``),
@@ -129,8 +138,23 @@ class DatasetCreate(BaseModel):
     neighbors: Neighbors = Field(
         default="swap", description="Neighbour relation: swap (n public) or add_remove."
     )
-    epsilon: BudgetDecimal = Field(default=Decimal(0), description="Initial epsilon budget.")
-    delta: BudgetDecimal = Field(default=Decimal(0), description="Initial delta budget.")
+    epsilon: BudgetDecimal = Field(
+        default=Decimal(0),
+        description="Initial epsilon budget (zcdp: the total epsilon the table may reach).",
+    )
+    delta: BudgetDecimal = Field(
+        default=Decimal(0),
+        description="Initial delta budget (zcdp: required, > 0 and < 1: the delta at which "
+        "the table's guarantee is stated, fixed).",
+    )
+    accounting: Literal["pure", "zcdp"] = Field(
+        default="pure",
+        description=ACCOUNTING_DOC,
+    )
+    rho: BudgetDecimal | None = Field(
+        default=None,
+        description="zcdp only: the initial budget given directly as rho (instead of epsilon).",
+    )
     granularity: float | None = Field(
         default=None,
         gt=0,
@@ -167,6 +191,15 @@ class DatasetCreate(BaseModel):
                 raise ValueError("a table needs at least one numeric column")
             if self.privacy_unit is not None and self.privacy_unit in names:
                 raise ValueError("the privacy_unit column is not released: it cannot be declared")
+        if self.accounting == "zcdp":
+            if not 0 < self.delta < 1:
+                raise ValueError(
+                    "a zcdp table needs delta > 0 and < 1: the delta its guarantee is stated at"
+                )
+            if self.rho is not None and self.epsilon > 0:
+                raise ValueError("give the zcdp budget as epsilon or as rho, not both")
+        elif self.rho is not None:
+            raise ValueError("rho is a zcdp table's budget: set accounting to zcdp")
         if self.privacy_unit is None and (
             self.max_rows_per_unit > 1 or self.max_groups_per_unit > 1
         ):
@@ -240,6 +273,10 @@ class DatasetPublic(BaseModel):
     privacy_unit: str | None = Field(default=None, description=UNIT_DOC)
     max_rows_per_unit: int = Field(default=1, description=ROWS_DOC)
     max_groups_per_unit: int = Field(default=1, description=GROUPS_DOC)
+    accounting: Literal["pure", "zcdp"] = Field(default="pure", description=ACCOUNTING_DOC)
+    accounting_delta: DecimalText | None = Field(
+        default=None, description="zcdp: the delta the table's guarantee is stated at."
+    )
     budget_remaining: AmountPublic
     created_at: datetime
     archived_at: datetime | None = Field(

@@ -164,6 +164,8 @@ def create_dataset(
         archived_at=None,
         size_hint=body.size_hint,
         privacy_unit=body.privacy_unit,
+        accounting=body.accounting,
+        accounting_delta=body.delta if body.accounting == "zcdp" else None,
         max_rows_per_unit=body.max_rows_per_unit,
         max_groups_per_unit=body.max_groups_per_unit,
         unit_key=secrets.token_bytes(32) if body.privacy_unit is not None else None,

@@ -13,22 +13,72 @@ from app.core.amounts import AmountPublic, Budget, BudgetDecimal, DecimalText
 from app.core.text import StorableText
 
 
+class RhoFigures(BaseModel):
+    """A zCDP table's balance in rho."""
+
+    granted: DecimalText
+    spent: DecimalText
+    remaining: DecimalText
+
+
+class ReleasesLeft(BaseModel):
+    """How many more releases of one typical query the balance pays for."""
+
+    epsilon: DecimalText = Field(description="The query's epsilon (`?epsilon=`, default 0.1).")
+    method: str = Field(description="The query's method (JointExp).")
+    count: int | None = Field(description="Releases left (null: the query costs nothing).")
+
+
+#: The typical query ``releases_left`` is counted for, unless ``?epsilon=`` says otherwise.
+TYPICAL_EPSILON = Decimal("0.1")
+
+
 class BudgetPublic(BaseModel):
-    """A dataset's budget: granted, spent (sum of debits) and remaining."""
+    """A dataset's budget by its accounting.
+
+    ``pure``: granted, spent (sum of debits) and remaining (epsilon, delta); the guarantee is
+    the spent sum. ``zcdp``: the balance is ``rho``; ``granted`` is the target (epsilon,
+    delta), ``spent`` the sums of what the queries asked (what basic composition would have
+    charged), ``guarantee`` the (epsilon, delta) the rho spent gives at the table's delta
+    (dp-accounting's RDP conversion, rounded up) and ``remaining`` the target epsilon not yet
+    reached by the guarantee."""
 
     dataset_id: uuid.UUID
+    accounting: Literal["pure", "zcdp"] = "pure"
     granted: AmountPublic
     spent: AmountPublic
     remaining: AmountPublic
+    rho: RhoFigures | None = None
+    guarantee: AmountPublic
+    releases_left: ReleasesLeft
 
     @classmethod
-    def of(cls, dataset_id: uuid.UUID, budget: Budget) -> BudgetPublic:
-        """From the service-level budget."""
+    def of(
+        cls, dataset_id: uuid.UUID, budget: Budget, *, typical: Decimal = TYPICAL_EPSILON
+    ) -> BudgetPublic:
+        """From the service-level budget (zCDP figures through :mod:`app.ledger.zcdp`)."""
+        from app.ledger import zcdp
+
+        rho = None
+        if budget.accounting == "zcdp":
+            left = budget.remaining
+            rho = RhoFigures(granted=budget.granted.rho, spent=budget.spent.rho, remaining=left.rho)
+            guarantee = zcdp.guarantee(budget)
+            remaining = zcdp.remaining(budget)
+            count = zcdp.releases_left(left.rho, typical * typical / 8)
+        else:
+            guarantee = budget.spent
+            remaining = budget.remaining
+            count = zcdp.releases_left(remaining.epsilon, typical)
         return cls(
             dataset_id=dataset_id,
+            accounting="zcdp" if budget.accounting == "zcdp" else "pure",
             granted=AmountPublic.of(budget.granted),
             spent=AmountPublic.of(budget.spent),
-            remaining=AmountPublic.of(budget.remaining),
+            remaining=AmountPublic.of(remaining),
+            rho=rho,
+            guarantee=AmountPublic.of(guarantee),
+            releases_left=ReleasesLeft(epsilon=typical, method="jointexp", count=count),
         )
 
 
@@ -39,12 +89,17 @@ class GrantCreate(BaseModel):
 
     epsilon: BudgetDecimal = Decimal(0)
     delta: BudgetDecimal = Decimal(0)
+    rho: BudgetDecimal = Field(
+        default=Decimal(0),
+        description="zcdp tables: rho added directly (else epsilon is converted to rho at the "
+        "table's delta, each grant on its own, which is conservative).",
+    )
     reason: StorableText = Field(min_length=1, max_length=1000, description="Why the budget grows.")
 
     @model_validator(mode="after")
     def _something(self) -> GrantCreate:
-        if self.epsilon == 0 and self.delta == 0:
-            raise ValueError("a grant must add a positive epsilon or delta")
+        if self.epsilon == 0 and self.delta == 0 and self.rho == 0:
+            raise ValueError("a grant must add a positive epsilon, delta or rho")
         return self
 
 
@@ -58,6 +113,11 @@ class LedgerEntryPublic(BaseModel):
     kind: Literal["grant", "debit"]
     epsilon: DecimalText
     delta: DecimalText
+    rho: DecimalText = Field(
+        default=Decimal(0),
+        description="zcdp tables: the rho added or debited (a debit's epsilon and delta are "
+        "the query's, as asked); 0 in pure tables.",
+    )
     reason: str | None
     release_id: uuid.UUID | None
     api_key_id: uuid.UUID | None

@@ -17,7 +17,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 import psycopg
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
@@ -33,7 +33,8 @@ ZERO = Decimal(0)
 
 #: One dataset's balance; psycopg's parameter style, run by both readers below.
 _ONE_BUDGET = (
-    "SELECT b.granted_epsilon, b.granted_delta, b.spent_epsilon, b.spent_delta"
+    "SELECT b.granted_epsilon, b.granted_delta, b.spent_epsilon, b.spent_delta,"
+    " b.granted_rho, b.spent_rho, d.accounting, d.accounting_delta"
     " FROM dataset d LEFT JOIN budget_balance b ON b.dataset_id = d.id WHERE d.id = %s"
 )
 
@@ -41,8 +42,13 @@ _ONE_BUDGET = (
 def _budget_of(row: Sequence[Any] | None) -> Budget | None:
     if row is None:
         return None
-    ge, gd, se, sd = (Decimal(0) if v is None else Decimal(v) for v in row)
-    return Budget(granted=Amount(ge, gd), spent=Amount(se, sd))
+    ge, gd, se, sd, gr, sr = (Decimal(0) if v is None else Decimal(v) for v in row[:6])
+    return Budget(
+        granted=Amount(ge, gd, gr),
+        spent=Amount(se, sd, sr),
+        accounting=row[6],
+        guarantee_delta=None if row[7] is None else Decimal(row[7]),
+    )
 
 
 def find_budget(session: Session, *, dataset_id: uuid.UUID) -> Budget | None:
@@ -70,22 +76,27 @@ def budgets(session: Session, *, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID
     """
     if not dataset_ids:
         return {}
-    zero = Decimal(0)
     rows = session.execute(
         select(
             Dataset.id,
-            func.coalesce(BudgetBalance.granted_epsilon, zero),
-            func.coalesce(BudgetBalance.granted_delta, zero),
-            func.coalesce(BudgetBalance.spent_epsilon, zero),
-            func.coalesce(BudgetBalance.spent_delta, zero),
+            BudgetBalance.granted_epsilon,
+            BudgetBalance.granted_delta,
+            BudgetBalance.spent_epsilon,
+            BudgetBalance.spent_delta,
+            BudgetBalance.granted_rho,
+            BudgetBalance.spent_rho,
+            Dataset.accounting,
+            Dataset.accounting_delta,
         )
         .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
         .where(Dataset.id.in_(dataset_ids))
     )
-    return {
-        ds: Budget(granted=Amount(Decimal(ge), Decimal(gd)), spent=Amount(Decimal(se), Decimal(sd)))
-        for ds, ge, gd, se, sd in rows
-    }
+    out: dict[uuid.UUID, Budget] = {}
+    for ds, *figures in rows:
+        found = _budget_of(figures)
+        assert found is not None
+        out[ds] = found
+    return out
 
 
 def dataset_with_budget(
@@ -102,9 +113,10 @@ def dataset_with_budget(
     row = session.execute(_DATASET_WITH_BUDGET, {"id": dataset_id}).first()
     if row is None:
         return None
-    dataset, ge, gd, se, sd = row
-    ge, gd, se, sd = (Decimal(0) if v is None else Decimal(v) for v in (ge, gd, se, sd))
-    return dataset, Budget(granted=Amount(ge, gd), spent=Amount(se, sd))
+    dataset, *figures = row
+    found = _budget_of([*figures, dataset.accounting, dataset.accounting_delta])
+    assert found is not None
+    return dataset, found
 
 
 _DATASET_WITH_BUDGET = (
@@ -114,6 +126,8 @@ _DATASET_WITH_BUDGET = (
         BudgetBalance.granted_delta,
         BudgetBalance.spent_epsilon,
         BudgetBalance.spent_delta,
+        BudgetBalance.granted_rho,
+        BudgetBalance.spent_rho,
     )
     .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
     .where(Dataset.id == bindparam("id"))
@@ -159,6 +173,32 @@ def price(requested: Decimal | None, computed: float) -> Decimal:
     return Decimal(computed).quantize(COST_QUANTUM, rounding=ROUND_CEILING)
 
 
+def grant_amount(
+    dataset: Dataset, *, epsilon: Decimal, delta: Decimal, rho: Decimal, initial: bool = False
+) -> Amount:
+    """What a grant adds, by the table's accounting. Pure: (epsilon, delta); rho is refused.
+    zCDP: rho given directly, or epsilon converted to rho at the table's delta (each grant
+    on its own: conservative, :func:`app.ledger.zcdp.rho_for`); the grant row keeps the
+    epsilon target (and, for the initial grant, the table's delta) for the record. A later
+    zCDP grant cannot add delta: the guarantee's delta is fixed at creation."""
+    from app.core.errors import invalid
+    from app.ledger import zcdp
+
+    if dataset.accounting != "zcdp":
+        if rho > 0:
+            raise invalid("body.rho", "only a table with accounting zcdp is budgeted in rho")
+        return Amount(epsilon, delta)
+    assert dataset.accounting_delta is not None
+    if not initial and delta > 0:
+        raise invalid(
+            "body.delta",
+            "a zcdp table states its guarantee at the delta fixed at its creation: grant "
+            "epsilon (converted to rho) or rho",
+        )
+    added = rho + zcdp.rho_for(epsilon, dataset.accounting_delta)
+    return Amount(epsilon, delta if initial else ZERO, added)
+
+
 def add_grant(
     session: Session,
     *,
@@ -168,6 +208,7 @@ def add_grant(
     reason: str,
     api_key_id: uuid.UUID | None,
     actor: Principal | None = None,
+    rho: Decimal = ZERO,
 ) -> LedgerEntry:
     """Append a grant row (recorded in the audit log with its amounts and reason)."""
     entry = LedgerEntry(
@@ -175,6 +216,7 @@ def add_grant(
         kind="grant",
         epsilon=epsilon,
         delta=delta,
+        rho=rho,
         reason=reason,
         release_id=None,
         api_key_id=api_key_id,
@@ -188,7 +230,8 @@ def add_grant(
         action="budget.grant",
         target_type="dataset",
         target_id=dataset_id,
-        details={"epsilon": str(epsilon), "delta": str(delta), "reason": reason},
+        details={"epsilon": str(epsilon), "delta": str(delta), "reason": reason}
+        | ({"rho": str(rho)} if rho > 0 else {}),
     )
     return entry
 

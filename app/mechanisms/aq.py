@@ -52,7 +52,7 @@ from numpy.typing import ArrayLike
 
 from app.mechanisms.exponential import node_pick
 from app.mechanisms.histogram import Support, support_from_values
-from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.registry import Mechanism, PrivacyNotion, bounded_range_rho
 from app.mechanisms.rng import make_rng, uniform_integer
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -176,4 +176,9 @@ AQ = Mechanism(
     core=aq_core,
     notion=PrivacyNotion.PURE_DP,
     summary="ApproximateQuantiles: recursive exponential-mechanism splitting (Kaplan et al. 2022).",
+    zcdp_fn=lambda epsilon, _delta, m: (
+        recursion_depth(m) * bounded_range_rho(epsilon / recursion_depth(m))
+    ),
+    zcdp_basis="D levels (D = floor(log2 m) + 1), each (epsilon/D)-bounded-range (its nodes' "
+    "loss ranges add up to at most epsilon/D): rho = D (epsilon/D)^2/8 = epsilon^2/(8D)",
 )

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+from fractions import Fraction
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -201,4 +202,7 @@ CSMOOTH = Mechanism(
     method_params=("delta",),
     cost_fn=csmooth_cost,
     neighbors=("swap",),
+    zcdp_fn=lambda epsilon, delta, _m: Fraction(calibrate_rho(float(epsilon), check_delta(delta))),
+    zcdp_basis="rho-zCDP by construction (the rho its noise is calibrated to, from the "
+    "query's epsilon and delta): debited as is",
 )

@@ -7,7 +7,7 @@ from numpy.typing import ArrayLike
 
 from app.mechanisms.exponential import exponential_mechanism_interval
 from app.mechanisms.histogram import Support, support_from_values
-from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.registry import Mechanism, PrivacyNotion, bounded_range_rho
 from app.mechanisms.rng import make_rng
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -65,4 +65,7 @@ INDEXP = Mechanism(
     core=indexp_core,
     notion=PrivacyNotion.PURE_DP,
     summary="Independent exponential mechanisms, epsilon/m each (Smith 2011).",
+    zcdp_fn=lambda epsilon, _delta, m: m * bounded_range_rho(epsilon / m),
+    zcdp_basis="m exponential mechanisms at epsilon/m, each (epsilon/m)-bounded-range: "
+    "rho = m (epsilon/m)^2/8 = epsilon^2/(8m)",
 )

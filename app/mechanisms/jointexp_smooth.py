@@ -85,7 +85,7 @@ from numpy.typing import ArrayLike
 from app.mechanisms.errors import MechanismInputError
 from app.mechanisms.histogram import GridHistogram, Support, support_from_grid, support_from_values
 from app.mechanisms.jointexp import jointexp_core
-from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.registry import Mechanism, PrivacyNotion, pure_dp_rho
 from app.mechanisms.rng import make_rng, uniform_bits
 from app.mechanisms.validation import FloatArray, IntArray, check_bounds
 
@@ -319,6 +319,9 @@ JOINTEXP_SMOOTH = Mechanism(
     summary="JointExp on data jittered upward within one grid step: for tied or clamped data "
     "(after Lalanne et al. 2022).",
     method_params=("smoothing",),
+    zcdp_fn=lambda epsilon, _delta, _m: pure_dp_rho(epsilon),
+    zcdp_basis="epsilon-DP (JointExp on randomly jittered records: a mixture of exponential "
+    "mechanisms, whose bounded range is not claimed): rho = epsilon^2/2",
 )
 
 __all__: list[str] = [

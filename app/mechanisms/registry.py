@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,10 @@ class PrivacyNotion(StrEnum):
 
 
 CostFn = Callable[[float, float | None], tuple[float, float]]
+#: ``rho(epsilon, delta, m)``: the zCDP parameter one release with these parameters
+#: satisfies (for the privacy unit; see :meth:`Mechanism.zcdp_cost`), exactly: epsilon and
+#: the result are fractions, so the ledger can debit it without rounding error.
+ZcdpFn = Callable[[Fraction, float | None, int], Fraction]
 #: ``core(support, rng, **method_params)``: sorted outputs, doubles on a value support and
 #: int64 grid indices on a grid support.
 CoreFn = Callable[..., FloatArray | IntArray]
@@ -59,6 +64,11 @@ class Mechanism:
     method_params: tuple[str, ...] = ()
     cost_fn: CostFn | None = field(default=None, repr=False)
     core: CoreFn | None = field(default=None, repr=False)
+    #: The release's zCDP parameter, where the method is proven in zCDP or bounded range;
+    #: None: (epsilon, delta)-DP only, not accountable in a zCDP table.
+    zcdp_fn: ZcdpFn | None = field(default=None, repr=False)
+    #: One line: why ``zcdp_fn`` holds (or why there is none), with the citation.
+    zcdp_basis: str = ""
     #: Neighbour relations the mechanism's privacy analysis covers.
     neighbors: tuple[str, ...] = ("swap", "add_remove")
 
@@ -202,5 +212,41 @@ class Mechanism:
             raise MechanismInputError("delta", "is required for this method")
         return (epsilon, delta)
 
+    def zcdp_cost(self, *, epsilon: Fraction | float, delta: float | None, m: int) -> Fraction:
+        """The rho of one release of ``m`` quantiles at (``epsilon``, ``delta``): what a zCDP
+        table debits. Holds for the privacy unit too: a row-level mechanism run at epsilon/k
+        that is (epsilon/k)-bounded-range is epsilon-bounded-range for a unit of k rows (the
+        privacy loss telescopes along the k single-row changes, and ranges add), and a
+        rho/k^2-zCDP row-level run is rho-zCDP for the unit (group privacy of zCDP).
+        :class:`MechanismInputError` on ``method`` when the method has no zCDP bound."""
+        if self.zcdp_fn is None:
+            raise MechanismInputError(
+                "method",
+                f"method {self.name!r} is proven only in (epsilon, delta)-DP and cannot be "
+                "accounted in zCDP",
+            )
+        self.dp_cost(epsilon=float(epsilon), delta=delta)  # the checks of the (e, d) price
+        return self.zcdp_fn(Fraction(epsilon), delta, m)
 
-__all__ = ["CoreFn", "CostFn", "Mechanism", "PrivacyNotion", "Support"]
+
+def bounded_range_rho(epsilon: Fraction) -> Fraction:
+    """An epsilon-bounded-range mechanism is (epsilon^2 / 8)-zCDP (Cesar & Rogers 2021,
+    Lemma 3.2; Dong, Durfee & Rogers 2020)."""
+    return epsilon * epsilon / 8
+
+
+def pure_dp_rho(epsilon: Fraction) -> Fraction:
+    """Any epsilon-DP mechanism is (epsilon^2 / 2)-zCDP (Bun & Steinke 2016, Prop. 1.4)."""
+    return epsilon * epsilon / 2
+
+
+__all__ = [
+    "CoreFn",
+    "CostFn",
+    "Mechanism",
+    "PrivacyNotion",
+    "Support",
+    "ZcdpFn",
+    "bounded_range_rho",
+    "pure_dp_rho",
+]

@@ -67,8 +67,12 @@ class Release(Base):
     delta: Mapped[Decimal | None] = mapped_column(Numeric)
     cost_epsilon: Mapped[Decimal] = mapped_column(Numeric)
     cost_delta: Mapped[Decimal] = mapped_column(Numeric)
-    remaining_epsilon: Mapped[Decimal] = mapped_column(Numeric)
-    remaining_delta: Mapped[Decimal] = mapped_column(Numeric)
+    #: (epsilon, delta) left after this release in a pure table; NULL in a zCDP table.
+    remaining_epsilon: Mapped[Decimal | None] = mapped_column(Numeric)
+    remaining_delta: Mapped[Decimal | None] = mapped_column(Numeric)
+    #: The rho this release debited (0 in a pure table) and, in a zCDP table, the rho left.
+    cost_rho: Mapped[Decimal] = mapped_column(Numeric, server_default="0")
+    remaining_rho: Mapped[Decimal | None] = mapped_column(Numeric)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -13,17 +13,19 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
+from fractions import Fraction
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import planner
 from app.auth.models import ApiKey
-from app.core.amounts import Amount
+from app.core.amounts import Amount, Budget
 from app.core.errors import DpquantError, invalid, not_found
 from app.core.principal import Principal
 from app.datasets.models import Dataset
 from app.datasets.service import ensure_live
+from app.ledger import zcdp
 from app.ledger.service import dataset_with_budget, mechanism_float, price
 from app.mechanisms import (
     MECHANISMS,
@@ -47,14 +49,19 @@ def _parameter_error(exc: MechanismInputError) -> DpquantError:
     return invalid(f"body.{exc.parameter}", exc.problem)
 
 
-def quote(mech: Mechanism, query: QuantileQuery, rows_per_unit: int = 1) -> Amount:
+def quote(
+    mech: Mechanism, query: QuantileQuery, rows_per_unit: int = 1, accounting: str = "pure"
+) -> Amount:
     """Validate the privacy parameters with the mechanism and price the release exactly.
 
     The mechanism will run with :func:`~app.ledger.service.mechanism_float` of the requested
     figures (never above them); its declared cost at those floats is what is priced. With
     ``rows_per_unit`` k > 1 the release is private per unit of k rows: the row-level
     parameters (ε/k for the pure methods) are validated here, so a release never fails
-    for them after it is paid for.
+    for them after it is paid for. In a zCDP table (``accounting``) the cost also carries
+    the release's rho (:meth:`~app.mechanisms.Mechanism.zcdp_cost`, exact, rounded up to
+    :data:`RHO_QUANTUM`), computed on the requested decimal epsilon (the run uses at most
+    that much); a method without a zCDP bound is refused (422).
     """
     try:
         epsilon = mechanism_float(query.epsilon)
@@ -62,11 +69,34 @@ def quote(mech: Mechanism, query: QuantileQuery, rows_per_unit: int = 1) -> Amou
         eps_cost, delta_cost = mech.dp_cost(epsilon=epsilon, delta=delta)
         eps_row, _ = mech.row_level(epsilon, delta, rows_per_unit)
         check_epsilon_share(eps_row, len(query.quantiles))
-        return Amount(price(query.epsilon, eps_cost), price(query.delta, delta_cost))
+        rho = Decimal(0)
+        if accounting == "zcdp":
+            if mech.zcdp_fn is None:
+                raise invalid(
+                    "body.method",
+                    f"method {mech.name!r} is proven only in (epsilon, delta)-DP: this table's "
+                    "accounting is zcdp, which needs a rho per release (use jointexp, indexp, "
+                    "aq, jointexp_smooth or csmooth)",
+                )
+            exact = mech.zcdp_cost(epsilon=Fraction(query.epsilon), delta=delta,
+                                   m=len(query.quantiles))  # fmt: skip
+            rho = _ceil(exact)
+        return Amount(price(query.epsilon, eps_cost), price(query.delta, delta_cost), rho)
     except MechanismInputError as exc:
         raise _parameter_error(exc) from None
     except ValueError:
         raise invalid("body.epsilon", "these privacy parameters have no finite cost") from None
+
+
+#: A release's rho is rounded up to this quantum (exact below it).
+RHO_QUANTUM = Decimal("1e-30")
+
+
+def _ceil(value: Fraction) -> Decimal:
+    """``value`` rounded up to :data:`RHO_QUANTUM` (exact integer arithmetic)."""
+    scale = 10**30
+    units = -((-value.numerator * scale) // value.denominator)
+    return Decimal(units).scaleb(-30)
 
 
 def request_fingerprint(query: QuantileQuery) -> str:
@@ -96,7 +126,9 @@ def check_min_epsilon(query: QuantileQuery, min_epsilon: Decimal) -> None:
         )
 
 
-def price_query(query: QuantileQuery, *, max_quantiles: int, rows_per_unit: int = 1) -> Priced:
+def price_query(
+    query: QuantileQuery, *, max_quantiles: int, rows_per_unit: int = 1, accounting: str = "pure"
+) -> Priced:
     """Everything about a query that needs no database: limits, method, cost.
 
     ``auto`` must be resolved first (:func:`plan_query`), since it depends on the dataset.
@@ -107,7 +139,7 @@ def price_query(query: QuantileQuery, *, max_quantiles: int, rows_per_unit: int 
         mech = get_mechanism(query.method)
     except MechanismInputError as exc:
         raise invalid("body.method", exc.problem) from None
-    return Priced(mech, quote(mech, query, rows_per_unit))
+    return Priced(mech, quote(mech, query, rows_per_unit, accounting))
 
 
 #: A release warns when its expected error is at least this share of the ranks.
@@ -125,15 +157,18 @@ class PublicFigures:
     rows_per_unit: int = 1
     #: the numeric columns' names, in declared order (fixed at creation)
     numeric: tuple[str, ...] = ("value",)
+    #: how releases compose (``pure`` or ``zcdp``; fixed at creation)
+    accounting: str = "pure"
 
     @classmethod
     def of(cls, dataset: Dataset) -> PublicFigures:
         """The figures of a dataset row (``release_reserve()`` computes the same in SQL)."""
         k = dataset.max_rows_per_unit
         numeric = tuple(c.name for c in dataset.columns if c.numeric)
-        if dataset.neighbors == "swap" and dataset.n is not None:
-            return cls(dataset.neighbors, dataset.n, k, numeric)
-        return cls(dataset.neighbors, dataset.size_hint, k, numeric)
+        size = dataset.n if dataset.neighbors == "swap" and dataset.n is not None else None
+        if size is None:
+            size = dataset.size_hint
+        return cls(dataset.neighbors, size, k, numeric, dataset.accounting)
 
     def column(self, name: str | None) -> str:
         """The numeric column a query reads: the one named, or the only one (422 else)."""
@@ -192,6 +227,8 @@ def resolve(
             figures.row_delta(None if query.delta is None else float(query.delta)),
             figures.neighbors,
         )
+        if figures.accounting == "zcdp" and MECHANISMS[name].zcdp_fn is None:
+            name = "jointexp"  # the planner's pick has no zCDP bound: the core method
     elif method is None:
         return query
     mech = MECHANISMS.get(name)
@@ -243,7 +280,12 @@ def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: i
     Reads no data value: only the dataset's public description (and n under swap)."""
     column = figures.column(query.column)
     resolved = resolve(query, figures=figures)
-    priced = price_query(resolved, max_quantiles=max_quantiles, rows_per_unit=figures.rows_per_unit)
+    priced = price_query(
+        resolved,
+        max_quantiles=max_quantiles,
+        rows_per_unit=figures.rows_per_unit,
+        accounting=figures.accounting,
+    )
     check_runs_on(priced.mechanism, neighbors=figures.neighbors)
     expected, warnings = expectation(resolved, figures=figures)
     return Plan(resolved, priced, request_fingerprint(query), expected, warnings, column)
@@ -314,6 +356,8 @@ class QuoteLine:
     remaining_after: Amount | None
     affordable: bool
     expected: list[dict[str, float]] | None
+    zcdp: bool = False
+    releases_left: int | None = None
 
 
 @dataclass(frozen=True)
@@ -352,12 +396,26 @@ def quote_query(
     figures = PublicFigures.of(dataset)
     key = _calling_key(session, principal) if principal.capped else None
 
+    zcdp_table = budget.accounting == "zcdp"
+
     def line(plan: Plan) -> QuoteLine:
         cost = plan.priced.cost
-        ok = remaining.covers(cost) and within_cap(key, cost)
-        return QuoteLine(
-            plan.query.method, cost, remaining.minus(cost) if ok else None, ok, plan.expected
-        )
+        ok = budget.affords(cost) and within_cap(key, cost)
+        after = None
+        if ok:
+            spent = Budget(budget.granted, budget.spent.plus(cost), budget.accounting,
+                           budget.guarantee_delta)  # fmt: skip
+            after = zcdp.remaining(spent)
+        if zcdp_table:
+            left = zcdp.releases_left(remaining.rho, cost.rho)
+        else:
+            counts = [
+                zcdp.releases_left(remaining.epsilon, cost.epsilon),
+                zcdp.releases_left(remaining.delta, cost.delta),
+            ]
+            known = [c for c in counts if c is not None]
+            left = min(known) if known else None
+        return QuoteLine(plan.query.method, cost, after, ok, plan.expected, zcdp_table, left)
 
     plan = plan_query(query, figures=figures, max_quantiles=max_quantiles)
     alternatives: list[QuoteLine] = []
@@ -370,7 +428,7 @@ def quote_query(
                 figures=figures,
                 max_quantiles=max_quantiles,
             )
-        except DpquantError:  # e.g. parameters outside what this method accepts
-            continue
+        except DpquantError:  # e.g. parameters outside what this method accepts, or no
+            continue  # zCDP bound in a zCDP table
         alternatives.append(line(alt))
     return Quote(line(plan), plan.warnings, alternatives)

@@ -76,6 +76,13 @@ ReleaseStatus = Literal["pending", "done", "failed"]
 FailureReason = Literal["timeout", "mechanism_error", "worker_lost", "dataset_archived"]
 
 
+class RhoCost(BaseModel):
+    """A release's rho in a zCDP table."""
+
+    cost: DecimalText
+    remaining: DecimalText
+
+
 class ReleasePublic(BaseModel):
     """A stored release. Reading it again is free; a finished release reads as the same bytes.
 
@@ -95,8 +102,17 @@ class ReleasePublic(BaseModel):
     failure: FailureReason | None = Field(description="Why the release failed; null otherwise.")
     epsilon: DecimalText
     delta: DecimalText | None
-    cost: AmountPublic
-    remaining: AmountPublic
+    cost: AmountPublic = Field(
+        description="What was debited: (epsilon, delta) in a pure table; in a zCDP table the "
+        "query's (epsilon, delta) as asked, and `rho` what was debited."
+    )
+    remaining: AmountPublic | None = Field(
+        description="The (epsilon, delta) left right after this release (pure tables); null "
+        "in a zCDP table, whose balance is `rho`."
+    )
+    rho: RhoCost | None = Field(
+        default=None, description="zCDP tables: the rho debited and the rho left after it."
+    )
     created_at: datetime = Field(description="When the release was reserved (and paid).")
     finished_at: datetime | None = Field(
         description="When the release was published: its run's start plus a run-time bound "
@@ -129,6 +145,14 @@ class QuoteFigures(BaseModel):
     )
     affordable: bool = Field(
         description="The dataset's remaining budget (and the key's cap, if any) covers it."
+    )
+    rho: DecimalText | None = Field(
+        default=None, description="zCDP tables: the rho the release would debit."
+    )
+    releases_left: int | None = Field(
+        default=None,
+        description="How many releases of exactly this query the dataset's balance pays for "
+        "(null: it costs nothing).",
     )
     expected_error: list[ExpectedError] | None = Field(
         description="Per quantile, in missed points; null when unknown (add_remove dataset "

@@ -45,7 +45,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.amounts import Amount, AmountPublic
+from app.core.amounts import Amount, AmountPublic, plain_decimal
 from app.core.errors import DpquantError, invalid, not_found
 from app.core.metrics import RELEASES, RESERVATIONS
 from app.core.pg import HotPool, run_async
@@ -77,8 +77,8 @@ class ReleaseRecord:
     delta: Decimal | None
     cost_epsilon: Decimal
     cost_delta: Decimal
-    remaining_epsilon: Decimal
-    remaining_delta: Decimal
+    remaining_epsilon: Decimal | None
+    remaining_delta: Decimal | None
     created_at: datetime
     status: str
     failure: str | None
@@ -92,6 +92,9 @@ class ReleaseRecord:
     data_version: int | None = None
     #: The column the release reads.
     column_name: str = "value"
+    #: The rho debited (0 in a pure table) and, in a zCDP table, the rho left after it.
+    cost_rho: Decimal = Decimal(0)
+    remaining_rho: Decimal | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -114,16 +117,18 @@ class Outcome:
     replayed: bool
 
 
-def budget_refusal(remaining: Amount, cost: Amount) -> DpquantError:
-    """409 ``budget_exhausted`` with the budget figures and nothing else."""
+def budget_refusal(remaining: Amount, cost: Amount, *, zcdp: bool = False) -> DpquantError:
+    """409 ``budget_exhausted`` with the budget figures and nothing else (in a zCDP table,
+    the rho asked and left too)."""
+    extra: dict[str, object] = {
+        "requested": AmountPublic.of(cost).model_dump(mode="json"),
+        "remaining": AmountPublic.of(remaining).model_dump(mode="json"),
+    }
+    if zcdp:
+        extra["requested_rho"] = plain_decimal(cost.rho)
+        extra["remaining_rho"] = plain_decimal(remaining.rho)
     return DpquantError(
-        409,
-        "budget_exhausted",
-        "the query costs more than the remaining budget",
-        extra={
-            "requested": AmountPublic.of(cost).model_dump(mode="json"),
-            "remaining": AmountPublic.of(remaining).model_dump(mode="json"),
-        },
+        409, "budget_exhausted", "the query costs more than the remaining budget", extra=extra
     )
 
 
@@ -143,11 +148,11 @@ def key_cap_refusal(cap: KeyCap, spent: Amount, cost: Amount) -> DpquantError:
 
 _RESERVE = (
     "SELECT outcome, release_id, seq, created_at, left_epsilon, left_delta, cap_epsilon,"
-    " cap_delta, spent_epsilon, spent_delta, neighbors, public_size"
+    " cap_delta, spent_epsilon, spent_delta, neighbors, public_size, left_rho, accounting"
     " FROM release_reserve(%s::uuid, %s::uuid, %s::uuid, %s::varchar,"
     " %s::double precision[], %s::numeric, %s::numeric, %s::numeric, %s::numeric,"
     " %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::varchar, %s::bigint, %s::integer,"
-    " %s::integer, %s::integer, %s::varchar)"
+    " %s::integer, %s::integer, %s::varchar, %s::numeric, %s::varchar)"
 )
 
 #: ``release_reserve()`` outcomes that refuse the query, as (status, type, detail).
@@ -235,7 +240,9 @@ async def reserve_release(
             k, numeric = await run_async(
                 pool, functools.partial(_table_figures, dataset_id=dataset_id)
             )
-            known = PublicFigures(row["neighbors"], row["public_size"], k, numeric)
+            known = PublicFigures(
+                row["neighbors"], row["public_size"], k, numeric, row["accounting"]
+            )
             if figures is not None:
                 figures.put(dataset_id, known)
             continue
@@ -296,7 +303,7 @@ def _reserve_params(
     (an unknown neighbour relation), so it answers ``replan`` with the dataset's own."""
     if plan is None or known is None:
         return (new_id, dataset_id, principal.key_id, "", [], 0, None, 0, 0, idempotency_key,
-                "", None, None, "", None, max_runs, caps.key, caps.dataset, "")  # fmt: skip
+                "", None, None, "", None, max_runs, caps.key, caps.dataset, "", 0, "")  # fmt: skip
     cost = plan.priced.cost
     return (
         new_id,
@@ -318,6 +325,8 @@ def _reserve_params(
         caps.key,
         caps.dataset,
         plan.column,
+        cost.rho,
+        known.accounting,
     )
 
 
@@ -335,7 +344,8 @@ def _outcome(
     cost = plan.priced.cost
     if outcome == "reserved":
         RESERVATIONS.labels(method).inc()
-        left = Amount(row["left_epsilon"], row["left_delta"]).minus(cost)
+        left = Amount(row["left_epsilon"], row["left_delta"], row["left_rho"]).minus(cost)
+        zcdp = row["accounting"] == "zcdp"
         return Outcome(
             ReleaseRecord(
                 id=new_id,
@@ -348,8 +358,8 @@ def _outcome(
                 delta=plan.query.delta,
                 cost_epsilon=cost.epsilon,
                 cost_delta=cost.delta,
-                remaining_epsilon=left.epsilon,
-                remaining_delta=left.delta,
+                remaining_epsilon=None if zcdp else left.epsilon,
+                remaining_delta=None if zcdp else left.delta,
                 created_at=row["created_at"],
                 status="pending",
                 failure=None,
@@ -358,6 +368,8 @@ def _outcome(
                 warnings=plan.warnings,
                 published_at=None,
                 column_name=plan.column,
+                cost_rho=cost.rho,
+                remaining_rho=left.rho if zcdp else None,
             ),
             replayed=False,
         )
@@ -367,7 +379,8 @@ def _outcome(
         raise DpquantError(409, *_REFUSALS[outcome])  # type: ignore[misc]
     RELEASES.labels(method, "refused").inc()
     if outcome == "budget_exhausted":
-        raise budget_refusal(Amount(row["left_epsilon"], row["left_delta"]), cost)
+        left = Amount(row["left_epsilon"], row["left_delta"], row["left_rho"])
+        raise budget_refusal(left, cost, zcdp=row["accounting"] == "zcdp")
     if outcome == "key_budget_exhausted":
         cap = KeyCap(epsilon=row["cap_epsilon"], delta=row["cap_delta"])
         raise key_cap_refusal(cap, Amount(row["spent_epsilon"], row["spent_delta"]), cost)

@@ -4,7 +4,8 @@ For each of READ COMMITTED, REPEATABLE READ and SERIALIZABLE, a fresh database i
 throwaway cluster gets ``ALTER DATABASE ... SET default_transaction_isolation``; a real
 ``dpquant serve --workers 2`` (two web processes, plus its release workers) serves it. One
 release of 0.1, then 30 concurrent queries of 0.1 on the 0.9 left: exactly 9 succeed, 21 are
-refused with 409, no 5xx, and the ledger, the balance row and the releases agree exactly.
+refused with 409, no 5xx, and the ledger, the balance row and the releases agree exactly. The
+same for a zCDP table whose rho pays for exactly those ten releases.
 (Before issue 8, REPEATABLE READ spent 3.1 of 1.0 and SERIALIZABLE answered 503s.)
 """
 
@@ -72,11 +73,29 @@ async def _burst(base: str, ds: str, headers: dict[str, str], n: int) -> Counter
     return Counter(r.status_code for r in rs)
 
 
+def _zcdp_rho() -> Decimal:
+    """A zCDP budget of exactly ten of the releases below: the first (IndExp, m = 1) and
+    nine of the burst's (m = 3), at epsilon 0.1 (rho = epsilon^2 / (8 m))."""
+    from fractions import Fraction
+
+    from app.releases.planning import _ceil
+
+    one = _ceil(Fraction(1, 100) / 8)
+    three = _ceil(Fraction(1, 100) / 24)
+    return one + 9 * three
+
+
+@pytest.mark.parametrize("accounting", ["pure", "zcdp"])
 @pytest.mark.parametrize("level", LEVELS)
 def test_exactly_the_affordable_releases_succeed_at_every_isolation_level(
-    cluster: ThrowawayPostgres, level: str
+    cluster: ThrowawayPostgres, level: str, accounting: str
 ) -> None:
     url = _database_with_default(cluster, level)
+    budget = (
+        {"epsilon": "1.0"}
+        if accounting == "pure"
+        else {"accounting": "zcdp", "delta": "0.000001", "rho": str(_zcdp_rho())}
+    )
     server = DpquantServer(url, ADMIN_KEY, workers=2)
     server.start()
     try:
@@ -85,7 +104,7 @@ def test_exactly_the_affordable_releases_succeed_at_every_isolation_level(
             ds = c.post(
                 "/v1/datasets",
                 json={"name": "iso-" + uuid.uuid4().hex[:8], "lower": 0, "upper": 100,
-                      "epsilon": "1.0"},
+                      **budget},
                 headers=admin,
             ).json()["id"]  # fmt: skip
             assert (
@@ -105,9 +124,10 @@ def test_exactly_the_affordable_releases_succeed_at_every_isolation_level(
         statuses = asyncio.run(_burst(server.base_url, ds, analyst, 30))
         engine = create_engine(url)
         with engine.connect() as conn:
+            column = "epsilon" if accounting == "pure" else "rho"
             ledger = conn.execute(
                 text(
-                    "SELECT coalesce(sum(epsilon) FILTER (WHERE kind = 'debit'), 0),"
+                    f"SELECT coalesce(sum({column}) FILTER (WHERE kind = 'debit'), 0),"
                     " count(*) FILTER (WHERE kind = 'debit') FROM ledger_entry"
                     " WHERE dataset_id = :d"
                 ),
@@ -115,7 +135,7 @@ def test_exactly_the_affordable_releases_succeed_at_every_isolation_level(
             ).one()
             balance = conn.execute(
                 text(
-                    "SELECT spent_epsilon, granted_epsilon FROM budget_balance"
+                    f"SELECT spent_{column}, granted_{column} FROM budget_balance"
                     " WHERE dataset_id = :d"
                 ),
                 {"d": ds},
@@ -127,14 +147,15 @@ def test_exactly_the_affordable_releases_succeed_at_every_isolation_level(
             ).all()  # fmt: skip
         engine.dispose()
         report(
-            f"isolation {level}",
+            f"isolation {level} ({accounting})",
             statuses=dict(statuses),
             spent=ledger[0],
             debits=ledger[1],
             balance_spent=balance[0],
         )
         assert statuses == Counter({201: 9, 409: 21}), statuses
-        assert Decimal(ledger[0]) == Decimal(balance[0]) == Decimal(balance[1]) == Decimal("1.0")
+        total = Decimal("1.0") if accounting == "pure" else _zcdp_rho()
+        assert Decimal(ledger[0]) == Decimal(balance[0]) == Decimal(balance[1]) == total
         assert ledger[1] == 10
         assert [(s, n, runs) for s, n, runs in releases] == [("done", 10, 10)]
     finally:

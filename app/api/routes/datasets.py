@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -22,7 +23,8 @@ from app.datasets.schemas import (
     DatasetPublic,
     DatasetUpdate,
 )
-from app.ledger.service import add_grant, budget, budgets
+from app.ledger import zcdp
+from app.ledger.service import add_grant, budget, budgets, grant_amount
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=DecimalJSONRoute)
 
@@ -34,7 +36,7 @@ def present(
     roles get n only under ``swap``, where it is public."""
     if figures is None:
         figures = budget(session, dataset_id=dataset.id)
-    remaining = AmountPublic.of(figures.remaining)
+    remaining = AmountPublic.of(zcdp.remaining(figures))
     public = DatasetPublic(
         id=dataset.id,
         name=dataset.name,
@@ -57,6 +59,8 @@ def present(
             for c in dataset.columns
         ],
         privacy_unit=dataset.privacy_unit,
+        accounting="zcdp" if dataset.accounting == "zcdp" else "pure",
+        accounting_delta=dataset.accounting_delta,
         max_rows_per_unit=dataset.max_rows_per_unit,
         max_groups_per_unit=dataset.max_groups_per_unit,
         budget_remaining=remaining,
@@ -87,12 +91,16 @@ def present(
 def create_dataset(body: DatasetCreate, session: SessionDep, principal: AdminDep) -> DatasetPublic:
     """Create a dataset with public bounds, neighbour relation, grid and initial budget."""
     dataset = service.create_dataset(session, body=body, actor=principal)
-    if body.epsilon > 0 or body.delta > 0:
+    added = grant_amount(
+        dataset, epsilon=body.epsilon, delta=body.delta, rho=body.rho or Decimal(0), initial=True
+    )
+    if added.epsilon > 0 or added.delta > 0 or added.rho > 0:
         add_grant(
             session,
             dataset_id=dataset.id,
-            epsilon=body.epsilon,
-            delta=body.delta,
+            epsilon=added.epsilon,
+            delta=added.delta,
+            rho=added.rho,
             reason="initial budget",
             api_key_id=principal.key_id,
             actor=principal,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import uuid
+from decimal import Decimal
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import AdminDep, ReaderDep, SessionDep
@@ -14,7 +16,13 @@ from app.core.errors import error_responses, not_found
 from app.core.pg import run_async
 from app.datasets.service import ensure_live, get_visible
 from app.ledger import service
-from app.ledger.schemas import BudgetPublic, GrantCreate, LedgerEntryPublic, LedgerPage
+from app.ledger.schemas import (
+    TYPICAL_EPSILON,
+    BudgetPublic,
+    GrantCreate,
+    LedgerEntryPublic,
+    LedgerPage,
+)
 
 router = APIRouter(prefix="/v1/datasets", tags=["budget"], route_class=DecimalJSONRoute)
 
@@ -25,8 +33,24 @@ router = APIRouter(prefix="/v1/datasets", tags=["budget"], route_class=DecimalJS
     responses=error_responses(304, 401, 403, 404, 422, 503),
     summary="Read a dataset's budget (free; supports If-None-Match)",
 )
-async def get_budget(dataset_id: uuid.UUID, request: Request, principal: ReaderDep) -> Response:
-    """Granted, spent and remaining (epsilon, delta); ``spent`` is the sum of the debits."""
+async def get_budget(
+    dataset_id: uuid.UUID,
+    request: Request,
+    principal: ReaderDep,
+    epsilon: Annotated[
+        Decimal,
+        Query(
+            gt=0,
+            le=1000,
+            max_digits=40,
+            decimal_places=30,
+            description="The epsilon of the typical query `releases_left` counts (JointExp).",
+        ),
+    ] = TYPICAL_EPSILON,
+) -> Response:
+    """The budget by the table's accounting: granted, spent and remaining (epsilon, delta)
+    (``spent`` is the sum of the debits), the guarantee so far, rho in a zCDP table, and how
+    many releases of a typical query are left."""
     figures = await run_async(
         request.app.state.pg_pool,
         functools.partial(service.read_budget, dataset_id=dataset_id),
@@ -34,7 +58,10 @@ async def get_budget(dataset_id: uuid.UUID, request: Request, principal: ReaderD
     )
     if figures is None or not principal.can_see(dataset_id):
         raise not_found("dataset")
-    return conditional_json(request, BudgetPublic.of(dataset_id, figures))
+    view = functools.partial(BudgetPublic.of, dataset_id, figures, typical=epsilon)
+    # a zCDP guarantee is a numerical conversion (cached): off the event loop
+    body = await anyio.to_thread.run_sync(view) if figures.accounting == "zcdp" else view()
+    return conditional_json(request, body)
 
 
 @router.post(
@@ -51,11 +78,13 @@ def create_grant(
     # Lock the dataset row so a grant serialises with concurrent releases.
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     ensure_live(dataset)
+    added = service.grant_amount(dataset, epsilon=body.epsilon, delta=body.delta, rho=body.rho)
     entry = service.add_grant(
         session,
         dataset_id=dataset_id,
-        epsilon=body.epsilon,
-        delta=body.delta,
+        epsilon=added.epsilon,
+        delta=added.delta,
+        rho=added.rho,
         reason=body.reason,
         api_key_id=principal.key_id,
         actor=principal,

@@ -71,7 +71,12 @@ def present(
             "epsilon": release.epsilon,
             "delta": release.delta,
             "cost": {"epsilon": release.cost_epsilon, "delta": release.cost_delta},
-            "remaining": {"epsilon": release.remaining_epsilon, "delta": release.remaining_delta},
+            "remaining": None
+            if release.remaining_epsilon is None or release.remaining_delta is None
+            else {"epsilon": release.remaining_epsilon, "delta": release.remaining_delta},
+            "rho": None
+            if release.remaining_rho is None
+            else {"cost": release.cost_rho, "remaining": release.remaining_rho},
             "created_at": release.created_at,
             "finished_at": release.finished_at,
             "expected_error": release.expected_error,
@@ -94,6 +99,8 @@ def _figures(line: planning.QuoteLine) -> QuoteFigures:
         else AmountPublic.of(line.remaining_after),
         affordable=line.affordable,
         expected_error=_expected(line.expected),
+        rho=line.cost.rho if line.zcdp else None,
+        releases_left=line.releases_left,
     )
 
 

@@ -73,7 +73,7 @@ from app.mechanisms.jointexp.strategy import (
     tilt_candidates,
     wider,
 )
-from app.mechanisms.registry import Mechanism, PrivacyNotion
+from app.mechanisms.registry import Mechanism, PrivacyNotion, bounded_range_rho
 from app.mechanisms.rng import make_rng
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -495,6 +495,9 @@ JOINTEXP = Mechanism(
     core=jointexp_core,
     notion=PrivacyNotion.PURE_DP,
     summary="JointExp: one exponential mechanism for all m quantiles (Gillenwater et al. 2021).",
+    zcdp_fn=lambda epsilon, _delta, _m: bounded_range_rho(epsilon),
+    zcdp_basis="one exponential mechanism, density exp(epsilon u / (2 Delta_u)) on a "
+    "data-independent base measure: epsilon-bounded-range, rho = epsilon^2/8",
 )
 
 __all__: list[str] = [

@@ -25,6 +25,8 @@ CREATE FUNCTION release_reserve(
     p_max_pending_key integer,
     p_max_pending_dataset integer,
     p_column varchar DEFAULT 'value',
+    p_cost_rho numeric DEFAULT 0,
+    p_accounting varchar DEFAULT 'pure',
     OUT outcome text,
     OUT release_id uuid,
     OUT seq bigint,
@@ -36,7 +38,9 @@ CREATE FUNCTION release_reserve(
     OUT spent_epsilon numeric,
     OUT spent_delta numeric,
     OUT neighbors varchar,
-    OUT public_size bigint
+    OUT public_size bigint,
+    OUT left_rho numeric,
+    OUT accounting varchar
 )
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -46,16 +50,18 @@ DECLARE
     v_now timestamptz;
 BEGIN
     SELECT ds.neighbors, ds.n, ds.size_hint, ds.archived_at, ds.values_uploaded_at,
-           ds.frozen_at
+           ds.frozen_at, ds.accounting
     INTO d FROM dataset ds WHERE ds.id = p_dataset_id FOR UPDATE;
     IF NOT FOUND THEN
         outcome := 'not_found';
         RETURN;
     END IF;
     neighbors := d.neighbors;
+    accounting := d.accounting;
     public_size := CASE WHEN d.neighbors = 'swap' AND d.n IS NOT NULL THEN d.n
                         ELSE d.size_hint END;
-    IF p_neighbors IS DISTINCT FROM neighbors OR p_public_size IS DISTINCT FROM public_size THEN
+    IF p_neighbors IS DISTINCT FROM neighbors OR p_public_size IS DISTINCT FROM public_size
+       OR p_accounting IS DISTINCT FROM accounting THEN
         outcome := 'replan';
         RETURN;
     END IF;
@@ -87,14 +93,19 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT b.granted_epsilon - b.spent_epsilon, b.granted_delta - b.spent_delta
-    INTO left_epsilon, left_delta
+    SELECT b.granted_epsilon - b.spent_epsilon, b.granted_delta - b.spent_delta,
+           b.granted_rho - b.spent_rho
+    INTO left_epsilon, left_delta, left_rho
     FROM budget_balance b WHERE b.dataset_id = p_dataset_id;
     IF NOT FOUND THEN
         left_epsilon := 0;  -- nothing was ever granted
         left_delta := 0;
+        left_rho := 0;
     END IF;
-    IF left_epsilon < p_cost_epsilon OR left_delta < p_cost_delta THEN
+    -- A pure table spends (epsilon, delta); a zCDP table spends rho (its rows keep the
+    -- query's epsilon and delta for the keys' caps, but its balance is rho).
+    IF (accounting = 'pure' AND (left_epsilon < p_cost_epsilon OR left_delta < p_cost_delta))
+       OR left_rho < p_cost_rho THEN
         outcome := 'budget_exhausted';
         RETURN;
     END IF;
@@ -132,17 +143,20 @@ BEGIN
                          delta, cost_epsilon, cost_delta, remaining_epsilon, remaining_delta,
                          idempotency_key, request_hash, created_at, status, failure, attempts,
                          lease_token, lease_until, finished_at, expected_error, warnings,
-                         column_name)
+                         column_name, cost_rho, remaining_rho)
     VALUES (p_id, p_dataset_id, p_api_key_id, p_method, p_quantiles, NULL, p_epsilon,
-            p_delta, p_cost_epsilon, p_cost_delta, left_epsilon - p_cost_epsilon,
-            left_delta - p_cost_delta, p_idempotency_key, p_request_hash, v_now,
+            p_delta, p_cost_epsilon, p_cost_delta,
+            CASE WHEN accounting = 'pure' THEN left_epsilon - p_cost_epsilon END,
+            CASE WHEN accounting = 'pure' THEN left_delta - p_cost_delta END,
+            p_idempotency_key, p_request_hash, v_now,
             'pending', NULL, 0, NULL, NULL, NULL, p_expected_error,
-            coalesce(p_warnings, '[]'::jsonb), p_column)
+            coalesce(p_warnings, '[]'::jsonb), p_column, p_cost_rho,
+            CASE WHEN accounting = 'zcdp' THEN left_rho - p_cost_rho END)
     RETURNING release.seq INTO seq;
-    INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, reason, release_id,
+    INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, rho, reason, release_id,
                               api_key_id, created_at)
-    VALUES (p_dataset_id, 'debit', p_cost_epsilon, p_cost_delta, NULL, p_id, p_api_key_id,
-            v_now);
+    VALUES (p_dataset_id, 'debit', p_cost_epsilon, p_cost_delta, p_cost_rho, NULL, p_id,
+            p_api_key_id, v_now);
     IF d.frozen_at IS NULL THEN
         -- Values never change once a run has been paid for.
         UPDATE dataset SET frozen_at = v_now WHERE id = p_dataset_id;
