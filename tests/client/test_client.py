@@ -217,6 +217,28 @@ def test_a_dataset_with_a_privacy_unit(admin: Client, tmp_path: Path) -> None:
     assert release.estimates is not None and len(release.estimates) == 1
 
 
+def test_a_zcdp_table(admin: Client) -> None:
+    ds = admin.create_dataset(
+        name(), lower=0, upper=250, epsilon="1", delta="0.000001", accounting="zcdp"
+    )
+    assert (ds.accounting, ds.accounting_delta) == ("zcdp", Decimal("0.000001"))
+    admin.upload(ds.id, values=VALUES)
+    before = admin.budget(ds.id)
+    assert before.rho is not None and before.releases_left is not None
+    assert before.releases_left.count == 19  # JointExp at 0.1: rho 0.00125 each
+    quote = admin.quote(ds.id, [0.5], epsilon="0.1", method="jointexp")
+    assert quote.rho == Decimal("0.00125") and quote.releases_left == 19
+    release = admin.quantiles(ds.id, [0.5], epsilon="0.1", method="jointexp")
+    assert release.remaining is None and release.rho is not None
+    assert release.rho["cost"] == Decimal("0.00125")
+    after = admin.budget(ds.id, typical="0.2")
+    assert after.rho is not None and after.rho.spent == Decimal("0.00125")
+    assert after.guarantee is not None and 0 < after.guarantee.epsilon < 1
+    assert after.releases_left is not None and after.releases_left.epsilon == Decimal("0.2")
+    grant = admin.grant(ds.id, reason="more", rho="0.5")
+    assert grant.rho == Decimal("0.5")
+
+
 def test_a_table_with_two_numeric_columns(admin: Client, tmp_path: Path) -> None:
     ds = admin.create_dataset(
         name(),

@@ -265,3 +265,32 @@ def test_contract_hooks_are_present(live_server: LiveServer) -> None:
         "query-submit",
     ):
         assert hook in hooks, hook
+
+
+def test_a_zcdp_table_shows_its_guarantee_curve_and_releases_left(
+    watched: Watched, seed: Seed
+) -> None:
+    ds = seed.dataset(values=sample(seed=5), epsilon="1", delta="0.000001", accounting="zcdp")
+    for _ in range(4):
+        seed.release(ds["id"], epsilon="0.1", method="jointexp")
+    viewer = seed.key("viewer", ds["id"])
+    sign_in(watched, viewer)
+    page = watched.page
+    budget = seed.budget(ds["id"])
+    assert budget["accounting"] == "zcdp"
+    page.get_by_test_id("guarantee-epsilon").filter(has_text=re.compile(r"\d")).wait_for(
+        timeout=TIMEOUT
+    )
+    assert page.get_by_test_id("guarantee-epsilon").inner_text() == budget["guarantee"]["epsilon"]
+    assert "ρ granted" in page.get_by_test_id("rho-figures").inner_text()
+    left = budget["releases_left"]["count"]
+    assert left == 15  # 19 releases of JointExp at 0.1 in (1, 1e-6), 4 spent
+    assert page.get_by_test_id("releases-left").inner_text().endswith(f": {left}")
+    chart = page.get_by_test_id("budget-chart")
+    assert chart.locator("path.spent").count() == 1
+    assert "guarantee" in chart.locator("desc").text_content()
+    # the browser's conversion of the rho spent (the curve's last point) is the server's
+    last = page.evaluate("async () => (await import('/ui/js/charts.js')).zcdpEpsilon(0.005, 1e-6)")
+    assert abs(last - float(budget["guarantee"]["epsilon"])) <= 1e-9
+    assert "zCDP" in page.locator("#ds-facts").inner_text()
+    watched.assert_clean()

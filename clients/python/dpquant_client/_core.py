@@ -225,6 +225,8 @@ class Core:
         max_rows_per_unit: int = 1,
         max_groups_per_unit: int = 1,
         columns: Sequence[Mapping[str, Any]] | None = None,
+        accounting: str = "pure",
+        rho: Number | None = None,
     ) -> Flow[Dataset]:
         body: dict[str, Any] = {
             "name": name,
@@ -239,6 +241,10 @@ class Core:
             body["columns"] = [dict(c) for c in columns]
         if granularity is not None:
             body["granularity"] = granularity
+        if accounting != "pure":
+            body["accounting"] = accounting
+        if rho is not None:
+            body["rho"] = decimal_text(rho)
         if privacy_unit is not None:
             body["privacy_unit"] = privacy_unit
             body["max_rows_per_unit"] = max_rows_per_unit
@@ -273,14 +279,19 @@ class Core:
         a: Answer = yield Call("PUT", f"/v1/datasets/{dataset_id}/values", True, kwargs=kwargs)
         return Dataset.model_validate(a.body)
 
-    def _budget(self, dataset_id: Id) -> Flow[Budget]:
-        a: Answer = yield Call("GET", f"/v1/datasets/{dataset_id}/budget", True, conditional=True)
+    def _budget(self, dataset_id: Id, typical: Number | None = None) -> Flow[Budget]:
+        path = f"/v1/datasets/{dataset_id}/budget"
+        if typical is not None:
+            path += f"?epsilon={decimal_text(typical)}"
+        a: Answer = yield Call("GET", path, True, conditional=True)
         return Budget.model_validate(a.body)
 
     def _grant(
-        self, dataset_id: Id, reason: str, epsilon: Number, delta: Number
+        self, dataset_id: Id, reason: str, epsilon: Number, delta: Number, rho: Number = 0
     ) -> Flow[LedgerEntry]:
         body = {"epsilon": decimal_text(epsilon), "delta": decimal_text(delta), "reason": reason}
+        if rho:
+            body["rho"] = decimal_text(rho)
         a: Answer = yield Call(
             "POST", f"/v1/datasets/{dataset_id}/grants", False, kwargs={"json": body}
         )

@@ -130,13 +130,16 @@ class AsyncClient(Core):
         max_rows_per_unit: int = 1,
         max_groups_per_unit: int = 1,
         columns: Sequence[Mapping[str, Any]] | None = None,
+        accounting: str = "pure",
+        rho: Number | None = None,
     ) -> Dataset:
         """Create a dataset (admin): public bounds, neighbour relation, initial budget;
         ``privacy_unit`` names the column identifying a person in uploads, whose rows are
         kept to ``max_rows_per_unit`` (releases are then private per person). ``columns``
         declares a table instead of ``lower``/``upper``: ``{"name", "type": "numeric" |
         "integer", "lower", "upper", "granularity"}`` or ``{"name", "type": "categorical",
-        "keys"}``."""
+        "keys"}``. ``accounting="zcdp"`` composes releases in zCDP (give ``delta`` > 0, the
+        delta the guarantee is stated at, and the budget as ``epsilon`` or ``rho``)."""
         return await self._arun(
             self._create_dataset(
                 name,
@@ -151,6 +154,8 @@ class AsyncClient(Core):
                 max_rows_per_unit,
                 max_groups_per_unit,
                 columns,
+                accounting,
+                rho,
             )
         )
 
@@ -172,9 +177,13 @@ class AsyncClient(Core):
     async def budget(
         self,
         dataset_id: Id,
+        *,
+        typical: Number | None = None,
     ) -> Budget:
-        """Granted, spent and remaining (free; cached with the ETag, polls cost a 304)."""
-        return await self._arun(self._budget(dataset_id))
+        """Granted, spent and remaining, the guarantee so far (zCDP tables: rho and its
+        conversion) and releases left of JointExp at ``typical`` (default 0.1). Free;
+        cached with the ETag, polls cost a 304."""
+        return await self._arun(self._budget(dataset_id, typical))
 
     async def grant(
         self,
@@ -183,9 +192,11 @@ class AsyncClient(Core):
         reason: str,
         epsilon: Number = 0,
         delta: Number = 0,
+        rho: Number = 0,
     ) -> LedgerEntry:
-        """Add epsilon and/or delta to a dataset's budget (admin)."""
-        return await self._arun(self._grant(dataset_id, reason, epsilon, delta))
+        """Add epsilon and/or delta to a dataset's budget (admin); a zCDP table takes epsilon
+        (converted to rho at its delta) or ``rho``."""
+        return await self._arun(self._grant(dataset_id, reason, epsilon, delta, rho))
 
     async def ledger(
         self,

@@ -24,13 +24,34 @@ class Amount(_Model):
     delta: Decimal
 
 
+class RhoFigures(_Model):
+    """A zCDP table's balance in rho."""
+
+    granted: Decimal
+    spent: Decimal
+    remaining: Decimal
+
+
+class ReleasesLeft(_Model):
+    """How many more releases of a typical query (JointExp at ``epsilon``) the budget pays."""
+
+    epsilon: Decimal
+    method: str = "jointexp"
+    count: int | None = None
+
+
 class Budget(_Model):
-    """Granted, spent (sum of debits) and remaining."""
+    """Granted, spent (sum of debits) and remaining; in a zCDP table (``accounting`` zcdp)
+    the balance is ``rho`` and ``guarantee`` the (epsilon, delta) the rho spent gives."""
 
     dataset_id: uuid.UUID
     granted: Amount
     spent: Amount
     remaining: Amount
+    accounting: Literal["pure", "zcdp"] = "pure"
+    rho: RhoFigures | None = None
+    guarantee: Amount | None = None
+    releases_left: ReleasesLeft | None = None
 
 
 class Dataset(_Model):
@@ -54,6 +75,8 @@ class Dataset(_Model):
     privacy_unit: str | None = None
     max_rows_per_unit: int = 1
     max_groups_per_unit: int = 1
+    accounting: Literal["pure", "zcdp"] = "pure"
+    accounting_delta: Decimal | None = None
     rows_dropped: int | None = None
     units: int | None = None
 
@@ -72,6 +95,7 @@ class Release(_Model):
     delta: Decimal | None = None
     cost: Amount
     remaining: Amount | None = None
+    rho: dict[str, Decimal] | None = None  # zCDP tables: {"cost", "remaining"}
     created_at: datetime
     status: Status = "done"  # servers before asynchronous releases only store done ones
     replayed: bool = Field(default=False, exclude=True)
@@ -97,6 +121,7 @@ class LedgerEntry(_Model):
     kind: Literal["grant", "debit"]
     epsilon: Decimal
     delta: Decimal
+    rho: Decimal = Decimal(0)
     reason: str | None = None
     release_id: uuid.UUID | None = None
     api_key_id: uuid.UUID | None = None
@@ -143,6 +168,8 @@ class Quote(_Model):
     cost: Amount | None = None
     remaining_after: Amount | None = None
     affordable: bool | None = None
+    rho: Decimal | None = None
+    releases_left: int | None = None
     expected_error: Any = None
     warnings: list[str] = Field(default_factory=list)
     alternatives: list[Any] = Field(default_factory=list)

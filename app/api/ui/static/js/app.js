@@ -4,7 +4,7 @@
 
 import { ApiError, clearKey, get, getKey, idempotencyKey, post, setKey } from "./api.js";
 import { installAdmin, loadKeys, renderKeyScopes } from "./admin.js";
-import { drawSpending, drawStepCdf } from "./charts.js";
+import { drawSpending, drawStepCdf, zcdpEpsilon } from "./charts.js";
 import { $, cell, clearChildren, say, showError, text, when } from "./dom.js";
 import { canQuery, isAdmin, state } from "./state.js";
 
@@ -175,6 +175,10 @@ async function selectDataset(id, { quiet = false } = {}) {
     "Privacy unit",
     ds.privacy_unit ? `${ds.privacy_unit}, at most ${ds.max_rows_per_unit} rows each` : "one row",
   ]);
+  rows.push([
+    "Accounting",
+    ds.accounting === "zcdp" ? `zCDP (guarantee stated at δ = ${ds.accounting_delta})` : "pure (ε and δ sum)",
+  ]);
   rows.push(["Created", when(ds.created_at)]);
   const picker = $("query-column");
   clearChildren(picker);
@@ -248,6 +252,22 @@ function renderBudget() {
   text($("spent-delta"), b.spent.delta);
   text($("remaining-eps"), b.remaining.epsilon); // exactly as the API writes it
   text($("remaining-delta"), b.remaining.delta);
+  const zcdp = b.accounting === "zcdp";
+  $("guarantee-row").hidden = !zcdp;
+  $("rho-figures").hidden = !zcdp;
+  if (zcdp) {
+    text($("guarantee-eps"), b.guarantee.epsilon);
+    text($("guarantee-delta"), b.guarantee.delta);
+    text($("rho-figures"), `zCDP accounting: ρ granted ${b.rho.granted}, spent ${b.rho.spent}, remaining ${b.rho.remaining}. Granted ε is the target; spent ε sums what queries asked (what summing ε would have charged).`);
+  }
+  const left = b.releases_left;
+  text($("releases-left"), left && left.count !== null
+    ? `Releases left at ε ${left.epsilon} (${left.method}): ${left.count}`
+    : "");
+  if (zcdp) {
+    renderGuaranteeChart(b);
+    return;
+  }
   let points;
   let source;
   if (isAdmin() && state.ledger.length) {
@@ -272,6 +292,32 @@ function renderBudget() {
   }
   drawSpending($("budget-chart"), { points, granted: Number(b.granted.epsilon), source });
   text($("budget-source"), `Spending chart ${source}.`);
+}
+
+// A zCDP table: the guarantee ε (at the table's δ) of the ρ spent so far, over time. Each
+// point converts the cumulative ρ as the server does (dp-accounting's RDP conversion over the
+// same orders); the last point is the server's own figure.
+function renderGuaranteeChart(b) {
+  const delta = Number(b.guarantee.delta) || Number(state.datasets.find((d) => d.id === state.selectedId)?.accounting_delta) || 1e-6;
+  let rows;
+  let source;
+  if (isAdmin() && state.ledger.length) {
+    source = "from the ledger's debits (ρ), converted to ε at the table's δ";
+    rows = [...state.ledger].filter((e) => e.kind === "debit").sort((a, b2) => a.id - b2.id)
+      .map((e) => ({ t: new Date(e.created_at), rho: Number(e.rho || 0) }));
+  } else {
+    source = "from the ρ of the releases visible to this key, converted to ε at the table's δ";
+    rows = [...state.releases].sort((a, b2) => new Date(a.created_at) - new Date(b2.created_at))
+      .map((r) => ({ t: new Date(r.created_at), rho: r.rho ? Number(r.rho.cost) : 0 }));
+  }
+  let rho = 0;
+  const points = rows.map((r) => {
+    rho += r.rho;
+    return { t: r.t, spent: zcdpEpsilon(rho, delta), granted: null };
+  });
+  if (points.length) points.unshift({ t: new Date(points[0].t.getTime() - 1000), spent: 0, granted: null });
+  drawSpending($("budget-chart"), { points, granted: Number(b.granted.epsilon), source, label: "guarantee ε" });
+  text($("budget-source"), `Guarantee chart ${source}.`);
 }
 
 function statusOf(release) {
@@ -334,6 +380,7 @@ function renderLedger() {
     cell(row, e.kind);
     cell(row, e.epsilon, "num");
     cell(row, e.delta, "num");
+    cell(row, e.rho && e.rho !== "0" ? e.rho : "", "num");
     cell(row, e.reason || (e.release_id ? `release ${e.release_id.slice(0, 8)}…` : ""));
     body.appendChild(row);
   }

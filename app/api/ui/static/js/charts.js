@@ -120,7 +120,27 @@ export function drawStepCdf(svg, { quantiles, estimates, lower, upper, title }) 
  * Cumulative ε spent (and granted, when known over time) against time.
  * series: [{t: Date, spent: number, granted: number|null}], sorted by t.
  */
-export function drawSpending(svg, { points, granted, source }) {
+// dp-accounting's default Renyi orders: the RDP accountant converts at these.
+const RDP_ORDERS = [
+  ...Array.from({ length: 99 }, (_, i) => 1.1 + i * 0.1),
+  ...Array.from({ length: 53 }, (_, i) => 11 + i),
+  128, 256, 512, 1024,
+];
+
+// The epsilon of rho-zCDP at delta: min over the orders of
+// alpha rho + (ln(1/delta) - ln alpha) / (alpha - 1) + ln(1 - 1/alpha)
+// (Canonne, Kamath & Steinke 2020; what the server reports, through dp-accounting).
+export function zcdpEpsilon(rho, delta) {
+  if (!(rho > 0)) return 0;
+  let best = Infinity;
+  for (const a of RDP_ORDERS) {
+    const e = a * rho + (Math.log(1 / delta) - Math.log(a)) / (a - 1) + Math.log1p(-1 / a);
+    if (e < best) best = e;
+  }
+  return Math.max(best, 0);
+}
+
+export function drawSpending(svg, { points, granted, source, label = "ε spent" }) {
   const W = 480, H = 220;
   if (!points.length) {
     message(svg, W, H, "Nothing spent yet");
@@ -169,9 +189,9 @@ export function drawSpending(svg, { points, granted, source }) {
   const ly = 12;
   const lx = f.m.left + f.w - 150;
   el("line", { x1: lx, x2: lx + 18, y1: ly, y2: ly, class: "spent" }, legend);
-  el("text", { x: lx + 22, y: ly + 4 }, legend).textContent = "ε spent";
+  el("text", { x: lx + 22, y: ly + 4 }, legend).textContent = label;
   el("line", { x1: lx + 76, x2: lx + 94, y1: ly, y2: ly, class: "granted" }, legend);
   el("text", { x: lx + 98, y: ly + 4 }, legend).textContent = "ε granted";
   const desc = el("desc", {}, svg);
-  desc.textContent = `Cumulative epsilon spent over time (${source}).`;
+  desc.textContent = `Cumulative ${label} over time (${source}).`;
 }
