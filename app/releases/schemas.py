@@ -179,6 +179,11 @@ class MethodPublic(BaseModel):
     neighbors: list[str] = Field(description="Neighbour relations its analysis covers.")
     needs_delta: bool
     description: str
+    zcdp: str | None = Field(
+        default=None,
+        description="In a zCDP table: the rho one release debits and why; null where the "
+        "method is refused there (proven only in (epsilon, delta)-DP).",
+    )
 
 
 class ReleasePage(BaseModel):

@@ -395,6 +395,7 @@ def list_methods() -> list[MethodPublic]:
             neighbors=list(m.neighbors),
             needs_delta=m.uses_delta,
             description=m.summary,
+            zcdp=m.zcdp_basis if m.zcdp_fn is not None else None,
         )
         for m in MECHANISMS.values()
     ]
