@@ -64,9 +64,10 @@ def test_release_response_shape(api: Api) -> None:
     assert set(rel) == {
         "id", "dataset_id", "status", "method", "quantiles", "estimates", "failure", "epsilon",
         "delta", "cost", "remaining", "created_at", "finished_at", "expected_error", "warnings",
-        "column", "data_version",
+        "column", "data_version", "rho",
     }  # fmt: skip
     assert rel["column"] == "value" and rel["data_version"] == 1
+    assert rel["rho"] is None  # a pure table
     assert rel["status"] == "done" and rel["failure"] is None and rel["finished_at"]
     assert rel["cost"] == {"epsilon": "0.1", "delta": "0"}
     assert rel["remaining"] == {"epsilon": "0.9", "delta": "0"}
