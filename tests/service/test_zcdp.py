@@ -7,6 +7,7 @@ respond-async``: each 202 is a paid reservation; nothing needs to run to count t
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -257,3 +258,35 @@ def test_the_database_refuses_a_hand_written_rho_overdraft(idle: tuple[ApiBase, 
     assert budget["rho"] == {"granted": "0.01", "spent": "0.01", "remaining": "0"}
     refused = release(api, ds, epsilon="0.001")
     assert refused.status_code == 409 and refused.json()["remaining_rho"] == "0"
+
+
+# ------------------------------------------------------------ conversions at the edges
+
+
+@pytest.mark.parametrize("delta", ["1e-12", "0.000001", "0.01", "0.5"])
+@pytest.mark.parametrize(
+    "rho", ["1e-12", "1e-8", "0.00125", "0.1", "1.538962324014227", "50", "1000"]
+)
+def test_the_reported_epsilon_rounds_up_and_is_never_looser_than_bun_steinke(
+    rho: str, delta: str
+) -> None:
+    r, d = Decimal(rho), Decimal(delta)
+    got = epsilon_of(r, d)
+    accounted = accountant_epsilon(float(r), float(d))
+    bun_steinke = float(r) + 2 * (float(r) * math.log(1 / float(d))) ** 0.5
+    best = min(accounted, bun_steinke)
+    assert Decimal(best) <= got  # rounded up, never down
+    assert got <= Decimal(best) * (1 + Decimal("1e-11")) + Decimal("1e-12")
+    assert got <= Decimal(bun_steinke) * (1 + Decimal("1e-11")) + Decimal("1e-12")
+
+
+def test_rho_for_is_the_largest_rho_that_fits() -> None:
+    from app.ledger.zcdp import RHO_QUANTUM, rho_for
+
+    for eps, delta in (("0.01", "1e-9"), ("1", "0.000001"), ("10", "0.000001"), ("100", "0.1")):
+        e, d = Decimal(eps), Decimal(delta)
+        rho = rho_for(e, d)
+        assert rho >= 0 and epsilon_of(rho, d) <= e
+        assert epsilon_of(rho + 2 * RHO_QUANTUM, d) > e - Decimal("1e-11")
+    assert rho_for(Decimal(0), Decimal("0.1")) == 0
+    assert epsilon_of(Decimal(0), Decimal("0.000001")) == 0

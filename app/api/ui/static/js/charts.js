@@ -129,7 +129,8 @@ const RDP_ORDERS = [
 
 // The epsilon of rho-zCDP at delta: min over the orders of
 // alpha rho + (ln(1/delta) - ln alpha) / (alpha - 1) + ln(1 - 1/alpha)
-// (Canonne, Kamath & Steinke 2020; what the server reports, through dp-accounting).
+// (Canonne, Kamath & Steinke 2020; what the server reports, through dp-accounting), or
+// Bun & Steinke's rho + 2 sqrt(rho ln(1/delta)) where smaller, as the server does.
 export function zcdpEpsilon(rho, delta) {
   if (!(rho > 0)) return 0;
   let best = Infinity;
@@ -137,7 +138,8 @@ export function zcdpEpsilon(rho, delta) {
     const e = a * rho + (Math.log(1 / delta) - Math.log(a)) / (a - 1) + Math.log1p(-1 / a);
     if (e < best) best = e;
   }
-  return Math.max(best, 0);
+  const bunSteinke = rho + 2 * Math.sqrt(rho * Math.log(1 / delta));
+  return Math.max(Math.min(best, bunSteinke * (1 + 1e-12)), 0);
 }
 
 export function drawSpending(svg, { points, granted, source, label = "ε spent" }) {
