@@ -307,6 +307,10 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
                 c.strip() for c in args.columns.split(",") if c.strip()
             ]  # fmt: skip
             sources, names, grids = core.plan_columns(target, args.column, listed)
+            if unit is not None and unit in sources:
+                raise core.IngestError(
+                    f"{unit!r} is the privacy unit column: it cannot be counted as a value"
+                )
             bounded: tuple[int, int, int] | None = None
             counted: list[core.Counted]
             if args.engine == "spark":

@@ -564,7 +564,9 @@ def test_ingest_columns_fills_a_unit_table_in_one_upload(
     assert "use --columns age,score" in capsys.readouterr().err
     assert cli.main([*argv[:5], "--columns", "age", *argv[5:]]) == 2
     assert "misses 'score'" in capsys.readouterr().err
-    assert in_process == [f"GET /v1/datasets/{ds['id']}"] * 2
+    assert cli.main([*argv[:5], "--unit", "age", *argv[5:]]) == 2
+    assert "'age' is the privacy unit column" in capsys.readouterr().err
+    assert in_process == [f"GET /v1/datasets/{ds['id']}"] * 3
     assert cli.main([*argv[:5], "--columns", "score,age", *argv[5:]]) == 0, capsys.readouterr()
     report = json.loads(capsys.readouterr().out)
     assert report["columns"] == ["score", "age"]
