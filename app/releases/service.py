@@ -127,9 +127,23 @@ def budget_refusal(remaining: Amount, cost: Amount, *, zcdp: bool = False) -> Dp
     if zcdp:
         extra["requested_rho"] = plain_decimal(cost.rho)
         extra["remaining_rho"] = plain_decimal(remaining.rho)
-    return DpquantError(
-        409, "budget_exhausted", "the query costs more than the remaining budget", extra=extra
+        short = [("rho", cost.rho, remaining.rho)]
+    else:
+        short = [
+            (name, asked, left)
+            for name, asked, left in (
+                ("epsilon", cost.epsilon, remaining.epsilon),
+                ("delta", cost.delta, remaining.delta),
+            )
+            if asked > left
+        ]
+    why = "; ".join(
+        f"its {name} {plain_decimal(asked)} exceeds the {plain_decimal(max(left, Decimal(0)))} "
+        "left"
+        for name, asked, left in short
     )
+    detail = "the query costs more than the remaining budget" + (f": {why}" if why else "")
+    return DpquantError(409, "budget_exhausted", detail, extra=extra)
 
 
 def key_cap_refusal(cap: KeyCap, spent: Amount, cost: Amount) -> DpquantError:

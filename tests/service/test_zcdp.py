@@ -290,3 +290,17 @@ def test_rho_for_is_the_largest_rho_that_fits() -> None:
         assert epsilon_of(rho + 2 * RHO_QUANTUM, d) > e - Decimal("1e-11")
     assert rho_for(Decimal(0), Decimal("0.1")) == 0
     assert epsilon_of(Decimal(0), Decimal("0.000001")) == 0
+
+
+def test_a_refusal_names_what_is_short(idle: tuple[ApiBase, Any]) -> None:
+    api, _ = idle
+    ds = table(api, epsilon="1", delta="0.000001")
+    r = release(api, ds, method="appindexp", epsilon="0.1", delta="0.00001")
+    assert r.status_code == 409
+    assert "its delta 0.00001 exceeds the 0.000001 left" in r.json()["detail"]
+    assert "epsilon" not in r.json()["detail"].split(":", 1)[1]
+    r = release(api, ds, epsilon="2")
+    assert "its epsilon 2 exceeds the 1 left" in r.json()["detail"]
+    z = table(api, accounting="zcdp", rho="0.001", delta="0.000001")
+    r = release(api, z, epsilon="0.1")  # rho 0.00125
+    assert "its rho 0.00125 exceeds the 0.001 left" in r.json()["detail"]
