@@ -40,6 +40,7 @@ from app.datasets.upload import (
     BATCH_VALUES,
     MAX_PARQUET_PAGE_BYTES,
     csv_with_header,
+    missing_cell,
     spooled_parquet,
     too_many_values,
 )
@@ -102,6 +103,9 @@ def csv_records(chunks: Iterable[bytes], spec: TableSpec) -> Iterator[Record]:
     order = [*([] if spec.unit is None else [spec.unit]), *_wanted(spec)]
     at = [names.index(name) for name in order]
     last = max(at)
+    # numeric cells holding a missing-value marker (NA, NaN, null, ...) are missing, like
+    # empty ones; a categorical key or a unit id "NA" is a value
+    numeric = range(int(spec.unit is not None), int(spec.unit is not None) + len(spec.numeric))
     row_number = 0
     try:
         for row_number, row in enumerate(reader, start=1):
@@ -109,7 +113,12 @@ def csv_records(chunks: Iterable[bytes], spec: TableSpec) -> Iterator[Record]:
                 continue
             if last >= len(row):
                 raise _bad(f"row {row_number}: missing cell")
-            yield row_number, [row[i].strip() or None for i in at]
+            cells: list[object] = [row[i].strip() or None for i in at]
+            for j in numeric:
+                cell = cells[j]
+                if isinstance(cell, str) and missing_cell(cell) is not None:
+                    cells[j] = None
+            yield row_number, cells
     except csv.Error:
         raise _bad(f"row {row_number + 1}: malformed CSV") from None
 

@@ -56,6 +56,22 @@ _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _JSON_WS = b" \t\n\r"
 
 
+#: Text cells that mean "no value" in a numeric column (compared case-insensitively, after
+#: stripping): what CSV writers put for a missing number (pandas, R, spreadsheets). They are
+#: skipped with ``?missing=skip`` and refused otherwise, like an empty cell; ``dpquant ingest``
+#: reads CSV with exactly these as nulls (``--missing``).
+MISSING_MARKERS = frozenset({"", "na", "n/a", "#n/a", "nan", "-nan", "null", "none"})
+
+
+def missing_cell(text: str) -> str | None:
+    """Why a numeric cell counts as missing (``"empty cell"`` or ``"missing-value marker"``),
+    or None when it holds something to parse."""
+    stripped = text.strip()
+    if not stripped:
+        return "empty cell"
+    return "missing-value marker" if stripped.lower() in MISSING_MARKERS else None
+
+
 def _bad(problem: str) -> DpquantError:
     return invalid("body", problem)
 
@@ -346,12 +362,13 @@ def read_csv(
             if idx >= len(row):
                 raise _bad(f"row {row_number}: missing cell")
             text = row[idx].strip()
-            if not text:
+            why = missing_cell(text)
+            if why is not None:
                 if skip_missing:
                     sink.skip(1)
                     stats.skipped += 1
                     continue
-                raise _bad(f"row {row_number}: empty cell (use ?missing=skip to skip them)")
+                raise _bad(f"row {row_number}: {why} (use ?missing=skip to skip them)")
             try:
                 value = float(text)
             except ValueError:

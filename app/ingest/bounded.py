@@ -31,7 +31,14 @@ from typing import Any
 import numpy as np
 
 from app.codec.grid import cell_of
-from app.ingest.core import BATCH_ROWS, Counted, Grid, IngestError, numeric_block
+from app.ingest.core import (
+    BATCH_ROWS,
+    Counted,
+    Grid,
+    IngestError,
+    csv_null_values,
+    numeric_block,
+)
 from app.mechanisms.rng import make_rng
 
 #: Temporary files the local engine spreads the rows over (by unit hash).
@@ -57,6 +64,11 @@ def _unit_hashes(array: Any, run_key: bytes, path: str) -> np.ndarray:
     if not (pa.types.is_integer(array.type) or pa.types.is_string(array.type)
             or pa.types.is_large_string(array.type)):  # fmt: skip
         raise IngestError(f"{path}: the privacy unit column must hold strings or integers")
+    import pyarrow.compute as pc
+
+    text = pa.types.is_string(array.type) or pa.types.is_large_string(array.type)
+    if text and pc.any(pc.equal(pc.utf8_trim_whitespace(array), "")).as_py():
+        raise IngestError(f"{path}: the privacy unit column has empty cells")
     out = np.empty(len(array), dtype="<u8")
     for i, unit in enumerate(array.to_pylist()):
         digest = hashlib.blake2b(str(unit).encode(), digest_size=8, key=run_key).digest()
@@ -84,6 +96,7 @@ def _batches(kind: str, path: str, columns: list[str], unit: str) -> Iterator[An
                 convert_options=pacsv.ConvertOptions(
                     include_columns=wanted,
                     column_types={**dict.fromkeys(columns, pa.float64()), unit: pa.string()},
+                    null_values=csv_null_values(),
                 ),
             )
             yield from reader
@@ -202,13 +215,13 @@ def _spark(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from app.ingest.spark import read_frame, stacked_counts
+    from app.ingest.spark import numeric_column, read_frame, stacked_counts
 
     frame = read_frame(spark, kind, files, [*columns, unit])
     secret = secrets.token_hex(32)
     xs = [f"x{i}" for i in range(len(columns))]
     data = frame.select(
-        *(F.col(f"`{c}`").cast("double").alias(x) for c, x in zip(columns, xs, strict=True)),
+        *(numeric_column(c, kind).alias(x) for c, x in zip(columns, xs, strict=True)),
         F.col(f"`{unit}`").cast("string").alias("u"),
     )
     complete = F.lit(True)

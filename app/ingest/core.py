@@ -18,13 +18,23 @@ from app.datasets.parquet_scan import (
     parquet_leaf,
     parquet_rows,
 )
-from app.datasets.upload import MAX_PARQUET_PAGE_BYTES, PARQUET_BUFFER_BYTES
+from app.datasets.upload import MAX_PARQUET_PAGE_BYTES, MISSING_MARKERS, PARQUET_BUFFER_BYTES
 
 IntArray = NDArray[np.int64]
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 CSV_SUFFIXES = (".csv",)
 #: Rows per record batch read by the local engine.
 BATCH_ROWS = 1 << 18
+
+
+def csv_null_values() -> list[str]:
+    """The CSV cells read as missing: the server's :data:`MISSING_MARKERS` in the cases
+    writers use (pyarrow compares exactly)."""
+    out: set[str] = set()
+    for marker in MISSING_MARKERS:
+        out |= {marker, marker.upper(), marker.capitalize(), marker.title()}
+    out |= {"NaN", "-NaN", "N/A", "#N/A"}
+    return sorted(out)
 
 
 class IngestError(Exception):
@@ -146,7 +156,9 @@ def _batches(
                 path,
                 read_options=pacsv.ReadOptions(block_size=1 << 22),
                 convert_options=pacsv.ConvertOptions(
-                    include_columns=columns, column_types=dict.fromkeys(columns, pa.float64())
+                    include_columns=columns,
+                    column_types=dict.fromkeys(columns, pa.float64()),
+                    null_values=csv_null_values(),
                 ),
             )
             yield from reader

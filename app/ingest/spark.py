@@ -66,6 +66,21 @@ def read_frame(spark: Any, kind: str, files: list[str], names: list[str]) -> Any
     return frame
 
 
+def numeric_column(name: str, kind: str) -> Any:
+    """The double value of column ``name``; in CSV files the server's missing-value markers
+    (:data:`app.datasets.upload.MISSING_MARKERS`: NA, NaN, null, ...) are nulls, as in the
+    local engine and in uploads."""
+    from pyspark.sql import functions as F
+
+    from app.datasets.upload import MISSING_MARKERS
+
+    column = F.col(f"`{name}`")
+    if kind == "csv":
+        marked = F.lower(F.trim(column)).isin(sorted(MISSING_MARKERS))
+        column = F.when(marked, F.lit(None)).otherwise(column)
+    return column.cast("double")
+
+
 def stacked_counts(
     data: Any, xs: list[str], grids: list[Grid], *, extra: str | None = None
 ) -> tuple[list[Counted], int]:
@@ -145,7 +160,7 @@ def _count(
     frame = read_frame(spark, kind, files, columns)
     xs = [f"x{i}" for i in range(len(columns))]
     data = frame.select(
-        *(F.col(f"`{c}`").cast("double").alias(x) for c, x in zip(columns, xs, strict=True))
+        *(numeric_column(c, kind).alias(x) for c, x in zip(columns, xs, strict=True))
     )
     complete = F.lit(True)
     for x in xs:

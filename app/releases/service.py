@@ -138,8 +138,7 @@ def budget_refusal(remaining: Amount, cost: Amount, *, zcdp: bool = False) -> Dp
             if asked > left
         ]
     why = "; ".join(
-        f"its {name} {plain_decimal(asked)} exceeds the {plain_decimal(max(left, Decimal(0)))} "
-        "left"
+        f"its {name} {plain_decimal(asked)} exceeds the {plain_decimal(max(left, Decimal(0)))} left"
         for name, asked, left in short
     )
     detail = "the query costs more than the remaining budget" + (f": {why}" if why else "")

@@ -340,6 +340,12 @@ def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
                     kind, files, sources, unit, grids, k
                 )
                 bounded = (k, units, dropped)
+            if args.missing == "error" and counted[0].skipped:
+                raise core.IngestError(
+                    "some rows have a missing value (an empty cell, NA, NaN or null; a Parquet "
+                    f"null) in {', '.join(map(repr, sources))}: use --missing skip to skip "
+                    "those rows, as an upload's ?missing=skip does"
+                )
             counted_at = time.perf_counter()
             dataset = core.upload(client, args.dataset, counted, bounded, columns=names)
     except core.IngestError as exc:
@@ -465,6 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the privacy unit column of the files (default: the dataset's privacy_unit); "
         "each unit keeps at most the dataset's max_rows_per_unit rows, chosen at random here",
+    )
+    ingest.add_argument(
+        "--missing",
+        choices=["error", "skip"],
+        default="error",
+        help="rows with a missing value (empty cell, NA, NaN, null; Parquet null): refuse the "
+        "run (default, like an upload) or skip them (counted in values_skipped)",
     )
     ingest.add_argument("--engine", choices=["local", "spark"], default="local")
     ingest.add_argument(

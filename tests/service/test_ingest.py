@@ -160,8 +160,12 @@ def test_ingest_command_uploads_counts_only(
     data = write_parquet_dir(tmp_path / "d", values)
     argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ds["id"]]
     argv += ["--column", "x", "--engine", engine, str(data)]
-    assert cli.main(argv) == 0, capsys.readouterr().err
+    # nulls are refused by default, as an upload refuses them without ?missing=skip
+    assert cli.main(argv) == 2
+    assert "use --missing skip" in capsys.readouterr().err
+    assert cli.main([*argv[:-1], "--missing", "skip", argv[-1]]) == 0, capsys.readouterr().err
     assert in_process == [
+        f"GET /v1/datasets/{ds['id']}",
         f"GET /v1/datasets/{ds['id']}",
         f"PUT /v1/datasets/{ds['id']}/histogram application/octet-stream",
     ]
@@ -558,7 +562,7 @@ def test_ingest_columns_fills_a_unit_table_in_one_upload(
     per_unit = np.full(400, 3)
     data = table_parquet(tmp_path / "d", per_unit, 6)
     argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ds["id"]]
-    argv += ["--engine", engine, str(data)]
+    argv += ["--engine", engine, "--missing", "skip", str(data)]
     # --column is for one-column datasets; --columns must name every numeric column
     assert cli.main([*argv[:5], "--column", "age", *argv[5:]]) == 2
     assert "use --columns age,score" in capsys.readouterr().err
@@ -604,3 +608,42 @@ def test_plan_columns_maps_files_to_the_dataset() -> None:
     ):
         with pytest.raises(core.IngestError, match=problem):
             core.plan_columns(target, column, listed)
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_ingest_reads_missing_values_as_an_upload_does(
+    engine: str,
+    spark: Any,
+    api: Api,
+    client: TestClient,
+    tmp_path: Path,
+    in_process: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same CSV, with empty cells and NA / NaN / null markers in any case, uploaded
+    with ?missing=skip and ingested with --missing skip, stores the same histogram."""
+    rng = np.random.default_rng(4)
+    markers = ["", "NA", "na", "NaN", "nan", "null", "NULL", "N/A", "none", "#N/A", "-nan"]
+    lines = ["id,x"]
+    for i in range(600):
+        cell = markers[i % len(markers)] if i % 7 == 0 else repr(round(rng.uniform(0, 100), 3))
+        lines.append(f"{i},{cell}")
+    body = ("\n".join(lines) + "\n").encode()
+    (tmp_path / "d.csv").write_bytes(body)
+    uploaded = api.dataset(lower=0.0, upper=100.0)
+    r = client.put(f"/v1/datasets/{uploaded['id']}/values?column=x&missing=skip", content=body,
+                   headers={**ADMIN, "content-type": "text/csv"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    refused = client.put(f"/v1/datasets/{uploaded['id']}/values?column=x", content=body,
+                         headers={**ADMIN, "content-type": "text/csv"})  # fmt: skip
+    assert refused.status_code == 422 and "row 1: empty cell" in refused.text
+    ingested = api.dataset(lower=0.0, upper=100.0)
+    argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ingested["id"],
+            "--column", "x", "--engine", engine, str(tmp_path / "d.csv")]  # fmt: skip
+    assert cli.main(argv) == 2
+    assert cli.main([*argv[:-1], "--missing", "skip", argv[-1]]) == 0, capsys.readouterr().err
+    a = client.get(f"/v1/datasets/{uploaded['id']}", headers=ADMIN).json()
+    b = client.get(f"/v1/datasets/{ingested['id']}", headers=ADMIN).json()
+    for figure in ("n", "values_skipped", "n_cells", "n_outside_bounds"):
+        assert a[figure] == b[figure], figure
+    assert a["values_skipped"] == len(range(0, 600, 7))

@@ -265,3 +265,31 @@ def test_a_parquet_file_is_a_table_upload(api: Api, client: TestClient) -> None:
     pq.write_table(frame.set_column(1, "age", pa.array(["x"] * n)), typed)
     r = client.post(f"/v1/datasets/{ds['id']}/values", content=typed.getvalue(), headers=parquet)
     assert r.status_code == 422 and "wrong type" in r.text
+
+
+def test_missing_value_markers_are_missing_numbers_but_keys_and_ids(
+    api: Api, client: TestClient
+) -> None:
+    ds = table(api, privacy_unit="person", max_rows_per_unit=3)
+    body = (
+        b"person,age,income,region\n"
+        b"NA,30,100,north\n"  # a unit called NA
+        b"p2,NaN,200,south\n"
+        b"p3,40,null,north\n"
+        b"p4,50, N/A ,south\n"
+        b"p5,60,300,north\n"
+    )
+    refused = put(client, api, ds["id"], body)
+    assert refused.status_code == 422 and "row 2: empty cell" in refused.text
+    r = client.put(f"/v1/datasets/{ds['id']}/values?missing=skip", content=body,
+                   headers={**api.admin, **CSV})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert (r.json()["n"], r.json()["values_skipped"], r.json()["units"]) == (2, 3, 2)
+    one = api.dataset(values=None, lower=0, upper=100)
+    csv = b"v\n1\nNA\n2\nnan\n\n3\n"
+    r = client.put(f"/v1/datasets/{one['id']}/values?column=v", content=csv,
+                   headers={**api.admin, **CSV})  # fmt: skip
+    assert r.status_code == 422 and "row 2: missing-value marker" in r.text
+    r = client.put(f"/v1/datasets/{one['id']}/values?column=v&missing=skip", content=csv,
+                   headers={**api.admin, **CSV})  # fmt: skip
+    assert (r.json()["n"], r.json()["values_skipped"]) == (3, 2)
