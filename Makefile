@@ -22,8 +22,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# PORT=8080 serves on another port (the same as ARGS="--port 8080")
+PORT ?=
 serve: $(VENV)/.installed
-	$(BIN)/dpquant serve $(ARGS)
+	$(BIN)/dpquant serve $(if $(PORT),--port $(PORT)) $(ARGS)
 
 # The browser tests drive Debian's Chromium: installed here when we may (root + apt-get).
 chromium:

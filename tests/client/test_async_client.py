@@ -83,3 +83,19 @@ def test_async_client_retries_with_the_same_idempotency_key(server: LiveServer) 
             assert (await admin.budget(ds.id)).spent.epsilon == Decimal("0.3")
 
     run(scenario)
+
+
+def test_async_get_or_create_and_typed_methods(server: LiveServer) -> None:
+    async def scenario() -> None:
+        async with AsyncClient(server.base_url, server.admin_key, backoff=0.01) as admin:
+            title = name()
+            made, again = await asyncio.gather(
+                admin.get_or_create_dataset(title, lower=0, upper=250, epsilon="1"),
+                admin.get_or_create_dataset(title, lower=0, upper=250, epsilon="1"),
+            )
+            assert made.id == again.id  # two concurrent callers, one dataset
+            methods = await admin.methods()
+            assert {m.name for m in methods} >= {"jointexp", "indexp", "aq"}
+            assert all(m.guarantee in ("pure_dp", "approx_dp", "zcdp") for m in methods)
+
+    run(scenario)

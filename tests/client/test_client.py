@@ -295,6 +295,27 @@ def test_quote_and_methods_are_guarded(admin: Client) -> None:
     assert admin.budget(ds.id).spent.epsilon == Decimal("0")
 
 
+def test_typed_methods_get_or_create_and_to_pandas(
+    admin: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    methods = {m.name: m for m in admin.methods()}
+    assert methods["jointexp"].guarantee == "pure_dp" and methods["jointexp"].zcdp
+    assert methods["smooth"].zcdp is None and methods["smooth"].needs_delta
+    title = name()
+    made = admin.get_or_create_dataset(title, lower=0, upper=250, epsilon="1")
+    again = admin.get_or_create_dataset(title, lower=0, upper=999, epsilon="5")
+    assert again.id == made.id and again.upper == 250  # returned as it is
+    admin.upload(made.id, VALUES)
+    release = admin.quantiles(made.id, [0.25, 0.5, 0.75], epsilon="1", method="jointexp")
+    frame = release.to_pandas()
+    assert list(frame["quantile"]) == [0.25, 0.5, 0.75]
+    assert list(frame["estimate"]) == release.estimates
+    assert {"expected_mean", "expected_bound90"} <= set(frame.columns)  # n is public (swap)
+    monkeypatch.setitem(__import__("sys").modules, "pandas", None)
+    with pytest.raises(ImportError, match="pip install pandas"):
+        release.to_pandas()
+
+
 def test_governance_methods(admin: Client, server: LiveServer) -> None:
     """Issue 12 through the client: caps, rotation, rename, archive, the audit log."""
     from dpquant_client import DatasetArchived, KeyBudgetExhausted, KeyNotRotatable

@@ -40,6 +40,7 @@ from dpquant_client.models import (
     KeyCreated,
     LedgerEntry,
     Me,
+    Method,
     Quote,
     Release,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "KeyNotRotatable",
     "LedgerEntry",
     "Me",
+    "Method",
     "NameTaken",
     "NoValues",
     "NotFound",

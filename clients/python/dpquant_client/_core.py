@@ -36,6 +36,7 @@ from dpquant_client.models import (
     KeyCreated,
     LedgerEntry,
     Me,
+    Method,
     Quote,
     Release,
 )
@@ -347,12 +348,12 @@ class Core:
         )
         return Quote.model_validate(a.body)
 
-    def _methods(self) -> Flow[list[Any]]:
+    def _methods(self) -> Flow[list[Method]]:
         if not (yield from self._has("/v1/methods", "get")):
             raise NotSupported(404, "not_supported", "this server has no methods endpoint")
         a: Answer = yield Call("GET", "/v1/methods", True)
         items = a.body.get("items", a.body) if isinstance(a.body, dict) else a.body
-        return list(items)
+        return [Method.model_validate(item) for item in items]
 
     def _release(self, release_id: Id) -> Flow[Release]:
         a: Answer = yield Call("GET", f"/v1/releases/{release_id}", True, conditional=True)

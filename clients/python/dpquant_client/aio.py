@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import httpx
 
 from dpquant_client._core import Answer, Call, Core, Flow, Id, Number, Sleep
-from dpquant_client.errors import DpquantError
+from dpquant_client.errors import DpquantError, NameTaken, NotFound
 from dpquant_client.models import (
     AuditEvent,
     Budget,
@@ -20,6 +20,7 @@ from dpquant_client.models import (
     KeyCreated,
     LedgerEntry,
     Me,
+    Method,
     Quote,
     Release,
 )
@@ -103,6 +104,23 @@ class AsyncClient(Core):
     async def ready(self) -> bool:
         """Readiness (``/readyz``): database reachable and migrated."""
         return await self._arun(self._ready())
+
+    async def get_or_create_dataset(self, name: str, **settings: Any) -> Dataset:
+        """The live dataset called ``name``, created with ``settings`` (the arguments of
+        :meth:`create_dataset`) when there is none. An existing dataset is returned as it is:
+        its bounds and budget are not compared with ``settings``. Safe against a concurrent
+        creator (its dataset is returned)."""
+        for attempt in range(2):
+            for ds in await self.datasets():
+                if ds.name == name and ds.archived_at is None:
+                    return ds
+            if attempt:
+                break
+            try:
+                return await self.create_dataset(name, **settings)
+            except NameTaken:
+                continue  # created meanwhile: read it
+        raise NotFound(404, "not_found", f"dataset {name!r} was neither found nor created")
 
     async def datasets(self) -> list[Dataset]:
         """Every dataset the key may see, newest first (follows the pages)."""
@@ -251,7 +269,7 @@ class AsyncClient(Core):
         """What the query would cost, without spending; ``NotSupported`` on servers without it."""
         return await self._arun(self._quote(dataset_id, quantiles, epsilon, method, delta, column))
 
-    async def methods(self) -> list[Any]:
+    async def methods(self) -> list[Method]:
         """The server's methods; ``NotSupported`` on servers without ``/v1/methods``."""
         return await self._arun(self._methods())
 

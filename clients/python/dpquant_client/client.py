@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import httpx
 
 from dpquant_client._core import Answer, Call, Core, Flow, Id, Number, Sleep
-from dpquant_client.errors import DpquantError
+from dpquant_client.errors import DpquantError, NameTaken, NotFound
 from dpquant_client.models import (
     AuditEvent,
     Budget,
@@ -20,6 +20,7 @@ from dpquant_client.models import (
     KeyCreated,
     LedgerEntry,
     Me,
+    Method,
     Quote,
     Release,
 )
@@ -111,6 +112,23 @@ class Client(Core):
     def ready(self) -> bool:
         """Readiness (``/readyz``): database reachable and migrated."""
         return self._run(self._ready())
+
+    def get_or_create_dataset(self, name: str, **settings: Any) -> Dataset:
+        """The live dataset called ``name``, created with ``settings`` (the arguments of
+        :meth:`create_dataset`) when there is none. An existing dataset is returned as it is:
+        its bounds and budget are not compared with ``settings``. Safe against a concurrent
+        creator (its dataset is returned)."""
+        for attempt in range(2):
+            for ds in self.datasets():
+                if ds.name == name and ds.archived_at is None:
+                    return ds
+            if attempt:
+                break
+            try:
+                return self.create_dataset(name, **settings)
+            except NameTaken:
+                continue  # created meanwhile: read it
+        raise NotFound(404, "not_found", f"dataset {name!r} was neither found nor created")
 
     def datasets(self) -> list[Dataset]:
         """Every dataset the key may see, newest first (follows the pages)."""
@@ -259,7 +277,7 @@ class Client(Core):
         """What the query would cost, without spending; ``NotSupported`` on servers without it."""
         return self._run(self._quote(dataset_id, quantiles, epsilon, method, delta, column))
 
-    def methods(self) -> list[Any]:
+    def methods(self) -> list[Method]:
         """The server's methods; ``NotSupported`` on servers without ``/v1/methods``."""
         return self._run(self._methods())
 

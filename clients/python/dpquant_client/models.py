@@ -100,6 +100,26 @@ class Release(_Model):
     status: Status = "done"  # servers before asynchronous releases only store done ones
     replayed: bool = Field(default=False, exclude=True)
 
+    def to_pandas(self) -> Any:
+        """The release as a ``pandas.DataFrame`` (one row per quantile: ``quantile``,
+        ``estimate`` and, where the server gave them, the expected error's figures). pandas
+        is not a dependency of the client: install it to use this."""
+        try:
+            import pandas as pd  # type: ignore[import-untyped,unused-ignore]
+        except ImportError:
+            raise ImportError("Release.to_pandas() needs pandas: pip install pandas") from None
+        rows: list[dict[str, Any]] = []
+        expected = getattr(self, "expected_error", None) or []
+        for i, q in enumerate(self.quantiles):
+            row: dict[str, Any] = {
+                "quantile": q,
+                "estimate": None if self.estimates is None else self.estimates[i],
+            }
+            if i < len(expected) and isinstance(expected[i], dict):
+                row.update({f"expected_{k}": v for k, v in expected[i].items() if k != "quantile"})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
     @property
     def pending(self) -> bool:
         return self.status == "pending"
@@ -173,6 +193,17 @@ class Quote(_Model):
     expected_error: Any = None
     warnings: list[str] = Field(default_factory=list)
     alternatives: list[Any] = Field(default_factory=list)
+
+
+class Method(_Model):
+    """A registered method, as ``GET /v1/methods`` lists it."""
+
+    name: str
+    guarantee: Literal["pure_dp", "approx_dp", "zcdp"]
+    neighbors: list[str] = Field(default_factory=list)
+    needs_delta: bool = False
+    description: str = ""
+    zcdp: str | None = None
 
 
 class AuditEvent(_Model):
