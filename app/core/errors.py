@@ -26,6 +26,8 @@ ERROR_TYPES = (
     "unit_counts_unknown",
     "idempotency_conflict",
     "no_values",
+    "budget_on_hold",
+    "not_on_hold",
     "name_taken",
     "payload_too_large",
     "unsupported_media_type",

@@ -77,6 +77,9 @@ class Dataset(Base):
     #: guarantee is stated at ``accounting_delta``). Fixed at creation.
     accounting: Mapped[str] = mapped_column(String(8), server_default="pure")
     accounting_delta: Mapped[Decimal | None] = mapped_column(Numeric)
+    #: Set by ``dpquant restore`` to the backup's time: releases are refused until an admin
+    #: confirms what was spent since (the restored ledger does not hold it).
+    restore_hold_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     granularity: Mapped[float] = mapped_column(Double)
     n: Mapped[int | None] = mapped_column(BigInteger)
     n_outside: Mapped[int | None] = mapped_column(BigInteger)

@@ -278,6 +278,12 @@ class DatasetPublic(BaseModel):
         default=None, description="zcdp: the delta the table's guarantee is stated at."
     )
     budget_remaining: AmountPublic
+    restore_hold_since: datetime | None = Field(
+        default=None,
+        description="Set after the database was restored from a backup taken at this time: "
+        "releases are refused (409 budget_on_hold) until an admin confirms what was spent "
+        "since (POST /v1/datasets/{id}/restore-confirmation).",
+    )
     created_at: datetime
     archived_at: datetime | None = Field(
         default=None,

@@ -22,7 +22,8 @@ from app.core.db import Base
 
 
 class LedgerEntry(Base):
-    """One grant (budget added) or debit (cost of one release).
+    """One grant (budget added), debit (cost of one release) or adjustment (budget spent
+    outside any stored release: spending a restore lost, reported by an admin).
 
     Invariants: rows are only ever inserted; a debit references exactly one release and a
     release has exactly one debit (``release_id`` is unique); amounts are exact ``NUMERIC``.
@@ -30,7 +31,7 @@ class LedgerEntry(Base):
 
     __tablename__ = "ledger_entry"
     __table_args__ = (
-        CheckConstraint("kind IN ('grant', 'debit')", name="kind"),
+        CheckConstraint("kind IN ('grant', 'debit', 'adjustment')", name="kind"),
         CheckConstraint("epsilon >= 0 AND delta >= 0", name="amounts"),
         CheckConstraint("(kind = 'debit') = (release_id IS NOT NULL)", name="debit_release"),
         CheckConstraint("rho >= 0", name="rho"),
@@ -81,3 +82,14 @@ class BudgetBalance(Base):
     #: The table's accounting (``pure``: the (epsilon, delta) sums are the balance;
     #: ``zcdp``: rho is), copied from the dataset when the row is created.
     accounting: Mapped[str] = mapped_column(String(8), server_default="pure")
+
+
+class BackupEvent(Base):
+    """A backup taken by ``dpquant backup``: written just before the dump, so the dump holds
+    the time it was taken (``dpquant restore`` holds every budget from then on)."""
+
+    __tablename__ = "backup_event"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    note: Mapped[str | None] = mapped_column(Text)

@@ -103,6 +103,21 @@ class GrantCreate(BaseModel):
         return self
 
 
+class RestoreConfirmation(BaseModel):
+    """What was spent on a dataset after the backup a restore came from (the releases the
+    restored ledger does not hold): recorded as an ``adjustment``, then the hold is lifted.
+    All zero when nothing was released after the backup."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon: BudgetDecimal = Decimal(0)
+    delta: BudgetDecimal = Decimal(0)
+    rho: BudgetDecimal = Field(default=Decimal(0), description="zcdp tables: the rho spent.")
+    reason: StorableText = Field(
+        min_length=1, max_length=1000, description="How the spending since was established."
+    )
+
+
 class LedgerEntryPublic(BaseModel):
     """One ledger row."""
 
@@ -110,7 +125,7 @@ class LedgerEntryPublic(BaseModel):
 
     id: int
     dataset_id: uuid.UUID
-    kind: Literal["grant", "debit"]
+    kind: Literal["grant", "debit", "adjustment"]
     epsilon: DecimalText
     delta: DecimalText
     rho: DecimalText = Field(

@@ -244,3 +244,66 @@ def list_entries(
     if before is not None:
         stmt = stmt.where(LedgerEntry.id < before)
     return list(session.scalars(stmt.order_by(LedgerEntry.id.desc()).limit(limit)))
+
+
+def confirm_restore(
+    session: Session,
+    *,
+    dataset: Dataset,
+    spent: Amount,
+    reason: str,
+    principal: Principal,
+) -> None:
+    """Record what was spent on ``dataset`` after the backup it was restored from (an
+    ``adjustment`` row, when anything was) and lift its hold. The caller holds the dataset
+    row lock. 409 when the dataset is not on hold; 409 ``budget_exhausted`` when the spending
+    reported overdraws the budget (PostgreSQL's ``no_overdraft``: grant first what was granted
+    after the backup); 422 for rho in a pure table."""
+    from sqlalchemy.exc import IntegrityError
+
+    from app.core.errors import DpquantError, invalid
+
+    if dataset.restore_hold_since is None:
+        raise DpquantError(409, "not_on_hold", "this dataset's budget is not on hold")
+    if dataset.accounting != "zcdp" and spent.rho > 0:
+        raise invalid("body.rho", "only a table with accounting zcdp is budgeted in rho")
+    if spent.epsilon > 0 or spent.delta > 0 or spent.rho > 0:
+        entry = LedgerEntry(
+            dataset_id=dataset.id,
+            kind="adjustment",
+            epsilon=spent.epsilon,
+            delta=spent.delta,
+            rho=spent.rho,
+            reason=reason,
+            release_id=None,
+            api_key_id=principal.key_id,
+            created_at=datetime.now(UTC),
+        )
+        try:
+            with session.begin_nested():
+                session.add(entry)
+                session.flush()
+        except IntegrityError:
+            raise DpquantError(
+                409,
+                "budget_exhausted",
+                "the spending reported exceeds this dataset's budget: grant first what was "
+                "granted after the backup, then confirm",
+            ) from None
+    since = dataset.restore_hold_since
+    dataset.restore_hold_since = None
+    session.flush()
+    record(
+        session,
+        actor=principal,
+        action="budget.restore_confirmation",
+        target_type="dataset",
+        target_id=dataset.id,
+        details={
+            "epsilon": str(spent.epsilon),
+            "delta": str(spent.delta),
+            "rho": str(spent.rho),
+            "held_since": since.isoformat(),
+            "reason": reason,
+        },
+    )

@@ -398,9 +398,11 @@ def quote_query(
 
     zcdp_table = budget.accounting == "zcdp"
 
+    held = dataset.restore_hold_since is not None
+
     def line(plan: Plan) -> QuoteLine:
         cost = plan.priced.cost
-        ok = budget.affords(cost) and within_cap(key, cost)
+        ok = not held and budget.affords(cost) and within_cap(key, cost)
         after = None
         if ok:
             spent = Budget(budget.granted, budget.spent.plus(cost), budget.accounting,
@@ -431,4 +433,10 @@ def quote_query(
         except DpquantError:  # e.g. parameters outside what this method accepts, or no
             continue  # zCDP bound in a zCDP table
         alternatives.append(line(alt))
-    return Quote(line(plan), plan.warnings, alternatives)
+    warnings = list(plan.warnings)
+    if held:
+        warnings.append(
+            "budget on hold: the database was restored from a backup, and an admin must "
+            "confirm what was spent since before any release"
+        )
+    return Quote(line(plan), warnings, alternatives)

@@ -73,7 +73,7 @@ class ExpectedError(BaseModel):
 
 
 ReleaseStatus = Literal["pending", "done", "failed"]
-FailureReason = Literal["timeout", "mechanism_error", "worker_lost", "dataset_archived"]
+FailureReason = Literal["timeout", "mechanism_error", "worker_lost", "dataset_archived", "restored"]
 
 
 class RhoCost(BaseModel):

@@ -180,6 +180,12 @@ _REFUSALS = {
         "this dataset is archived: its ledger and releases can be read, nothing else",
     ),
     "no_values": ("no_values", "this dataset has no values yet"),
+    "budget_on_hold": (
+        "budget_on_hold",
+        "this service's database was restored from a backup: releases made after the backup "
+        "are not in its ledger, so this dataset's budget is held until an admin confirms what "
+        "was spent since (POST /v1/datasets/{id}/restore-confirmation)",
+    ),
 }
 
 

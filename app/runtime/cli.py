@@ -1,4 +1,5 @@
-"""The ``dpquant`` command: serve, worker, migrate, create-key, openapi, experiments, ingest."""
+"""The ``dpquant`` command: serve, worker, migrate, create-key, openapi, experiments, ingest,
+backup, restore."""
 
 from __future__ import annotations
 
@@ -221,6 +222,66 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     url, _ = resolve_database_url(settings)
     upgrade_database(url)
     _write("database migrated to head")
+    return 0
+
+
+def cmd_backup(args: argparse.Namespace, settings: Settings) -> int:
+    """Dump the database (pg_dump, custom format) to a new file."""
+    from app.core.db import resolve_database_url
+    from app.runtime.backup import BackupError, backup
+
+    url, _ = resolve_database_url(settings)
+    try:
+        done = backup(url, Path(args.path), note=args.note)
+    except BackupError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    _write(
+        json.dumps(
+            {"path": str(done.path), "taken_at": done.taken_at.isoformat(),
+             "bytes": done.size_bytes}
+        )
+    )  # fmt: skip
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace, settings: Settings) -> int:
+    """Restore a backup into an empty database; every budget is then held (see README)."""
+    from app.core.db import resolve_database_url
+    from app.runtime.backup import BackupError, restore
+
+    url, _ = resolve_database_url(settings)
+    try:
+        if args.hold_only:
+            from app.core.db import upgrade_database
+            from app.runtime.backup import hold
+
+            upgrade_database(url)
+            since = None if args.since is None else datetime.fromisoformat(args.since)
+            if since is not None and since.tzinfo is None:
+                raise ValueError("no offset")
+            done = hold(url, since)
+        else:
+            if args.path is None:
+                raise BackupError("give the backup file to restore (or --hold-only)")
+            done = restore(url, Path(args.path))
+    except ValueError:
+        sys.stderr.write("error: --since must be an ISO 8601 time with its offset\n")
+        return 2
+    except BackupError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    _write(
+        json.dumps(
+            {
+                "held_since": done.held_since.isoformat(),
+                "datasets_held": done.datasets_held,
+                "releases_failed": done.releases_failed,
+                "next": "confirm each dataset's spending since the backup: POST "
+                "/v1/datasets/{id}/restore-confirmation",
+            }
+        )
+    )
     return 0
 
 
@@ -448,6 +509,27 @@ def build_parser() -> argparse.ArgumentParser:
         "experiments", help="reproduce the paper's experiments (arguments are forwarded)"
     )
 
+    backup = sub.add_parser(
+        "backup", help="dump the database with pg_dump (custom format) to a new file"
+    )
+    backup.add_argument("path", help="the file to write (must not exist)")
+    backup.add_argument("--note", default=None, help="a note kept with the backup's record")
+    restore = sub.add_parser(
+        "restore",
+        help="restore a backup into an empty database; every dataset's budget is then held "
+        "until an admin confirms the spending since the backup",
+    )
+    restore.add_argument("path", nargs="?", help="a file written by dpquant backup")
+    restore.add_argument(
+        "--hold-only",
+        action="store_true",
+        help="do not load a file: hold the budgets of a database recovered another way "
+        "(point-in-time recovery) and fail its pending releases",
+    )
+    restore.add_argument(
+        "--since", default=None, help="with --hold-only: the recovery target time (ISO 8601)"
+    )
+
     ingest = sub.add_parser(
         "ingest",
         help="count a dataset's grid histograms from Parquet/CSV files and upload the counts "
@@ -502,6 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "create-key": cmd_create_key,
         "openapi": cmd_openapi,
         "ingest": cmd_ingest,
+        "backup": cmd_backup,
+        "restore": cmd_restore,
     }
     return handlers[args.command](args, settings)
 

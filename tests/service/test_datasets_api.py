@@ -94,7 +94,7 @@ def test_admin_sees_sizes_others_see_n_only_where_it_is_public(
             "id", "name", "description", "lower", "upper", "neighbors", "granularity",
             "size_hint", "n", "budget_remaining", "created_at", "archived_at",
             "privacy_unit", "max_rows_per_unit", "max_groups_per_unit", "columns",
-            "accounting", "accounting_delta",
+            "accounting", "accounting_delta", "restore_hold_since",
         }  # fmt: skip
         assert view["n"] == (103 if neighbors == "swap" else None)
         listed = client.get("/v1/datasets", headers=key).json()["items"]

@@ -20,6 +20,7 @@ TABLES = {
     "alembic_version",
     "api_key",
     "audit_event",
+    "backup_event",
     "budget_balance",
     "dataset",
     "dataset_column",

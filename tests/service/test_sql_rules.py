@@ -56,7 +56,7 @@ def _migration(name: str) -> ModuleType:
 
 
 def test_the_canonical_file_is_what_the_last_reserve_migration_installs() -> None:
-    installed = _migration("20261205_0016_zcdp_accounting.py")._functions()[1]
+    installed = _migration("20261205_0017_restore_hold.py")._functions()[1]
     statement = "\n".join(
         line for line in CANONICAL.splitlines() if not line.startswith("-- ")
     ).strip()

@@ -64,6 +64,7 @@ def present(
         max_rows_per_unit=dataset.max_rows_per_unit,
         max_groups_per_unit=dataset.max_groups_per_unit,
         budget_remaining=remaining,
+        restore_hold_since=dataset.restore_hold_since,
         created_at=dataset.created_at,
         archived_at=dataset.archived_at,
     )

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import AdminDep, ReaderDep, SessionDep
 from app.api.http import DecimalJSONRoute, conditional_json, decode_cursor, encode_cursor
+from app.core.amounts import Amount
 from app.core.errors import error_responses, not_found
 from app.core.pg import run_async
 from app.datasets.service import ensure_live, get_visible
@@ -22,6 +23,7 @@ from app.ledger.schemas import (
     GrantCreate,
     LedgerEntryPublic,
     LedgerPage,
+    RestoreConfirmation,
 )
 
 router = APIRouter(prefix="/v1/datasets", tags=["budget"], route_class=DecimalJSONRoute)
@@ -90,6 +92,27 @@ def create_grant(
         actor=principal,
     )
     return LedgerEntryPublic.model_validate(entry)
+
+
+@router.post(
+    "/{dataset_id}/restore-confirmation",
+    response_model=BudgetPublic,
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+    summary="Confirm a restored dataset's spending since the backup and lift its hold",
+)
+def confirm_restore(
+    dataset_id: uuid.UUID, body: RestoreConfirmation, session: SessionDep, principal: AdminDep
+) -> BudgetPublic:
+    """After `dpquant restore`, every dataset's releases are refused (409 `budget_on_hold`):
+    releases made after the backup are not in the restored ledger. Give what they spent (an
+    `adjustment` ledger row; zero when there were none) to lift the hold."""
+    dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
+    ensure_live(dataset)
+    spent = Amount(body.epsilon, body.delta, body.rho)
+    service.confirm_restore(
+        session, dataset=dataset, spent=spent, reason=body.reason, principal=principal
+    )
+    return BudgetPublic.of(dataset_id, service.budget(session, dataset_id=dataset_id))
 
 
 @router.get(

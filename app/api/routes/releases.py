@@ -116,7 +116,8 @@ QUERY_ERRORS = error_responses(401, 403, 404, 422, 503) | {
         "model": BudgetExhausted | KeyBudgetExhausted | ErrorBody,
         "description": "budget_exhausted (with the requested and remaining figures), "
         "key_budget_exhausted (the key's cap, spent and requested figures), "
-        "idempotency_conflict, no_values, or dataset_archived",
+        "idempotency_conflict, no_values, budget_on_hold (restored from a backup: an admin "
+        "must confirm the spending since), or dataset_archived",
     },
     429: {
         "model": ErrorBody,

@@ -50,7 +50,7 @@ DECLARE
     v_now timestamptz;
 BEGIN
     SELECT ds.neighbors, ds.n, ds.size_hint, ds.archived_at, ds.values_uploaded_at,
-           ds.frozen_at, ds.accounting
+           ds.frozen_at, ds.accounting, ds.restore_hold_since
     INTO d FROM dataset ds WHERE ds.id = p_dataset_id FOR UPDATE;
     IF NOT FOUND THEN
         outcome := 'not_found';
@@ -90,6 +90,11 @@ BEGIN
     END IF;
     IF d.values_uploaded_at IS NULL THEN
         outcome := 'no_values';
+        RETURN;
+    END IF;
+    IF d.restore_hold_since IS NOT NULL THEN
+        -- restored from a backup: what was spent after it is not in this ledger
+        outcome := 'budget_on_hold';
         RETURN;
     END IF;
 

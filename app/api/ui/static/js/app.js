@@ -179,6 +179,9 @@ async function selectDataset(id, { quiet = false } = {}) {
     "Accounting",
     ds.accounting === "zcdp" ? `zCDP (guarantee stated at δ = ${ds.accounting_delta})` : "pure (ε and δ sum)",
   ]);
+  if (ds.restore_hold_since) {
+    rows.push(["Budget on hold", `restored from a backup of ${when(ds.restore_hold_since)}: an admin must confirm the spending since`]);
+  }
   rows.push(["Created", when(ds.created_at)]);
   const picker = $("query-column");
   clearChildren(picker);
