@@ -35,6 +35,7 @@ from app.api.routes.uploads import router as uploads_router
 from app.api.ui.docs import install_docs
 from app.api.ui.router import install_dashboard
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys
+from app.core import tracing
 from app.core.config import Settings
 from app.core.db import (
     current_revisions,
@@ -190,6 +191,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.auth_guard = (
         AuthFailureGuard(per_minute=failures, burst=failures) if failures > 0 else None
     )
+    if app.state.settings.otel_endpoint:
+        tracing.configure(app.state.settings.otel_endpoint, service="dpquant-api")
+    if tracing.enabled():
+        tracing.instrument_app(app)
     install_error_handlers(app)
     app.include_router(ops_router)
     app.include_router(datasets_router)

@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         default=None, description="If set, this key is accepted as an admin key (stored hashed)."
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
+    otel_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP endpoint for OpenTelemetry traces (e.g. "
+        "http://collector:4318/v1/traces); unset = no tracing, at no cost.",
+    )
     metrics_token: SecretStr | None = Field(
         default=None,
         description="Bearer token that may read /metrics besides admin keys (>= 32 chars).",

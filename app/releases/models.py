@@ -73,6 +73,8 @@ class Release(Base):
     #: The rho this release debited (0 in a pure table) and, in a zCDP table, the rho left.
     cost_rho: Mapped[Decimal] = mapped_column(Numeric, server_default="0")
     remaining_rho: Mapped[Decimal | None] = mapped_column(Numeric)
+    #: The reservation's W3C traceparent (tracing on), so the worker's spans join its trace.
+    trace_parent: Mapped[str | None] = mapped_column(String(64))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -171,7 +171,7 @@ _CLAIM = """
     RETURNING r.id, r.seq, next.priority, r.attempts, r.dataset_id, r.method,
               r.quantiles, r.epsilon, r.delta, c.lower, c.upper,
               c.granularity, d.neighbors, d.archived_at, d.size_hint, d.max_rows_per_unit,
-              r.column_name,
+              r.column_name, r.trace_parent, r.created_at,
               CASE WHEN d.neighbors = 'swap' THEN d.n END AS public_n,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """

@@ -45,6 +45,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.core import tracing
 from app.core.amounts import Amount, AmountPublic, plain_decimal
 from app.core.errors import DpquantError, invalid, not_found
 from app.core.metrics import RELEASES, RESERVATIONS
@@ -165,7 +166,7 @@ _RESERVE = (
     " FROM release_reserve(%s::uuid, %s::uuid, %s::uuid, %s::varchar,"
     " %s::double precision[], %s::numeric, %s::numeric, %s::numeric, %s::numeric,"
     " %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::varchar, %s::bigint, %s::integer,"
-    " %s::integer, %s::integer, %s::varchar, %s::numeric, %s::varchar)"
+    " %s::integer, %s::integer, %s::varchar, %s::numeric, %s::varchar, %s::varchar)"
 )
 
 #: ``release_reserve()`` outcomes that refuse the query, as (status, type, detail).
@@ -245,6 +246,30 @@ async def reserve_release(
         raise invalid("body.quantiles", f"at most {max_quantiles} quantiles per query")
     new_id = uuid.uuid4() if release_id is None else release_id
     known = figures.get(dataset_id) if figures is not None else None
+    with tracing.tracer().start_as_current_span(
+        "release.reserve",
+        attributes={"dpquant.release_id": str(new_id), "dpquant.dataset_id": str(dataset_id),
+                    "dpquant.quantiles": len(query.quantiles)},
+    ):  # fmt: skip
+        return await _reserve(
+            pool, principal, dataset_id, query, idempotency_key, max_quantiles, max_runs,
+            new_id, known, figures, caps,
+        )  # fmt: skip
+
+
+async def _reserve(
+    pool: Pool,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    query: QuantileQuery,
+    idempotency_key: str | None,
+    max_quantiles: int,
+    max_runs: int,
+    new_id: uuid.UUID,
+    known: PublicFigures | None,
+    figures: FiguresCache | None,
+    caps: PendingCaps,
+) -> Outcome:
     for _ in range(_PLAN_ROUNDS):
         plan = (
             None if known is None else plan_query(query, figures=known, max_quantiles=max_quantiles)
@@ -322,7 +347,8 @@ def _reserve_params(
     (an unknown neighbour relation), so it answers ``replan`` with the dataset's own."""
     if plan is None or known is None:
         return (new_id, dataset_id, principal.key_id, "", [], 0, None, 0, 0, idempotency_key,
-                "", None, None, "", None, max_runs, caps.key, caps.dataset, "", 0, "")  # fmt: skip
+                "", None, None, "", None, max_runs, caps.key, caps.dataset, "", 0, "",
+                None)  # fmt: skip
     cost = plan.priced.cost
     return (
         new_id,
@@ -346,6 +372,7 @@ def _reserve_params(
         plan.column,
         cost.rho,
         known.accounting,
+        tracing.current_traceparent(),
     )
 
 

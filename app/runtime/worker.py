@@ -25,7 +25,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.sharedctypes import Synchronized
@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 import psycopg
 
+from app.core import tracing
 from app.core.config import Settings
 from app.core.db import CommitOutcomeUnknown
 from app.core.metrics import (
@@ -217,23 +218,28 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
             bound = _bound(claim, settings)
             if slot is not None:
                 slot.set(claim, time.monotonic() + settings.run_timeout_s)
+            spans = _Spans(claimed)
             try:
-                job = link.run(functools.partial(load_job, claim=claim))
-                if settings.chaos_run_delay_ms:
-                    time.sleep(settings.chaos_run_delay_ms / 1000.0)
-                started = time.perf_counter()
-                try:
-                    estimates = run_job(job)
-                finally:
-                    MECHANISM_SECONDS.labels(job.method).observe(time.perf_counter() - started)
+                with spans.run():
+                    job = link.run(functools.partial(load_job, claim=claim))
+                    if settings.chaos_run_delay_ms:
+                        time.sleep(settings.chaos_run_delay_ms / 1000.0)
+                    started = time.perf_counter()
+                    try:
+                        estimates = run_job(job)
+                    finally:
+                        elapsed = time.perf_counter() - started
+                        MECHANISM_SECONDS.labels(job.method).observe(elapsed)
             except RunFailed as exc:
                 logger.error("release %s failed: %s (charged)", claim.release_id, exc)
                 failed = functools.partial(fail, claim=claim, reason=exc.reason, bound_s=bound)
-                settle(link, failed, until=lease_end)
+                with spans.complete(f"failed: {exc.reason}"):
+                    settle(link, failed, until=lease_end)
                 _hold(claim, run_start, bound)
                 continue
             store = functools.partial(complete_batch, done=[(claim, estimates)], bounds=[bound])
-            settle(link, store, until=lease_end)
+            with spans.complete("done"):
+                settle(link, store, until=lease_end)
             _hold(claim, run_start, bound, job.method)
         return taken
     except BaseException:
@@ -245,6 +251,46 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
     finally:
         if slot is not None:
             slot.clear()
+
+
+class _Spans:
+    """The worker's spans of one release, children of its reservation's span (the row's
+    ``trace_parent``): the queue wait (from the reservation to now), the run (load and
+    mechanism) and the completion. No-ops while tracing is off. Attributes: the release and
+    dataset ids, the method, the number of quantiles and the outcome; nothing from the
+    data."""
+
+    def __init__(self, claim: Claim) -> None:
+        row = claim.row or {}
+        self.parent = tracing.context_of(row.get("trace_parent"))
+        self.attributes: dict[str, str | int] = {
+            "dpquant.release_id": str(claim.release_id),
+            "dpquant.dataset_id": str(row.get("dataset_id", "")),
+            "dpquant.method": str(row.get("method", "")),
+            "dpquant.quantiles": len(row.get("quantiles") or []),
+            "dpquant.attempt": claim.attempts,
+        }
+        if tracing.enabled():
+            created = row.get("created_at")
+            queued = tracing.tracer().start_span(
+                "release.queue",
+                context=self.parent,
+                start_time=None if created is None else tracing.ns(created),
+                attributes=self.attributes,
+            )
+            queued.end()
+
+    def run(self) -> AbstractContextManager[object]:
+        return tracing.tracer().start_as_current_span(
+            "release.run", context=self.parent, attributes=self.attributes
+        )
+
+    def complete(self, outcome: str) -> AbstractContextManager[object]:
+        return tracing.tracer().start_as_current_span(
+            "release.complete",
+            context=self.parent,
+            attributes={**self.attributes, "dpquant.outcome": outcome},
+        )
 
 
 def _bound(claim: Claim, settings: Settings) -> float:
@@ -384,6 +430,7 @@ def worker_main(url: str, slot: Slot, log_level: str, workers: int = 1) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides
     settings = Settings(database_url=url)
     configure_cache(settings)
+    tracing.configure(settings.otel_endpoint, service="dpquant-worker")
     link = Link(url, settings)
     keep_freed_memory()
     lower_priority()

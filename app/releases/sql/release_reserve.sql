@@ -27,6 +27,7 @@ CREATE FUNCTION release_reserve(
     p_column varchar DEFAULT 'value',
     p_cost_rho numeric DEFAULT 0,
     p_accounting varchar DEFAULT 'pure',
+    p_trace_parent varchar DEFAULT NULL,
     OUT outcome text,
     OUT release_id uuid,
     OUT seq bigint,
@@ -148,7 +149,7 @@ BEGIN
                          delta, cost_epsilon, cost_delta, remaining_epsilon, remaining_delta,
                          idempotency_key, request_hash, created_at, status, failure, attempts,
                          lease_token, lease_until, finished_at, expected_error, warnings,
-                         column_name, cost_rho, remaining_rho)
+                         column_name, cost_rho, remaining_rho, trace_parent)
     VALUES (p_id, p_dataset_id, p_api_key_id, p_method, p_quantiles, NULL, p_epsilon,
             p_delta, p_cost_epsilon, p_cost_delta,
             CASE WHEN accounting = 'pure' THEN left_epsilon - p_cost_epsilon END,
@@ -156,7 +157,7 @@ BEGIN
             p_idempotency_key, p_request_hash, v_now,
             'pending', NULL, 0, NULL, NULL, NULL, p_expected_error,
             coalesce(p_warnings, '[]'::jsonb), p_column, p_cost_rho,
-            CASE WHEN accounting = 'zcdp' THEN left_rho - p_cost_rho END)
+            CASE WHEN accounting = 'zcdp' THEN left_rho - p_cost_rho END, p_trace_parent)
     RETURNING release.seq INTO seq;
     INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, rho, reason, release_id,
                               api_key_id, created_at)
