@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.middleware.ratelimit import MAX_TOKEN_LENGTH, AuthFailureGuard
+from app.auth.oidc import Verifier, looks_like_jwt, subject_principal
 from app.auth.service import authenticate, hash_key
 from app.core.db import CommitOutcomeUnknown, sqlstate
 from app.core.errors import DpquantError, forbidden, unauthorized
@@ -44,7 +45,11 @@ def get_session(request: Request) -> Iterator[Session]:
 #: a success that was never stored.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
-bearer = HTTPBearer(auto_error=False, description="API key: `Authorization: Bearer <key>`")
+bearer = HTTPBearer(
+    auto_error=False,
+    description="API key, or an OpenID Connect token of the configured issuer: "
+    "`Authorization: Bearer <key or token>`",
+)
 
 
 async def get_principal(
@@ -60,6 +65,9 @@ async def get_principal(
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise unauthorized()
     raw = credentials.credentials
+    verifier: Verifier | None = getattr(request.app.state, "oidc", None)
+    if verifier is not None and looks_like_jwt(raw):
+        return await _token_principal(request, verifier, raw)
     if len(raw) > MAX_TOKEN_LENGTH:
         raise unauthorized()
     guard: AuthFailureGuard | None = getattr(request.app.state, "auth_guard", None)
@@ -83,6 +91,36 @@ async def get_principal(
     if principal is None:
         if guard is not None:
             guard.failed(address)
+        raise unauthorized()
+    if guard is not None:
+        guard.succeeded(digest)
+    return principal
+
+
+async def _token_principal(request: Request, verifier: Verifier, raw: str) -> Principal:
+    """An OpenID Connect token's principal (:mod:`app.auth.oidc`); 401 unless it verifies,
+    403 when its claims grant no role (or an unscoped non-admin)."""
+    guard: AuthFailureGuard | None = getattr(request.app.state, "auth_guard", None)
+    address = request.client.host if request.client is not None else ""
+    digest = hash_key(raw)
+    if guard is not None and guard.admit(address, digest) > 0.0:
+        raise DpquantError(429, "rate_limited", "too many failed authentications from this "
+                           "address; retry later", headers={"Retry-After": "5"})  # fmt: skip
+    try:
+        claims = await verifier.claims(raw)
+    except DpquantError:
+        if guard is not None:
+            guard.failed(address)
+        raise
+    role, datasets = verifier.grants(claims)
+    principal = await run_async(
+        request.app.state.pg_pool,
+        functools.partial(
+            subject_principal, issuer=verifier.config.issuer, claims=claims, role=role,
+            datasets=datasets,
+        ),
+    )  # fmt: skip
+    if principal is None:
         raise unauthorized()
     if guard is not None:
         guard.succeeded(digest)

@@ -34,6 +34,7 @@ from app.api.routes.releases import router as releases_router
 from app.api.routes.uploads import router as uploads_router
 from app.api.ui.docs import install_docs
 from app.api.ui.router import install_dashboard
+from app.auth.oidc import oidc_verifier
 from app.auth.service import ensure_bootstrap_key, retire_bootstrap_keys
 from app.core import tracing
 from app.core.config import Settings
@@ -191,6 +192,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.auth_guard = (
         AuthFailureGuard(per_minute=failures, burst=failures) if failures > 0 else None
     )
+    app.state.oidc = oidc_verifier(app.state.settings)
     if app.state.settings.otel_endpoint:
         tracing.configure(app.state.settings.otel_endpoint, service="dpquant-api")
     if tracing.enabled():

@@ -27,6 +27,8 @@ class AuditEvent(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     actor_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_key.id"))
     actor_prefix: Mapped[str | None] = mapped_column(String(16))
+    #: The acting OpenID Connect token's subject (None for keys and the command line).
+    actor_subject: Mapped[str | None] = mapped_column(String(300))
     action: Mapped[str] = mapped_column(String(64))
     target_type: Mapped[str] = mapped_column(String(32))
     target_id: Mapped[str | None] = mapped_column(String(64))

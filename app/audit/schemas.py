@@ -18,6 +18,9 @@ class AuditEventPublic(BaseModel):
     created_at: datetime
     actor_key_id: uuid.UUID | None = Field(description="The acting key (null: command line).")
     actor_prefix: str | None = Field(description="The acting key's public prefix.")
+    actor_subject: str | None = Field(
+        default=None, description="The acting OpenID Connect token's subject (null for keys)."
+    )
     action: str = Field(description="e.g. key.create, key.rotate, dataset.archive, budget.grant")
     target_type: str
     target_id: str | None

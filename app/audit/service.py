@@ -34,6 +34,7 @@ def record(
         created_at=datetime.now(UTC),
         actor_key_id=None if actor is None else actor.key_id,
         actor_prefix=None if actor is None else actor.prefix,
+        actor_subject=None if actor is None else actor.subject,
         action=action,
         target_type=target_type,
         target_id=None if target_id is None else str(target_id),

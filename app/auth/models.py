@@ -38,6 +38,7 @@ class ApiKey(Base):
             "retired_at IS NULL OR (bootstrap AND revoked_at IS NOT NULL)",
             name="retired_is_revoked_bootstrap",
         ),
+        CheckConstraint("kind IN ('key', 'oidc')", name="kind"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
@@ -45,7 +46,9 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16))
     dataset_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("dataset.id"), index=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(300))
+    #: ``key`` (an API key) or ``oidc`` (an OpenID Connect subject: ``name`` is the subject)
+    kind: Mapped[str] = mapped_column(String(8), server_default="key", default="key")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     #: Registered from ``DPQUANT_BOOTSTRAP_ADMIN_KEY``; revoked when the variable changes.

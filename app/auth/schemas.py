@@ -48,7 +48,10 @@ class KeyPublic(BaseModel):
     prefix: str
     role: Role
     dataset_id: uuid.UUID | None
-    name: str
+    name: str = Field(description="The key's label, or an OpenID Connect subject.")
+    kind: Literal["key", "oidc"] = Field(
+        default="key", description="key: an API key; oidc: an OpenID Connect subject."
+    )
     created_at: datetime
     revoked_at: datetime | None
     max_epsilon: DecimalText | None = Field(description="Cap on the epsilon spent (null: none).")
@@ -81,3 +84,19 @@ class KeySelf(BaseModel):
     id: uuid.UUID
     role: Role
     dataset_id: uuid.UUID | None = Field(description="The key's dataset scope, if any.")
+    datasets: list[uuid.UUID] | None = Field(
+        default=None, description="An OpenID Connect token's datasets (null: not scoped so)."
+    )
+    subject: str | None = Field(
+        default=None, description="An OpenID Connect token's subject (null for keys)."
+    )
+
+
+class KeyCaps(BaseModel):
+    """New spending caps for a key or an OpenID Connect subject (only the fields given
+    change; ``null`` removes a cap)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_epsilon: BudgetDecimal | None = None
+    max_delta: BudgetDecimal | None = None

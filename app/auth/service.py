@@ -174,12 +174,13 @@ def rotate_key(session: Session, *, key_id: uuid.UUID, actor: Principal) -> tupl
     if (
         key.revoked_at is not None
         or key.bootstrap
+        or key.kind == "oidc"
         or (key.expires_at is not None and key.expires_at <= now)
     ):
         raise DpquantError(
             409,
             "key_not_rotatable",
-            "revoked, expired and bootstrap keys cannot be rotated",
+            "revoked, expired and bootstrap keys and OpenID Connect subjects cannot be rotated",
         )
     old_prefix = key.prefix
     raw = generate_key()
@@ -324,4 +325,38 @@ def revoke_key(session: Session, *, key_id: uuid.UUID, actor: Principal | None =
             target_id=key.id,
             details={"prefix": key.prefix},
         )
+    return key
+
+
+def set_caps(
+    session: Session,
+    *,
+    key_id: uuid.UUID,
+    caps: dict[str, Decimal | None],
+    actor: Principal | None = None,
+) -> ApiKey:
+    """Set (or, with None, remove) a key's or an OpenID Connect subject's spending caps;
+    ``caps`` holds only the fields to change. 409 when a cap would lie below what was
+    already spent (PostgreSQL's ``key_cap`` would refuse the next debit anyway)."""
+    key = session.get(ApiKey, key_id, with_for_update=True, populate_existing=True)
+    if key is None:
+        raise not_found("key")
+    for name, value in caps.items():
+        spent = key.spent_epsilon if name == "max_epsilon" else key.spent_delta
+        if value is not None and value < spent:
+            raise DpquantError(
+                409,
+                "key_budget_exhausted",
+                f"{name} {value} lies below what this key already spent ({spent})",
+            )
+        setattr(key, name, value)
+    session.flush()
+    record(
+        session,
+        actor=actor,
+        action="key.caps",
+        target_type="api_key",
+        target_id=key.id,
+        details={"prefix": key.prefix, **_caps(key)},
+    )
     return key

@@ -52,6 +52,30 @@ class Settings(BaseSettings):
         default=None, description="If set, this key is accepted as an admin key (stored hashed)."
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="OpenID Connect issuer URL: bearer tokens it signs are accepted beside API "
+        "keys (discovery at {issuer}/.well-known/openid-configuration); unset = keys only.",
+    )
+    oidc_audience: str | None = Field(
+        default=None, description="The audience (aud) tokens must name (required with an issuer)."
+    )
+    oidc_jwks_url: str | None = Field(
+        default=None, description="The issuer's JWKS URL (overrides discovery)."
+    )
+    oidc_role_claim: str = Field(
+        default="dpquant_role", description="The claim holding admin, analyst or viewer."
+    )
+    oidc_datasets_claim: str = Field(
+        default="dpquant_datasets",
+        description="The claim listing the dataset ids a token is scoped to (absent: unscoped, "
+        "admins only).",
+    )
+    oidc_jwks_refresh_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="A token signed by an unknown key id refetches the JWKS at most this often.",
+    )
     otel_endpoint: str | None = Field(
         default=None,
         description="OTLP/HTTP endpoint for OpenTelemetry traces (e.g. "

@@ -19,10 +19,16 @@ class Principal:
     scope: uuid.UUID | None
     #: The key's public prefix (``dpq_`` + 8 characters), recorded in the audit log.
     prefix: str | None = None
-    #: Whether the key has a spending cap (caps are fixed at creation; PostgreSQL enforces
-    #: them on every debit whatever this says, see migration 0005).
+    #: Whether the key has a spending cap (PostgreSQL enforces caps on every debit whatever
+    #: this says, see migration 0005).
     capped: bool = True
+    #: An OpenID Connect token's datasets claim (None: not scoped that way).
+    datasets: frozenset[uuid.UUID] | None = None
+    #: An OpenID Connect token's subject (None for API keys).
+    subject: str | None = None
 
     def can_see(self, dataset_id: uuid.UUID) -> bool:
-        """True when the dataset lies inside this key's scope."""
+        """True when the dataset lies inside this principal's scope."""
+        if self.datasets is not None:
+            return dataset_id in self.datasets
         return self.scope is None or self.scope == dataset_id

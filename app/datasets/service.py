@@ -297,7 +297,9 @@ def list_visible(
 ) -> list[Dataset]:
     """Datasets inside the key's scope, newest first."""
     stmt = select(Dataset)
-    if principal.scope is not None:
+    if principal.datasets is not None:
+        stmt = stmt.where(Dataset.id.in_(principal.datasets))
+    elif principal.scope is not None:
         stmt = stmt.where(Dataset.id == principal.scope)
     stmt = stmt.order_by(Dataset.created_at.desc(), Dataset.id).offset(offset).limit(limit)
     return list(session.scalars(stmt))

@@ -59,6 +59,9 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/keys/me"): (401, 401, 401, 200, 200, 200, 200),
     ("DELETE", "/v1/keys/{key_id}"): (401, 401, 401, 204, 403, 403, 403),
     ("POST", "/v1/keys/{key_id}/rotate"): (401, 401, 401, 200, 403, 403, 403),
+    ("PATCH", "/v1/keys/{key_id}"): (401, 401, 401, 200, 403, 403, 403),
+    # admin: 409 not_on_hold (dataset A was never restored; authorisation passed)
+    ("POST", "/v1/datasets/{dataset_id}/restore-confirmation"): (401, 401, 401, 409, 403, 403, 403),
     ("GET", "/v1/audit"): (401, 401, 401, 200, 403, 403, 403),
     ("GET", "/metrics"): (401, 401, 401, 200, 403, 403, 403),
 }
@@ -130,6 +133,10 @@ def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]
         kw["json"] = {"description": "matrix"}
     elif (method, path) == ("POST", "/v1/keys"):
         kw["json"] = {"role": "viewer", "dataset_id": world.dataset_a}
+    elif (method, path) == ("PATCH", "/v1/keys/{key_id}"):
+        kw["json"] = {"max_epsilon": "1"}
+    elif path.endswith("/restore-confirmation"):
+        kw["json"] = {"reason": "matrix"}
     return concrete, kw
 
 

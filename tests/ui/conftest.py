@@ -21,6 +21,7 @@ import pytest
 
 from app.core.db import upgrade_database
 from tests.live import LiveServer
+from tests.oidc_issuer import AUDIENCE, LocalIssuer
 
 ADMIN_KEY = "dpq_ui-admin-" + secrets.token_urlsafe(32)
 CHROMIUM_ARGS = [
@@ -35,11 +36,23 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture(scope="session")
-def live_server(schema_factory: Callable[[], str]) -> Iterator[LiveServer]:
+def oidc_issuer() -> Iterator[LocalIssuer]:
+    """A local OpenID Connect issuer the browser's server trusts (tokens beside keys)."""
+    issuer = LocalIssuer()
+    yield issuer
+    issuer.close()
+
+
+@pytest.fixture(scope="session")
+def live_server(
+    schema_factory: Callable[[], str], oidc_issuer: LocalIssuer
+) -> Iterator[LiveServer]:
     """A dpquant server on 127.0.0.1 for the browser, on its own migrated schema."""
     url = schema_factory()
     upgrade_database(url)
-    server = LiveServer(url, ADMIN_KEY).start()
+    server = LiveServer(
+        url, ADMIN_KEY, oidc_issuer=oidc_issuer.issuer, oidc_audience=AUDIENCE
+    ).start()
     yield server
     server.stop()
 

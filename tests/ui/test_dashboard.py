@@ -221,7 +221,7 @@ def test_unknown_key_is_refused_and_nothing_is_kept(watched: Watched) -> None:
     page.get_by_test_id("api-key").fill("dpq_not-a-key-" + "x" * 30)
     page.get_by_test_id("api-key").press("Enter")  # keyboard submit
     page.wait_for_selector("#error:not([hidden])", timeout=TIMEOUT)
-    assert "unknown or revoked key" in page.locator("#error").inner_text()
+    assert "unknown, revoked or expired key or token" in page.locator("#error").inner_text()
     assert page.evaluate("sessionStorage.length") == 0
     assert "dpq_" not in page.url
     # the 401 itself is the only console message (Chromium reports failed loads)
@@ -293,4 +293,24 @@ def test_a_zcdp_table_shows_its_guarantee_curve_and_releases_left(
     last = page.evaluate("async () => (await import('/ui/js/charts.js')).zcdpEpsilon(0.005, 1e-6)")
     assert abs(last - float(budget["guarantee"]["epsilon"])) <= 1e-9
     assert "zCDP" in page.locator("#ds-facts").inner_text()
+    watched.assert_clean()
+
+
+def test_an_analyst_signs_in_with_an_openid_connect_token(
+    watched: Watched, seed: Seed, oidc_issuer: Any
+) -> None:
+    ds = seed.dataset(values=sample(seed=9), epsilon="1", description="Token scenario")
+    token = oidc_issuer.token(
+        sub="dana@example.org", dpquant_role="analyst", dpquant_datasets=[ds["id"]]
+    )
+    sign_in(watched, token)
+    page = watched.page
+    assert "dana@example.org" in page.locator("#whoami").inner_text()
+    assert page.get_by_test_id("dataset-row").count() == 1
+    page.get_by_test_id("query-quantiles").fill("0.5")
+    page.get_by_test_id("query-epsilon").fill("0.2")
+    with page.expect_response(lambda r: r.url.endswith(f"/v1/datasets/{ds['id']}/quantiles")):
+        page.get_by_test_id("query-submit").click()
+    page.wait_for_selector("[data-testid=budget-remaining]:text-is('0.8')", timeout=TIMEOUT)
+    key_never_leaves_the_header(watched, token)
     watched.assert_clean()

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request, Response
 from app.api.deps import AdminDep, ReaderDep, SessionDep
 from app.api.http import DecimalJSONRoute
 from app.auth import service
-from app.auth.schemas import KeyCreate, KeyCreated, KeyList, KeyPublic, KeySelf
-from app.core.errors import error_responses
+from app.auth.schemas import KeyCaps, KeyCreate, KeyCreated, KeyList, KeyPublic, KeySelf
+from app.core.errors import error_responses, invalid
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=DecimalJSONRoute)
 
@@ -83,7 +83,31 @@ def list_keys(session: SessionDep, principal: AdminDep) -> KeyList:
 )
 def read_own_key(principal: ReaderDep) -> KeySelf:
     """The calling key's id, role and dataset scope, so a dashboard knows what to show."""
-    return KeySelf(id=principal.key_id, role=principal.role, dataset_id=principal.scope)
+    return KeySelf(
+        id=principal.key_id,
+        role=principal.role,
+        dataset_id=principal.scope,
+        datasets=None if principal.datasets is None else sorted(principal.datasets),
+        subject=principal.subject,
+    )
+
+
+@router.patch(
+    "/{key_id}",
+    response_model=KeyPublic,
+    responses=error_responses(401, 403, 404, 409, 422, 503),
+    summary="Set the spending caps of a key or an OpenID Connect subject",
+)
+def set_key_caps(
+    key_id: uuid.UUID, body: KeyCaps, session: SessionDep, principal: AdminDep
+) -> KeyPublic:
+    """`{"max_epsilon": "0.5"}` caps what the key (or the subject, listed with `kind`
+    `oidc`) may spend in total; `null` removes a cap. Only the fields given change."""
+    if not body.model_fields_set:
+        raise invalid("body", "give max_epsilon and/or max_delta")
+    caps = {name: getattr(body, name) for name in body.model_fields_set}
+    key = service.set_caps(session, key_id=key_id, caps=caps, actor=principal)
+    return KeyPublic.model_validate(key)
 
 
 @router.delete(

@@ -73,7 +73,10 @@ async function signIn(key) {
   $("welcome").hidden = true;
   $("main").hidden = false;
   text($("who-role"), state.me.role);
-  text($("who-scope"), state.me.dataset_id ? ` · scoped to dataset ${state.me.dataset_id.slice(0, 8)}…` : "");
+  const scope = state.me.datasets
+    ? ` · scoped to ${state.me.datasets.length} dataset(s)`
+    : state.me.dataset_id ? ` · scoped to dataset ${state.me.dataset_id.slice(0, 8)}…` : "";
+  text($("who-scope"), (state.me.subject ? ` · ${state.me.subject}` : "") + scope);
   document.body.dataset.role = state.me.role;
   $("query-section").hidden = !canQuery();
   $("admin-section").hidden = !isAdmin();
@@ -554,7 +557,7 @@ async function main() {
     try {
       await signIn(key);
     } catch (err) {
-      showError(err instanceof ApiError && err.status === 401 ? new Error("unknown or revoked key") : err);
+      showError(err instanceof ApiError && err.status === 401 ? new Error("unknown, revoked or expired key or token") : err);
     }
   });
   $("sign-out").addEventListener("click", signOut);
