@@ -314,3 +314,36 @@ def test_an_analyst_signs_in_with_an_openid_connect_token(
     page.wait_for_selector("[data-testid=budget-remaining]:text-is('0.8')", timeout=TIMEOUT)
     key_never_leaves_the_header(watched, token)
     watched.assert_clean()
+
+
+def test_the_query_form_explains_itself(watched: Watched, seed: Seed) -> None:
+    """Percentages work; bad quantiles and unaffordable queries say why; the scope shows the
+    dataset's name; "Signed in as" appears once."""
+    ds = seed.dataset(values=sample(seed=13), epsilon="0.5", description="Form scenario")
+    analyst = seed.key("analyst", ds["id"])
+    sign_in(watched, analyst)
+    page = watched.page
+    assert ds["name"] in page.locator("#who-scope").inner_text()
+    assert page.get_by_text("Signed in as").count() == 1
+    quantiles, epsilon = (
+        page.get_by_test_id("query-quantiles"),
+        page.get_by_test_id("query-epsilon"),
+    )
+    quantiles.fill("90%, 50%")
+    page.wait_for_selector("#quote[data-invalid=true]", timeout=TIMEOUT)
+    assert "strictly increasing" in page.locator("#quote").inner_text()
+    assert page.get_by_test_id("query-submit").is_disabled()
+    epsilon.fill("2")
+    quantiles.fill("50%, 90%")
+    reason = page.get_by_test_id("unaffordable-reason")
+    reason.wait_for(timeout=TIMEOUT)
+    assert "ε 0.5" in reason.inner_text() and "about 0.5" in reason.inner_text()
+    assert page.get_by_test_id("query-submit").is_disabled()
+    epsilon.fill("0.2")
+    page.wait_for_selector("[data-testid=query-submit]:not([disabled])", timeout=TIMEOUT)
+    with page.expect_response(lambda r: r.url.endswith(f"/v1/datasets/{ds['id']}/quantiles")):
+        page.get_by_test_id("query-submit").click()
+    page.wait_for_selector("#query-result:has-text('Released:')", timeout=TIMEOUT)
+    stored = seed.http.get(f"/v1/datasets/{ds['id']}/releases").json()["items"][0]
+    assert stored["quantiles"] == [0.5, 0.9]
+    watched.assert_clean()

@@ -73,19 +73,30 @@ async function signIn(key) {
   $("welcome").hidden = true;
   $("main").hidden = false;
   text($("who-role"), state.me.role);
-  const scope = state.me.datasets
-    ? ` · scoped to ${state.me.datasets.length} dataset(s)`
-    : state.me.dataset_id ? ` · scoped to dataset ${state.me.dataset_id.slice(0, 8)}…` : "";
-  text($("who-scope"), (state.me.subject ? ` · ${state.me.subject}` : "") + scope);
+  renderWho();
   document.body.dataset.role = state.me.role;
   $("query-section").hidden = !canQuery();
   $("admin-section").hidden = !isAdmin();
   $("grant-section").hidden = !isAdmin();
   $("ledger-section").hidden = !isAdmin();
   await loadDatasets();
+  renderWho(); // the scope by name, now that the datasets are known
   if (isAdmin()) await loadKeys();
   startPolling();
-  say(`Signed in as ${state.me.role}`);
+  say("Ready");
+}
+
+// "Signed in as <role> · <subject> · scoped to <dataset name>" (names, not ids).
+function renderWho() {
+  const me = state.me;
+  if (!me) return;
+  const nameOf = (id) => {
+    const ds = state.datasets.find((d) => d.id === id);
+    return ds ? ds.name : `${id.slice(0, 8)}…`;
+  };
+  const ids = me.datasets || (me.dataset_id ? [me.dataset_id] : []);
+  const scope = ids.length ? ` · scoped to ${ids.map(nameOf).join(", ")}` : "";
+  text($("who-scope"), (me.subject ? ` · ${me.subject}` : "") + scope);
 }
 
 function signOut() {
@@ -394,10 +405,26 @@ function renderLedger() {
 
 // ---------------------------------------------------------------- queries
 
+// "0.1, 0.5" or "10%, 50%": quantiles strictly increasing inside (0, 1).
+function parseQuantiles(textValue) {
+  const parts = textValue.split(/[\s,;]+/).filter(Boolean);
+  if (!parts.length) return { error: "quantiles: give at least one, e.g. 0.5 or 50%" };
+  const quantiles = [];
+  for (const part of parts) {
+    const percent = part.endsWith("%");
+    const value = Number(percent ? part.slice(0, -1) : part);
+    if (!Number.isFinite(value)) return { error: `quantiles: "${part}" is not a number` };
+    quantiles.push(percent ? value / 100 : value);
+  }
+  if (quantiles.some((q) => !(q > 0 && q < 1))) return { error: "quantiles: each must lie strictly between 0 and 1 (or 0% and 100%)" };
+  if (quantiles.some((q, i) => i > 0 && q <= quantiles[i - 1])) return { error: "quantiles: list them in strictly increasing order" };
+  return { quantiles };
+}
+
 function readQuery() {
-  const parts = $("query-quantiles").value.split(/[\s,;]+/).filter(Boolean);
-  const quantiles = parts.map(Number);
-  if (!parts.length || quantiles.some((q) => !Number.isFinite(q))) return { error: "quantiles: numbers separated by commas" };
+  const parsed = parseQuantiles($("query-quantiles").value);
+  if (parsed.error) return { error: parsed.error };
+  const quantiles = parsed.quantiles;
   const epsilon = $("query-epsilon").value.trim();
   if (!/^\d*\.?\d+([eE][-+]?\d+)?$/.test(epsilon)) return { error: "ε: a positive decimal number" };
   const body = { quantiles, epsilon, method: $("query-method").value };
@@ -431,7 +458,18 @@ function expectedText(e) {
 async function fetchQuote() {
   const box = $("quote");
   const { body, error } = readQuery();
-  if (error || !state.selectedId) { box.hidden = true; return; }
+  if (!state.selectedId) { box.hidden = true; return; }
+  if (error) {
+    // say what is wrong as it is typed, and keep the button off until it is fixed
+    ++quoteSeq;
+    clearChildren(box);
+    box.textContent = error;
+    box.setAttribute("data-invalid", "true");
+    box.hidden = false;
+    $("query-submit").disabled = true;
+    return;
+  }
+  box.removeAttribute("data-invalid");
   const seq = ++quoteSeq;
   try {
     const { body: q } = await post(`/v1/datasets/${state.selectedId}/quote`, body);
@@ -458,6 +496,7 @@ async function fetchQuote() {
     const h = document.createElement("strong");
     h.textContent = "Quote (nothing spent yet)";
     box.append(h, dl);
+    if (q.affordable === false) box.append(unaffordableReason(q, body));
     box.hidden = false;
     box.classList.toggle("unaffordable", q.affordable === false);
     $("query-submit").disabled = q.affordable === false;
@@ -477,12 +516,36 @@ async function fetchQuote() {
   }
 }
 
+// Why a quote is not affordable, and the largest ε that is (from the public budget figures).
+function unaffordableReason(q, body) {
+  const p = document.createElement("p");
+  p.setAttribute("data-testid", "unaffordable-reason");
+  const b = state.budget;
+  if (b && b.restore_hold_since !== undefined && q.warnings && q.warnings.some((w) => w.includes("on hold"))) {
+    p.textContent = "Not affordable: the budget is on hold after a restore.";
+    return p;
+  }
+  let largest = null;
+  if (b && b.accounting === "zcdp" && b.rho && q.rho && Number(q.rho) > 0) {
+    // rho grows with the square of epsilon for these methods
+    const perEps2 = Number(q.rho) / (Number(body.epsilon) ** 2);
+    largest = Math.sqrt(Number(b.rho.remaining) / perEps2);
+  } else if (b && q.cost && Number(q.cost.epsilon) > 0) {
+    largest = Number(b.remaining.epsilon) * (Number(body.epsilon) / Number(q.cost.epsilon));
+  }
+  const left = b ? (b.accounting === "zcdp" && b.rho ? `ρ ${b.rho.remaining}` : `ε ${b.remaining.epsilon}, δ ${b.remaining.delta}`) : "unknown";
+  p.textContent = `Not affordable: the dataset has ${left} left` +
+    (largest !== null ? `; the largest ε this query can use is about ${Number(largest.toPrecision(3))}` : "") +
+    " (an API key's own cap can also refuse it).";
+  return p;
+}
+
 async function submitQuery(event) {
   event.preventDefault();
   showError(null);
   const { body, error } = readQuery();
   const out = $("query-result");
-  if (error) { out.textContent = error; return; }
+  if (error) { out.textContent = error; return; } // replaces any earlier "Released: …"
   const id = state.selectedId;
   const submit = $("query-submit");
   submit.disabled = true;
