@@ -335,18 +335,29 @@ def csv_with_header(chunks: Iterable[bytes]) -> tuple[Iterator[list[str]], list[
 
 
 def read_csv(
-    chunks: Iterable[bytes], sink: ValueSink, *, column: str, skip_missing: bool
+    chunks: Iterable[bytes],
+    sink: ValueSink,
+    *,
+    column: str,
+    skip_missing: bool,
+    header: bool = True,
 ) -> UploadStats:
-    """One column of a CSV file with a header row.
+    """One column of a CSV file: named by the header row, or, without one (``header``
+    False), by its position from 1.
 
-    Row r counts data records from 1 after the header (blank lines included; a quoted
-    field spanning lines is one record). Empty cells are an error naming their row unless
-    ``skip_missing``, which skips and counts them.
+    Row r counts data records from 1 after the header (from the first line without one;
+    blank lines included; a quoted field spanning lines is one record). Empty cells and
+    missing-value markers are an error naming their row unless ``skip_missing``, which skips
+    and counts them.
     """
-    reader, names = csv_with_header(chunks)
-    if column not in names:
-        raise invalid("query.column", "no such column in the CSV header")
-    idx = names.index(column)
+    if header:
+        reader, names = csv_with_header(chunks)
+        if column not in names:
+            raise invalid("query.column", "no such column in the CSV header")
+        idx = names.index(column)
+    else:
+        reader = csv.reader(lines(chunks), strict=True)
+        idx = int(column) - 1
     stats = UploadStats()
     batch: list[float] = []
     first_row = 1
@@ -507,6 +518,7 @@ def read_values(
     column: str | None,
     skip_missing: bool,
     max_page_bytes: int | None = None,
+    header: bool = True,
 ) -> UploadStats:
     """Read one upload in any supported format into ``sink`` (``max_page_bytes``: see
     :func:`read_parquet`)."""
@@ -516,7 +528,7 @@ def read_values(
         return read_json(chunks, sink)
     if media_type == MEDIA_CSV:
         assert column is not None
-        return read_csv(chunks, sink, column=column, skip_missing=skip_missing)
+        return read_csv(chunks, sink, column=column, skip_missing=skip_missing, header=header)
     if media_type == MEDIA_PARQUET:
         assert column is not None
         return read_parquet(

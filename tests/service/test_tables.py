@@ -293,3 +293,31 @@ def test_missing_value_markers_are_missing_numbers_but_keys_and_ids(
     r = client.put(f"/v1/datasets/{one['id']}/values?column=v&missing=skip", content=csv,
                    headers={**api.admin, **CSV})  # fmt: skip
     assert (r.json()["n"], r.json()["values_skipped"]) == (3, 2)
+
+
+def test_a_csv_without_a_header_row_picks_its_column_by_position(
+    api: Api, client: TestClient
+) -> None:
+    ds = api.dataset(values=None, lower=0, upper=100)
+    body = b"1,10\n2,20\n3,NA\n4,40\n"
+    up = client.put(f"/v1/datasets/{ds['id']}/values?header=false&column=2&missing=skip",
+                    content=body, headers={**api.admin, **CSV})  # fmt: skip
+    assert up.status_code == 200, up.text
+    assert (up.json()["n"], up.json()["values_skipped"]) == (3, 1)
+    first = client.put(f"/v1/datasets/{ds['id']}/values?header=false", content=body,
+                       headers={**api.admin, **CSV})  # fmt: skip
+    assert first.status_code == 200 and first.json()["n"] == 4  # column 1 by default
+    for query, field in (
+        ("header=false&column=income", "query.column"),
+        ("header=false&column=0", "query.column"),
+        ("header=false&column=3", "body"),  # row 1 has two cells
+    ):
+        r = client.put(f"/v1/datasets/{ds['id']}/values?{query}", content=body,
+                       headers={**api.admin, **CSV})  # fmt: skip
+        assert r.status_code == 422 and field in r.text, r.text
+    r = client.put(f"/v1/datasets/{ds['id']}/values?header=false", json=[1.0], headers=api.admin)
+    assert r.status_code == 422 and "query.header" in r.text
+    tab = table(api)
+    r = client.put(f"/v1/datasets/{tab['id']}/values?header=false", content=body,
+                   headers={**api.admin, **CSV})  # fmt: skip
+    assert r.status_code == 422 and "query.header" in r.text

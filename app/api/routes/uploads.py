@@ -127,6 +127,14 @@ HISTOGRAM_BODY = {
 ColumnQuery = Annotated[
     str | None, Query(max_length=200, description="Column name (CSV and Parquet uploads)")
 ]
+HeaderQuery = Annotated[
+    bool,
+    Query(
+        description="CSV: whether the first line names the columns (default). Without a "
+        "header row (`false`), `?column=` is the column's position from 1 (default 1); "
+        "one-column datasets only.",
+    ),
+]
 MissingQuery = Annotated[
     Literal["error", "skip"],
     Query(
@@ -144,18 +152,29 @@ def _receive_values(
     column: str | None,
     missing: str,
     append: bool,
+    header: bool = True,
 ) -> DatasetPublic:
     settings = request.app.state.settings
     _declared_too_large(request, settings.max_upload_bytes)
     dataset = service.get_visible(session, principal=principal, dataset_id=dataset_id)
     service.ensure_writable(dataset, append=append)  # early: a body that cannot be stored
     media_type = _media_type(request)
+    if not header and media_type != upload.MEDIA_CSV:
+        raise invalid("query.header", "applies to CSV uploads only")
     if dataset.privacy_unit is not None or len(dataset.columns) > 1:
+        if not header:
+            raise invalid("query.header", "a table's CSV names its columns in a header row")
         return _receive_table(
             request, session, principal, dataset, media_type, column, missing, append
         )
     if media_type not in upload.VALUE_MEDIA_TYPES:
         raise upload.unsupported(upload.VALUE_MEDIA_TYPES)
+    if not header:
+        column = column or "1"
+        if not column.isdigit() or not 1 <= int(column) <= 10_000:
+            raise invalid(
+                "query.column", "without a header row, the column is its position (1, 2, ...)"
+            )
     if media_type in (upload.MEDIA_CSV, upload.MEDIA_PARQUET) and not column:
         raise invalid("query.column", f"is required for {media_type} uploads")
     already = dataset.n or 0 if append else 0
@@ -171,6 +190,7 @@ def _receive_values(
             media_type=media_type,
             column=column,
             skip_missing=missing == "skip",
+            header=header,
         )
         histogram = builder.result()
     except TooManyCells as exc:
@@ -323,13 +343,16 @@ def upload_values(
     principal: AdminDep,  # before the body: unauthenticated uploads are never read
     column: ColumnQuery = None,
     missing: MissingQuery = "error",
+    header: HeaderQuery = True,
 ) -> DatasetPublic:
     """Replace the values atomically; any bad row rejects the whole upload (422).
 
     The body is streamed: each value is clamped to [lower, upper] and counted in its grid
     cell as it arrives; only the histogram is stored.
     """
-    return _receive_values(request, session, principal, dataset_id, column, missing, append=False)
+    return _receive_values(
+        request, session, principal, dataset_id, column, missing, append=False, header=header
+    )
 
 
 @router.post(
@@ -346,9 +369,12 @@ def append_values(
     principal: AdminDep,
     column: ColumnQuery = None,
     missing: MissingQuery = "error",
+    header: HeaderQuery = True,
 ) -> DatasetPublic:
     """Add values to the stored ones (counts merge); same formats and rules as the upload."""
-    return _receive_values(request, session, principal, dataset_id, column, missing, append=True)
+    return _receive_values(
+        request, session, principal, dataset_id, column, missing, append=True, header=header
+    )
 
 
 @router.put(
