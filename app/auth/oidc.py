@@ -99,7 +99,7 @@ class Verifier:
                 if self._keys is None:
                     raise DpquantError(
                         503,
-                        "database_unavailable",
+                        "identity_provider_unavailable",
                         "the identity provider's keys could not be fetched; retry",
                         headers={"Retry-After": "5"},
                     ) from None

@@ -36,6 +36,7 @@ ERROR_TYPES = (
     "rate_limited",
     "too_many_pending",
     "database_unavailable",
+    "identity_provider_unavailable",
     "outcome_unknown",
     "internal_error",
     "overloaded",

@@ -166,3 +166,18 @@ def test_subjects_have_caps_revocation_and_an_audit_trail(
     assert client.get("/v1/keys/me", headers=bearer(analyst)).status_code == 401
     # API keys keep working beside tokens
     assert client.get("/v1/datasets", headers=ADMIN).status_code == 200
+
+
+def test_an_unreachable_issuer_is_a_503_and_keys_still_work(
+    make_schema: Callable[[], str], issuer: LocalIssuer
+) -> None:
+    url = make_schema()
+    upgrade_database(url)
+    settings = app_settings(url, admin_key=ADMIN_KEY, oidc_issuer="http://127.0.0.1:9",
+                            oidc_audience=AUDIENCE)  # fmt: skip
+    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+        token = issuer.token(sub="x", dpquant_role="admin")
+        r = c.get("/v1/datasets", headers=bearer(token))
+        assert r.status_code == 503 and r.json()["type"] == "identity_provider_unavailable"
+        assert r.headers.get("retry-after")
+        assert c.get("/v1/datasets", headers=ADMIN).status_code == 200
