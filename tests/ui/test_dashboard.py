@@ -202,7 +202,7 @@ def test_admin_sees_ledger_and_keys_and_creates_dataset_key_and_grant(
     prefix = secret[:12]
     page.get_by_role("button", name=f"Revoke key {prefix}").click()
     page.wait_for_selector(
-        f"#keys-body tr:has-text('{prefix}') td:nth-child(6):not(:empty)", timeout=TIMEOUT
+        f"#keys-body tr:has-text('{prefix}') td:nth-child(7):not(:empty)", timeout=TIMEOUT
     )
     gone = httpx.get(
         f"{seed.http.base_url}/v1/keys/me", headers={"Authorization": f"Bearer {secret}"}
@@ -346,4 +346,56 @@ def test_the_query_form_explains_itself(watched: Watched, seed: Seed) -> None:
     page.wait_for_selector("#query-result:has-text('Released:')", timeout=TIMEOUT)
     stored = seed.http.get(f"/v1/datasets/{ds['id']}/releases").json()["items"][0]
     assert stored["quantiles"] == [0.5, 0.9]
+    watched.assert_clean()
+
+
+def test_admin_forms_take_size_hint_accounting_caps_expiry_and_parquet(
+    watched: Watched, seed: Seed, live_server: LiveServer, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sign_in(watched, live_server.admin_key)
+    page = watched.page
+    name = "ui-forms-" + os.urandom(3).hex()
+    page.locator("#ds-name").fill(name)
+    page.locator("#ds-epsilon").fill("2")
+    page.locator("#ds-delta").fill("0.000001")
+    page.locator("#ds-size-hint").fill("1000")
+    page.locator("#ds-neighbors").select_option("add_remove")
+    page.locator("#ds-accounting").select_option("zcdp")
+    page.get_by_role("button", name="Create dataset").click()
+    page.wait_for_selector(f"#ds-title:text-is('{name}')", timeout=TIMEOUT)
+    made = next(d for d in seed.http.get("/v1/datasets").json()["items"] if d["name"] == name)
+    assert (made["size_hint"], made["accounting"], made["neighbors"]) == (
+        1000,
+        "zcdp",
+        "add_remove",
+    )
+    assert "zCDP" in page.locator("#ds-facts").inner_text()
+    # a Parquet upload through the form
+    file = tmp_path / "values.parquet"
+    pq.write_table(pa.table({"v": [float(x) for x in range(1, 60)]}), file)
+    page.locator("#upload-file").set_input_files(str(file))
+    page.locator("#upload-column").fill("v")
+    with page.expect_response(
+        lambda r: r.url.endswith(f"/v1/datasets/{made['id']}/values?column=v")
+    ) as up:
+        page.get_by_role("button", name="Upload").click()
+    assert up.value.status == 200
+    assert seed.http.get(f"/v1/datasets/{made['id']}").json()["n"] == 59
+    # a key with caps and an expiry
+    page.locator("#key-role").select_option("analyst")
+    page.locator("#key-scope").select_option(made["id"])
+    page.locator("#key-max-epsilon").fill("0.3")
+    page.locator("#key-expires").fill("2031-01-31")
+    with page.expect_response(
+        lambda r: r.url.endswith("/v1/keys") and r.request.method == "POST"
+    ) as created:
+        page.get_by_role("button", name="Create key").click()
+    key = created.value.json()
+    assert (key["max_epsilon"], key["expires_at"][:10]) == ("0.3", "2031-01-31")
+    page.wait_for_selector(
+        f"#keys-body tr:has-text('{key['prefix']}'):has-text('of 0.3')", timeout=TIMEOUT
+    )
     watched.assert_clean()

@@ -35,7 +35,8 @@ export async function loadKeys() {
     cell(row, k.prefix, "mono");
     cell(row, k.role);
     cell(row, k.dataset_id ? names.get(k.dataset_id) || `${k.dataset_id.slice(0, 8)}…` : "all");
-    cell(row, k.name);
+    cell(row, k.kind === "oidc" ? `${k.name} (sign-on)` : k.name);
+    cell(row, k.max_epsilon ? `ε ${k.spent_epsilon} of ${k.max_epsilon}` : `ε ${k.spent_epsilon}`, "num");
     cell(row, when(k.created_at));
     cell(row, k.revoked_at ? when(k.revoked_at) : "");
     const action = document.createElement("td");
@@ -74,6 +75,9 @@ async function createDataset(event) {
   };
   const g = $("ds-granularity").value.trim();
   if (g) body.granularity = Number(g);
+  const hint = $("ds-size-hint").value.trim();
+  if (hint) body.size_hint = Number(hint);
+  if ($("ds-accounting").value === "zcdp") body.accounting = "zcdp";
   try {
     const { body: ds } = await post("/v1/datasets", body);
     state.selectedId = ds.id;
@@ -89,11 +93,17 @@ async function createKey(event) {
   const body = { role: $("key-role").value, name: $("key-name").value };
   const scope = $("key-scope").value;
   if (scope && body.role !== "admin") body.dataset_id = scope;
+  const capEps = $("key-max-epsilon").value.trim();
+  if (capEps) body.max_epsilon = capEps;
+  const capDelta = $("key-max-delta").value.trim();
+  if (capDelta) body.max_delta = capDelta;
+  const expires = $("key-expires").value;
+  if (expires) body.expires_at = `${expires}T00:00:00Z`;
   try {
     const { body: created } = await post("/v1/keys", body);
     $("new-key-value").value = created.key; // shown once, never logged, never stored
     $("new-key").hidden = false;
-    $("key-name").value = "";
+    for (const id of ["key-name", "key-max-epsilon", "key-max-delta", "key-expires"]) $(id).value = "";
     await loadKeys();
     say(`Key ${created.prefix} created`);
   } catch (err) { showError(err); }
@@ -121,7 +131,10 @@ async function upload(event) {
   const file = $("upload-file").files[0];
   if (!file) { showError(new Error("choose a file first")); return; }
   const name = file.name.toLowerCase();
-  const type = name.endsWith(".csv") ? "text/csv" : name.endsWith(".json") ? "application/json" : "application/octet-stream";
+  const parquet = [".parquet", ".parq", ".pq"].some((ext) => name.endsWith(ext));
+  const type = name.endsWith(".csv") ? "text/csv"
+    : parquet ? "application/vnd.apache.parquet"
+    : name.endsWith(".json") ? "application/json" : "application/octet-stream";
   const column = $("upload-column").value.trim();
   const url = `/v1/datasets/${state.selectedId}/values${column ? `?column=${encodeURIComponent(column)}` : ""}`;
   try {
