@@ -399,3 +399,24 @@ def test_admin_forms_take_size_hint_accounting_caps_expiry_and_parquet(
         f"#keys-body tr:has-text('{key['prefix']}'):has-text('of 0.3')", timeout=TIMEOUT
     )
     watched.assert_clean()
+
+
+def test_releases_show_expected_error_and_fit_a_phone(browser: Any, live_server: LiveServer,
+                                                       seed: Seed) -> None:  # fmt: skip
+    ds = seed.dataset(values=sample(seed=17), epsilon="1", description="Phone scenario")
+    seed.release(ds["id"], epsilon="0.3", method="jointexp",
+                 quantiles=[0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95])  # fmt: skip
+    viewer = seed.key("viewer", ds["id"])
+    context = browser.new_context(viewport={"width": 390, "height": 844},
+                                  base_url=live_server.base_url)  # fmt: skip
+    try:
+        page = context.new_page()
+        w = Watched(page)
+        sign_in(w, viewer)
+        row = page.get_by_test_id("release-row").first
+        row.wait_for(timeout=TIMEOUT)
+        assert "pts" in row.locator("td").last.inner_text()
+        box = row.locator("td.estimates").bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 390 + 1
+    finally:
+        context.close()

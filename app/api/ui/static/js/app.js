@@ -373,7 +373,15 @@ function renderReleases() {
     cell(row, r.quantiles.join(", "), "mono wrap");
     cell(row, r.epsilon, "num");
     cell(row, r.delta, "num");
-    cell(row, r.estimates ? r.estimates.join(", ") : statusOf(r) === "failed" ? "failed (charged)" : "pending…", "mono wrap");
+    cell(row, r.estimates ? r.estimates.join(", ") : statusOf(r) === "failed" ? "failed (charged)" : "pending…", "mono wrap estimates");
+    const expected = cell(row, expectedShort(r.expected_error), "wrap");
+    if (r.warnings && r.warnings.length) {
+      expected.textContent += " ⚠";
+      expected.title = r.warnings.join("\n");
+      expected.setAttribute("aria-label", `${expected.textContent}: ${r.warnings.join("; ")}`);
+    }
+    // labels for the stacked layout phones get (style.css)
+    [...row.children].forEach((td, i) => { td.dataset.label = RELEASE_COLUMNS[i] || ""; });
     body.appendChild(row);
   }
   const ds = state.datasets.find((d) => d.id === state.selectedId);
@@ -453,6 +461,15 @@ function expectedText(e) {
   const mean = e.reduce((s, x) => s + x.mean, 0) / e.length;
   const bound = Math.max(...e.map((x) => x.bound90));
   return `≈ ${mean.toPrecision(3)} missed points per quantile (90 %: ≤ ${bound.toPrecision(3)})`;
+}
+
+const RELEASE_COLUMNS = ["When", "Status", "Method", "Quantiles", "ε", "δ", "Estimates", "Expected error"];
+
+// "≈ 3.2 pts" (mean missed points per quantile) for the releases table.
+function expectedShort(e) {
+  if (!Array.isArray(e) || !e.length || typeof e[0] !== "object") return "unknown";
+  const mean = e.reduce((s, x) => s + x.mean, 0) / e.length;
+  return `≈ ${mean.toPrecision(2)} pts`;
 }
 
 async function fetchQuote() {
