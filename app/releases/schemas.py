@@ -217,3 +217,50 @@ class KeyBudgetExhausted(BaseModel):
     cap: KeyCap
     spent: AmountPublic
     requested: AmountPublic
+
+
+class MethodFacts(BaseModel):
+    """A method's registry entry."""
+
+    name: str
+    description: str
+    guarantee: Literal["pure_dp", "approx_dp", "zcdp"]
+    neighbors: list[str]
+    zcdp: str | None = Field(description="Its rho in a zCDP table and why (null: refused there).")
+
+
+class DataFacts(BaseModel):
+    """The public description of the data a release read."""
+
+    column: str
+    lower: float
+    upper: float
+    granularity: float
+    neighbors: str
+    accounting: Literal["pure", "zcdp"]
+    accounting_delta: str | None
+    privacy_unit: str | None
+    max_rows_per_unit: int
+
+
+class Alternative(BaseModel):
+    """Another eligible method for the same query, on today's public figures."""
+
+    method: str
+    expected_error: list[ExpectedError] | None
+    affordable_now: bool
+
+
+class ReleaseExplanation(BaseModel):
+    """A release explained: its method and guarantee, the data's public description, and
+    the planner's view of the same query today (public figures only)."""
+
+    release: ReleasePublic
+    method: MethodFacts
+    data: DataFacts
+    auto_today: str | None = Field(
+        description="The method `auto` would pick for this query today (null: none would)."
+    )
+    alternatives: list[Alternative]
+    reading: list[str] = Field(description="How to read the figures.")
+    explained_at: datetime

@@ -54,6 +54,7 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/v1/methods"): (200, 200, 200, 200, 200, 200, 200),
     ("GET", "/v1/datasets/{dataset_id}/releases"): (401, 401, 401, 200, 200, 200, 404),
     ("GET", "/v1/releases/{release_id}"): (401, 401, 401, 200, 200, 200, 404),
+    ("GET", "/v1/releases/{release_id}/explanation"): (401, 401, 401, 200, 200, 200, 404),
     ("POST", "/v1/keys"): (401, 401, 401, 201, 403, 403, 403),
     ("GET", "/v1/keys"): (401, 401, 401, 200, 403, 403, 403),
     ("GET", "/v1/keys/me"): (401, 401, 401, 200, 200, 200, 200),

@@ -420,3 +420,18 @@ def test_releases_show_expected_error_and_fit_a_phone(browser: Any, live_server:
         assert box is not None and box["x"] + box["width"] <= 390 + 1
     finally:
         context.close()
+
+
+def test_a_release_can_be_explained_in_the_dashboard(watched: Watched, seed: Seed) -> None:
+    ds = seed.dataset(values=sample(seed=21), epsilon="1", description="Explain scenario")
+    seed.release(ds["id"], epsilon="0.2", method="jointexp")
+    viewer = seed.key("viewer", ds["id"])
+    sign_in(watched, viewer)
+    page = watched.page
+    page.get_by_test_id("explain").first.click()
+    box = page.get_by_test_id("explanation")
+    box.wait_for(timeout=TIMEOUT)
+    text = box.inner_text()
+    assert "jointexp" in text and "pure dp under swap" in text
+    assert "[0, 100]" in text and "missed points" in text
+    watched.assert_clean()

@@ -380,6 +380,16 @@ function renderReleases() {
       expected.title = r.warnings.join("\n");
       expected.setAttribute("aria-label", `${expected.textContent}: ${r.warnings.join("; ")}`);
     }
+    if (statusOf(r) !== "pending") {
+      const why = document.createElement("button");
+      why.type = "button";
+      why.className = "link small";
+      why.textContent = "explain";
+      why.setAttribute("data-testid", "explain");
+      why.setAttribute("aria-label", `Explain the release of ${when(r.created_at)}`);
+      why.addEventListener("click", () => explain(r.id).catch(showError));
+      expected.append(" ", why);
+    }
     // labels for the stacked layout phones get (style.css)
     [...row.children].forEach((td, i) => { td.dataset.label = RELEASE_COLUMNS[i] || ""; });
     body.appendChild(row);
@@ -461,6 +471,41 @@ function expectedText(e) {
   const mean = e.reduce((s, x) => s + x.mean, 0) / e.length;
   const bound = Math.max(...e.map((x) => x.bound90));
   return `≈ ${mean.toPrecision(3)} missed points per quantile (90 %: ≤ ${bound.toPrecision(3)})`;
+}
+
+// The explanation of one release (GET /v1/releases/{id}/explanation), as a short list.
+async function explain(id) {
+  const { body: e } = await get(`/v1/releases/${id}/explanation`);
+  const box = $("explanation");
+  clearChildren(box);
+  const h = document.createElement("h4");
+  h.textContent = `Release ${id.slice(0, 8)}… explained`;
+  const d = e.data;
+  const rows = [
+    ["Method", `${e.method.name}: ${e.method.description}`],
+    ["Guarantee", `${e.method.guarantee.replace("_", " ")} under ${d.neighbors} neighbours` +
+      (d.privacy_unit ? `, per ${d.privacy_unit} (at most ${d.max_rows_per_unit} rows each)` : "")],
+    ["Accounting", d.accounting === "zcdp" ? `zCDP at δ = ${d.accounting_delta}: ${e.method.zcdp || "refused"}` : "pure: ε and δ sum"],
+    ["Data", `column ${d.column}, public bounds [${d.lower}, ${d.upper}], grid step ${d.granularity}`],
+    ["auto today", e.auto_today || "no method fits this query today"],
+    ["Alternatives", e.alternatives.map((a) => `${a.method} ${expectedShort(a.expected_error)}`).join(" · ")],
+  ];
+  const dl = document.createElement("dl");
+  for (const [k, v] of rows) {
+    const dt = document.createElement("dt");
+    dt.textContent = k;
+    const dd = document.createElement("dd");
+    dd.textContent = v;
+    dl.append(dt, dd);
+  }
+  const notes = document.createElement("ul");
+  for (const line of e.reading) {
+    const li = document.createElement("li");
+    li.textContent = line;
+    notes.append(li);
+  }
+  box.append(h, dl, notes);
+  box.hidden = false;
 }
 
 const RELEASE_COLUMNS = ["When", "Status", "Method", "Quantiles", "ε", "δ", "Estimates", "Expected error"];
