@@ -311,6 +311,11 @@ def test_typed_methods_get_or_create_and_to_pandas(
     assert list(frame["quantile"]) == [0.25, 0.5, 0.75]
     assert list(frame["estimate"]) == release.estimates
     assert {"expected_mean", "expected_bound90"} <= set(frame.columns)  # n is public (swap)
+    assert release.expected_error is not None and release.expected_error[1].quantile == 0.5
+    assert release.expected_error[1].bound90 >= release.expected_error[1].mean > 0
+    assert isinstance(release.warnings, list)
+    quote = admin.quote(made.id, [0.5], epsilon="0.1")
+    assert quote.expected_error is not None and quote.expected_error[0].quantile == 0.5
     monkeypatch.setitem(__import__("sys").modules, "pandas", None)
     with pytest.raises(ImportError, match="pip install pandas"):
         release.to_pandas()

@@ -81,6 +81,14 @@ class Dataset(_Model):
     units: int | None = None
 
 
+class ExpectedError(_Model):
+    """A-priori error of one quantile, in missed points (public figures only)."""
+
+    quantile: float
+    mean: float
+    bound90: float
+
+
 class Release(_Model):
     """A release. ``estimates`` is None until ``status`` is ``done``."""
 
@@ -96,6 +104,8 @@ class Release(_Model):
     cost: Amount
     remaining: Amount | None = None
     rho: dict[str, Decimal] | None = None  # zCDP tables: {"cost", "remaining"}
+    expected_error: list[ExpectedError] | None = None
+    warnings: list[str] = Field(default_factory=list)
     created_at: datetime
     status: Status = "done"  # servers before asynchronous releases only store done ones
     replayed: bool = Field(default=False, exclude=True)
@@ -109,14 +119,14 @@ class Release(_Model):
         except ImportError:
             raise ImportError("Release.to_pandas() needs pandas: pip install pandas") from None
         rows: list[dict[str, Any]] = []
-        expected = getattr(self, "expected_error", None) or []
+        expected = self.expected_error or []
         for i, q in enumerate(self.quantiles):
             row: dict[str, Any] = {
                 "quantile": q,
                 "estimate": None if self.estimates is None else self.estimates[i],
             }
-            if i < len(expected) and isinstance(expected[i], dict):
-                row.update({f"expected_{k}": v for k, v in expected[i].items() if k != "quantile"})
+            if i < len(expected):
+                row.update(expected_mean=expected[i].mean, expected_bound90=expected[i].bound90)
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -190,7 +200,7 @@ class Quote(_Model):
     affordable: bool | None = None
     rho: Decimal | None = None
     releases_left: int | None = None
-    expected_error: Any = None
+    expected_error: list[ExpectedError] | None = None
     warnings: list[str] = Field(default_factory=list)
     alternatives: list[Any] = Field(default_factory=list)
 
