@@ -355,6 +355,7 @@ def test_admin_forms_take_size_hint_accounting_caps_expiry_and_parquet(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    seed.dataset(values=sample(seed=31), epsilon="1")  # something to show after sign-in
     sign_in(watched, live_server.admin_key)
     page = watched.page
     name = "ui-forms-" + os.urandom(3).hex()
@@ -434,4 +435,22 @@ def test_a_release_can_be_explained_in_the_dashboard(watched: Watched, seed: See
     text = box.inner_text()
     assert "jointexp" in text and "pure dp under swap" in text
     assert "[0, 100]" in text and "missed points" in text
+    watched.assert_clean()
+
+
+def test_whole_numbers_get_a_grid_step_of_one(
+    watched: Watched, seed: Seed, live_server: LiveServer
+) -> None:
+    seed.dataset(values=sample(seed=31), epsilon="1")  # something to show after sign-in
+    sign_in(watched, live_server.admin_key)
+    page = watched.page
+    name = "ui-int-" + os.urandom(3).hex()
+    page.locator("#ds-name").fill(name)
+    page.locator("#ds-lower").fill("0")
+    page.locator("#ds-upper").fill("2000")
+    page.locator("#ds-integer").check()
+    page.get_by_role("button", name="Create dataset").click()
+    page.wait_for_selector(f"#ds-title:text-is('{name}')", timeout=TIMEOUT)
+    made = next(d for d in seed.http.get("/v1/datasets").json()["items"] if d["name"] == name)
+    assert made["granularity"] == 1.0 and made["columns"][0]["type"] == "integer"
     watched.assert_clean()

@@ -75,6 +75,14 @@ async function createDataset(event) {
   };
   const g = $("ds-granularity").value.trim();
   if (g) body.granularity = Number(g);
+  if ($("ds-integer").checked) {
+    // one integer column named value: the grid defaults to step 1
+    body.columns = [{ name: "value", type: "integer", lower: body.lower, upper: body.upper }];
+    if (body.granularity !== undefined) body.columns[0].granularity = body.granularity;
+    delete body.lower;
+    delete body.upper;
+    delete body.granularity;
+  }
   const hint = $("ds-size-hint").value.trim();
   if (hint) body.size_hint = Number(hint);
   if ($("ds-accounting").value === "zcdp") body.accounting = "zcdp";
