@@ -26,3 +26,6 @@ export const state = {
 export function isAdmin() { return state.me && state.me.role === "admin"; }
 // "unknown": a server without GET /v1/keys/me; the form is shown and the server decides.
 export function canQuery() { return state.me && ["admin", "analyst", "unknown"].includes(state.me.role); }
+
+// A release's status ("done" from servers before asynchronous releases stored only those).
+export function statusOf(release) { return release.status || "done"; }
