@@ -56,19 +56,20 @@ async def get_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
-    """Authenticate the bearer key; 401 when missing, unknown, revoked or expired.
+    """Authenticate the bearer key or OpenID Connect token; 401 when missing, unknown,
+    revoked, expired or not verifying (403 when a token's claims grant no role).
 
     On the event loop, with a pooled connection of the hot path given back before the
     endpoint runs (an endpoint that waits, like a release waiting for its worker, holds no
     connection while it waits). A lookup that lost its connection is simply run again.
+    Keys and tokens share the per-address limit on failed authentications.
     """
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise unauthorized()
     raw = credentials.credentials
     verifier: Verifier | None = getattr(request.app.state, "oidc", None)
-    if verifier is not None and looks_like_jwt(raw):
-        return await _token_principal(request, verifier, raw)
-    if len(raw) > MAX_TOKEN_LENGTH:
+    token = verifier is not None and looks_like_jwt(raw)
+    if not token and len(raw) > MAX_TOKEN_LENGTH:  # a token's length: the verifier's check
         raise unauthorized()
     guard: AuthFailureGuard | None = getattr(request.app.state, "auth_guard", None)
     address = request.client.host if request.client is not None else ""
@@ -83,11 +84,20 @@ async def get_principal(
                 f"too many failed authentications from this address; retry after {retry_after} s",
                 headers={"Retry-After": str(retry_after)},
             )
-    principal = await run_async(
-        request.app.state.pg_pool,
-        functools.partial(authenticate, raw=raw),
-        idempotent=True,
-    )
+    try:
+        if token:
+            assert verifier is not None
+            principal = await _token_principal(request, verifier, raw)
+        else:
+            principal = await run_async(
+                request.app.state.pg_pool,
+                functools.partial(authenticate, raw=raw),
+                idempotent=True,
+            )
+    except DpquantError as exc:
+        if exc.status_code == 401 and guard is not None:
+            guard.failed(address)
+        raise
     if principal is None:
         if guard is not None:
             guard.failed(address)
@@ -97,33 +107,19 @@ async def get_principal(
     return principal
 
 
-async def _token_principal(request: Request, verifier: Verifier, raw: str) -> Principal:
-    """An OpenID Connect token's principal (:mod:`app.auth.oidc`); 401 unless it verifies,
-    403 when its claims grant no role (or an unscoped non-admin)."""
-    guard: AuthFailureGuard | None = getattr(request.app.state, "auth_guard", None)
-    address = request.client.host if request.client is not None else ""
-    digest = hash_key(raw)
-    if guard is not None and guard.admit(address, digest) > 0.0:
-        raise DpquantError(429, "rate_limited", "too many failed authentications from this "
-                           "address; retry later", headers={"Retry-After": "5"})  # fmt: skip
-    try:
-        claims = await verifier.claims(raw)
-    except DpquantError:
-        if guard is not None:
-            guard.failed(address)
-        raise
+async def _token_principal(request: Request, verifier: Verifier, raw: str) -> Principal | None:
+    """An OpenID Connect token's principal (:mod:`app.auth.oidc`; None: its subject was
+    revoked); 401 unless it verifies, 403 when its claims grant no role (or an unscoped
+    non-admin)."""
+    claims = await verifier.claims(raw)
     role, datasets = verifier.grants(claims)
-    principal = await run_async(
+    principal: Principal | None = await run_async(
         request.app.state.pg_pool,
         functools.partial(
             subject_principal, issuer=verifier.config.issuer, claims=claims, role=role,
             datasets=datasets,
         ),
     )  # fmt: skip
-    if principal is None:
-        raise unauthorized()
-    if guard is not None:
-        guard.succeeded(digest)
     return principal
 
 

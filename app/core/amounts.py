@@ -22,10 +22,6 @@ class Amount:
     delta: Decimal
     rho: Decimal = Decimal(0)
 
-    def covers(self, other: Amount) -> bool:
-        """True when every component of ``other`` fits inside this amount."""
-        return other.epsilon <= self.epsilon and other.delta <= self.delta and other.rho <= self.rho
-
     def plus(self, other: Amount) -> Amount:
         """Exact sum."""
         with localcontext() as ctx:

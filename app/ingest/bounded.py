@@ -215,30 +215,15 @@ def _spark(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from app.ingest.spark import numeric_column, read_frame, stacked_counts
+    from app.ingest.spark import numeric_frame, read_frame, stacked_counts
 
     frame = read_frame(spark, kind, files, [*columns, unit])
     secret = secrets.token_hex(32)
-    xs = [f"x{i}" for i in range(len(columns))]
-    data = frame.select(
-        *(numeric_column(c, kind).alias(x) for c, x in zip(columns, xs, strict=True)),
-        F.col(f"`{unit}`").cast("string").alias("u"),
-    )
-    complete = F.lit(True)
-    for x in xs:
-        complete = complete & F.col(x).isNotNull()
-    checks = data.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(complete, 1).otherwise(0)).alias("present"),
-        F.sum(F.when(F.col("u").isNull(), 1).otherwise(0)).alias("no_unit"),
-        *(
-            F.sum(F.when(F.isnan(x) | (F.abs(x) == float("inf")), 1).otherwise(0)).alias(f"bad{x}")
-            for x in xs
-        ),
-    ).collect()[0]
-    for column, x in zip(columns, xs, strict=True):
-        if checks[f"bad{x}"]:
-            raise IngestError(f"column {column!r} holds NaN or infinite values")
+    data, xs, complete, checks = numeric_frame(
+        frame, kind, columns,
+        keep=[F.col(f"`{unit}`").cast("string").alias("u")],
+        checks=[F.sum(F.when(F.col("u").isNull(), 1).otherwise(0)).alias("no_unit")],
+    )  # fmt: skip
     if checks["no_unit"]:
         raise IngestError("the privacy unit column has empty cells")
     order = F.sha2(

@@ -9,6 +9,7 @@ distinct cell) and four totals reach the driver; no value does.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,38 @@ def numeric_column(name: str, kind: str) -> Any:
         marked = F.lower(F.trim(column)).isin(sorted(MISSING_MARKERS))
         column = F.when(marked, F.lit(None)).otherwise(column)
     return column.cast("double")
+
+
+def numeric_frame(
+    frame: Any, kind: str, columns: list[str], *, keep: Sequence[Any] = (),
+    checks: Sequence[Any] = (),
+) -> tuple[Any, list[str], Any, Any]:  # fmt: skip
+    """``columns`` as doubles ``x0, x1, ...`` (plus the ``keep`` expressions), their names,
+    the condition "no missing cell", and one pass of totals: ``rows``, ``present`` (rows
+    with no missing cell) and the ``checks`` aggregates. NaN or infinite values are refused
+    (:class:`IngestError` naming the column)."""
+    from pyspark.sql import functions as F
+
+    xs = [f"x{i}" for i in range(len(columns))]
+    data = frame.select(
+        *(numeric_column(c, kind).alias(x) for c, x in zip(columns, xs, strict=True)), *keep
+    )
+    complete = F.lit(True)
+    for x in xs:
+        complete = complete & F.col(x).isNotNull()
+    totals = data.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(complete, 1).otherwise(0)).alias("present"),
+        *(
+            F.sum(F.when(F.isnan(x) | (F.abs(x) == float("inf")), 1).otherwise(0)).alias(f"bad{x}")
+            for x in xs
+        ),
+        *checks,
+    ).collect()[0]
+    for column, x in zip(columns, xs, strict=True):
+        if totals[f"bad{x}"]:
+            raise IngestError(f"column {column!r} holds NaN or infinite values")
+    return data, xs, complete, totals
 
 
 def stacked_counts(
@@ -155,27 +188,9 @@ def count_columns_spark(
 def _count(
     spark: Any, kind: str, files: list[str], columns: list[str], grids: list[Grid]
 ) -> list[Counted]:
-    from pyspark.sql import functions as F
 
     frame = read_frame(spark, kind, files, columns)
-    xs = [f"x{i}" for i in range(len(columns))]
-    data = frame.select(
-        *(numeric_column(c, kind).alias(x) for c, x in zip(columns, xs, strict=True))
-    )
-    complete = F.lit(True)
-    for x in xs:
-        complete = complete & F.col(x).isNotNull()
-    totals = data.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(complete, 1).otherwise(0)).alias("present"),
-        *(
-            F.sum(F.when(F.isnan(x) | (F.abs(x) == float("inf")), 1).otherwise(0)).alias(f"bad{x}")
-            for x in xs
-        ),
-    ).collect()[0]
-    for column, x in zip(columns, xs, strict=True):
-        if totals[f"bad{x}"]:
-            raise IngestError(f"column {column!r} holds NaN or infinite values")
+    data, xs, complete, totals = numeric_frame(frame, kind, columns)
     counted, _ = stacked_counts(data.where(complete), xs, grids)
     present = int(totals["present"] or 0)
     skipped = int(totals["rows"]) - present

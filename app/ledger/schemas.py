@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.core.amounts import AmountPublic, Budget, BudgetDecimal, DecimalText
 from app.core.text import StorableText
+from app.ledger import zcdp
 
 
 class RhoFigures(BaseModel):
@@ -57,8 +58,6 @@ class BudgetPublic(BaseModel):
         cls, dataset_id: uuid.UUID, budget: Budget, *, typical: Decimal = TYPICAL_EPSILON
     ) -> BudgetPublic:
         """From the service-level budget (zCDP figures through :mod:`app.ledger.zcdp`)."""
-        from app.ledger import zcdp
-
         rho = None
         if budget.accounting == "zcdp":
             left = budget.remaining

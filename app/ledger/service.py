@@ -18,12 +18,15 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import bindparam, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import record
 from app.core.amounts import Amount, Budget
+from app.core.errors import DpquantError, invalid
 from app.core.principal import Principal
 from app.datasets.models import Dataset
+from app.ledger import zcdp
 from app.ledger.models import BudgetBalance, LedgerEntry
 
 #: Costs computed in floating point (e.g. a zCDP conversion) are rounded UP to this quantum.
@@ -39,9 +42,25 @@ _ONE_BUDGET = (
 )
 
 
+#: The balance row's figures, in the order :func:`_budget_from` reads them (then the
+#: dataset's ``accounting`` and ``accounting_delta``).
+_BALANCE = (
+    BudgetBalance.granted_epsilon,
+    BudgetBalance.granted_delta,
+    BudgetBalance.spent_epsilon,
+    BudgetBalance.spent_delta,
+    BudgetBalance.granted_rho,
+    BudgetBalance.spent_rho,
+)
+
+
 def _budget_of(row: Sequence[Any] | None) -> Budget | None:
-    if row is None:
-        return None
+    return None if row is None else _budget_from(row)
+
+
+def _budget_from(row: Sequence[Any]) -> Budget:
+    """A budget from the six balance figures (None: nothing granted yet), the accounting and
+    its delta."""
     ge, gd, se, sd, gr, sr = (Decimal(0) if v is None else Decimal(v) for v in row[:6])
     return Budget(
         granted=Amount(ge, gd, gr),
@@ -77,26 +96,11 @@ def budgets(session: Session, *, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID
     if not dataset_ids:
         return {}
     rows = session.execute(
-        select(
-            Dataset.id,
-            BudgetBalance.granted_epsilon,
-            BudgetBalance.granted_delta,
-            BudgetBalance.spent_epsilon,
-            BudgetBalance.spent_delta,
-            BudgetBalance.granted_rho,
-            BudgetBalance.spent_rho,
-            Dataset.accounting,
-            Dataset.accounting_delta,
-        )
+        select(Dataset.id, *_BALANCE, Dataset.accounting, Dataset.accounting_delta)
         .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
         .where(Dataset.id.in_(dataset_ids))
     )
-    out: dict[uuid.UUID, Budget] = {}
-    for ds, *figures in rows:
-        found = _budget_of(figures)
-        assert found is not None
-        out[ds] = found
-    return out
+    return {ds: _budget_from(figures) for ds, *figures in rows}
 
 
 def dataset_with_budget(
@@ -114,21 +118,11 @@ def dataset_with_budget(
     if row is None:
         return None
     dataset, *figures = row
-    found = _budget_of([*figures, dataset.accounting, dataset.accounting_delta])
-    assert found is not None
-    return dataset, found
+    return dataset, _budget_from([*figures, dataset.accounting, dataset.accounting_delta])
 
 
 _DATASET_WITH_BUDGET = (
-    select(
-        Dataset,
-        BudgetBalance.granted_epsilon,
-        BudgetBalance.granted_delta,
-        BudgetBalance.spent_epsilon,
-        BudgetBalance.spent_delta,
-        BudgetBalance.granted_rho,
-        BudgetBalance.spent_rho,
-    )
+    select(Dataset, *_BALANCE)
     .outerjoin(BudgetBalance, BudgetBalance.dataset_id == Dataset.id)
     .where(Dataset.id == bindparam("id"))
 )
@@ -181,9 +175,6 @@ def grant_amount(
     on its own: conservative, :func:`app.ledger.zcdp.rho_for`); the grant row keeps the
     epsilon target (and, for the initial grant, the table's delta) for the record. A later
     zCDP grant cannot add delta: the guarantee's delta is fixed at creation."""
-    from app.core.errors import invalid
-    from app.ledger import zcdp
-
     if dataset.accounting != "zcdp":
         if rho > 0:
             raise invalid("body.rho", "only a table with accounting zcdp is budgeted in rho")
@@ -259,10 +250,6 @@ def confirm_restore(
     row lock. 409 when the dataset is not on hold; 409 ``budget_exhausted`` when the spending
     reported overdraws the budget (PostgreSQL's ``no_overdraft``: grant first what was granted
     after the backup); 422 for rho in a pure table."""
-    from sqlalchemy.exc import IntegrityError
-
-    from app.core.errors import DpquantError, invalid
-
     if dataset.restore_hold_since is None:
         raise DpquantError(409, "not_on_hold", "this dataset's budget is not on hold")
     if dataset.accounting != "zcdp" and spent.rho > 0:

@@ -251,50 +251,33 @@ async def reserve_release(
         attributes={"dpquant.release_id": str(new_id), "dpquant.dataset_id": str(dataset_id),
                     "dpquant.quantiles": len(query.quantiles)},
     ):  # fmt: skip
-        return await _reserve(
-            pool, principal, dataset_id, query, idempotency_key, max_quantiles, max_runs,
-            new_id, known, figures, caps,
-        )  # fmt: skip
-
-
-async def _reserve(
-    pool: Pool,
-    principal: Principal,
-    dataset_id: uuid.UUID,
-    query: QuantileQuery,
-    idempotency_key: str | None,
-    max_quantiles: int,
-    max_runs: int,
-    new_id: uuid.UUID,
-    known: PublicFigures | None,
-    figures: FiguresCache | None,
-    caps: PendingCaps,
-) -> Outcome:
-    for _ in range(_PLAN_ROUNDS):
-        plan = (
-            None if known is None else plan_query(query, figures=known, max_quantiles=max_quantiles)
-        )
-        params = _reserve_params(
-            plan, known, new_id, dataset_id, principal, idempotency_key, max_runs, caps
-        )
-
-        row = await run_async(pool, functools.partial(_call_reserve, params=params))
-        outcome = row["outcome"]
-        if outcome == "replan":
-            k, numeric = await run_async(
-                pool, functools.partial(_table_figures, dataset_id=dataset_id)
+        for _ in range(_PLAN_ROUNDS):
+            plan = (
+                None
+                if known is None
+                else plan_query(query, figures=known, max_quantiles=max_quantiles)
             )
-            known = PublicFigures(
-                row["neighbors"], row["public_size"], k, numeric, row["accounting"]
+            params = _reserve_params(
+                plan, known, new_id, dataset_id, principal, idempotency_key, max_runs, caps
             )
-            if figures is not None:
-                figures.put(dataset_id, known)
-            continue
-        if outcome == "not_found":
-            raise not_found("dataset")
-        if plan is None:  # pragma: no cover - without figures the function asks for a plan
-            raise RuntimeError("reserved without a plan")
-        return _outcome(row, plan, new_id, dataset_id, principal, idempotency_key)
+
+            row = await run_async(pool, functools.partial(_call_reserve, params=params))
+            outcome = row["outcome"]
+            if outcome == "replan":
+                k, numeric = await run_async(
+                    pool, functools.partial(_table_figures, dataset_id=dataset_id)
+                )
+                known = PublicFigures(
+                    row["neighbors"], row["public_size"], k, numeric, row["accounting"]
+                )
+                if figures is not None:
+                    figures.put(dataset_id, known)
+                continue
+            if outcome == "not_found":
+                raise not_found("dataset")
+            if plan is None:  # pragma: no cover - without figures the function asks for a plan
+                raise RuntimeError("reserved without a plan")
+            return _outcome(row, plan, new_id, dataset_id, principal, idempotency_key)
     raise DpquantError(
         503,
         "database_unavailable",

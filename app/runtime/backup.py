@@ -23,7 +23,6 @@ server's, among the embedded PostgreSQL's (``pgserver``) and the ones on ``PATH`
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -157,34 +156,50 @@ def hold(url: str, since: datetime | None) -> Restored:
     """Hold every live dataset's budget from ``since`` (default: the newest backup's time in
     the database, else now) and fail the pending releases: what :func:`restore` does after
     loading the dump, and what a database recovered another way (point-in-time recovery)
-    needs before it serves."""
-    with psycopg.connect(libpq_url(url)) as conn, conn.transaction():
-        if conn.execute("SELECT to_regclass('dataset')").fetchone() == (None,):
-            raise BackupError("the database is not a dpquant database")
-        if since is None:
-            row = conn.execute("SELECT max(taken_at) FROM backup_event").fetchone()
-            since = row[0] if row and row[0] is not None else datetime.now(UTC)
-        held = conn.execute(
-            "UPDATE dataset SET restore_hold_since = %s WHERE archived_at IS NULL",
-            (since,),
-        ).rowcount
-        failed = conn.execute(
-            "UPDATE release SET status = 'failed', failure = 'restored',"
-            " finished_at = clock_timestamp(), lease_until = NULL, lease_token = NULL,"
-            " published_at = clock_timestamp() WHERE status = 'pending'"
-        ).rowcount
-        conn.execute(
-            "INSERT INTO audit_event (created_at, actor_key_id, actor_prefix, action,"
-            " target_type, target_id, details) VALUES (clock_timestamp(), NULL, NULL,"
-            " 'database.restore', 'database', NULL, %s::jsonb)",
-            (
-                json.dumps(
-                    {
-                        "held_since": since.isoformat(),
-                        "datasets_held": held,
-                        "releases_failed": failed,
-                    }
-                ),
-            ),
-        )
+    needs before it serves. One transaction, recorded in the audit log."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    from app.audit.service import record
+    from app.core.db import normalize_url
+
+    engine = create_engine(normalize_url(url))
+    try:
+        with Session(engine) as session, session.begin():
+            if session.execute(text("SELECT to_regclass('dataset')")).scalar() is None:
+                raise BackupError("the database is not a dpquant database")
+            if since is None:
+                newest = session.execute(text("SELECT max(taken_at) FROM backup_event")).scalar()
+                since = newest if newest is not None else datetime.now(UTC)
+            held = len(
+                session.execute(
+                    text(
+                        "UPDATE dataset SET restore_hold_since = :since"
+                        " WHERE archived_at IS NULL RETURNING id"
+                    ),
+                    {"since": since},
+                ).all()
+            )
+            failed = len(
+                session.execute(
+                    text(
+                        "UPDATE release SET status = 'failed', failure = 'restored',"
+                        " finished_at = clock_timestamp(), lease_until = NULL,"
+                        " lease_token = NULL, published_at = clock_timestamp()"
+                        " WHERE status = 'pending' RETURNING id"
+                    )
+                ).all()
+            )
+            details = {"held_since": since.isoformat(), "datasets_held": held,
+                       "releases_failed": failed}  # fmt: skip
+            record(
+                session,
+                actor=None,
+                action="database.restore",
+                target_type="database",
+                target_id=None,
+                details=details,
+            )
+    finally:
+        engine.dispose()
     return Restored(since, held, failed)

@@ -11,10 +11,11 @@ from fastapi import APIRouter, Request
 from app.api.deps import ReaderDep, SessionDep
 from app.api.http import DecimalJSONRoute
 from app.api.routes.releases import present
-from app.core.errors import DpquantError, error_responses
+from app.core.errors import DpquantError, error_responses, not_found
 from app.datasets.models import Dataset
 from app.mechanisms import MECHANISMS
 from app.releases import planning, service
+from app.releases.models import Release
 from app.releases.schemas import QuantileQuery, ReleaseExplanation
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute)
@@ -38,16 +39,17 @@ READING = [
     summary="Explain a release: its method and guarantee, the data's public description, "
     "and what the planner would choose today",
 )
-async def explain_release(
+def explain_release(
     release_id: uuid.UUID, request: Request, session: SessionDep, principal: ReaderDep
 ) -> ReleaseExplanation:
     """Everything here is public: the release as its reader sees it, the method's registry
     entry, the column's bounds and grid, the table's neighbour relation and accounting, and
     the quote of the same query on today's public figures (which method `auto` would pick
     and every eligible method's expected error). Free; reads no data value."""
-    release = await service.get_release(
-        request.app.state.pg_pool, principal=principal, release_id=release_id
-    )
+    row = session.get(Release, release_id)
+    if row is None or not principal.can_see(row.dataset_id):
+        raise not_found("release")
+    release = service.ReleaseRecord.of(row)
     view = present(release, principal)
     dataset = session.get(Dataset, release.dataset_id)
     if dataset is None:  # pragma: no cover - a release's dataset is never deleted
