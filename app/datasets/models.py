@@ -133,6 +133,22 @@ class DatasetData(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class DatasetGroupData(Base):
+    """The values of one numeric column within one key of one categorical column, as a grid
+    histogram (the codec of :class:`DatasetData`), built at upload after the bounding
+    (migration 0020): what a grouped release reads."""
+
+    __tablename__ = "dataset_group_data"
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("dataset.id", ondelete="CASCADE"), primary_key=True
+    )
+    group_column: Mapped[str] = mapped_column(String(200), primary_key=True)
+    column_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    group_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class DatasetUnit(Base):
     """How many rows the stored values keep of one privacy unit (its id as HMAC-SHA256
     under the dataset's ``unit_key``): what keeps a unit at k rows across appends."""
@@ -180,6 +196,9 @@ class DatasetColumn(Base):
     keys: Mapped[list[str] | None] = mapped_column(JSONB)
     n_outside: Mapped[int | None] = mapped_column(BigInteger)
     n_cells: Mapped[int | None] = mapped_column(BigInteger)
+    #: categorical: distinct keys in the stored per-key histograms (admins only; migration
+    #: 0020); NULL: none built (values uploaded as a histogram, or none yet).
+    keys_stored: Mapped[int | None] = mapped_column(BigInteger)
 
     @property
     def numeric(self) -> bool:

@@ -28,6 +28,7 @@ from app.codec.histogram import (
 )
 from app.core.errors import DpquantError, invalid, not_found
 from app.core.principal import Principal
+from app.datasets.groups import Histograms, store_groups
 from app.datasets.models import Dataset, DatasetColumn, DatasetData, DatasetUnit
 from app.datasets.schemas import CategoricalColumn, DatasetCreate
 
@@ -394,6 +395,7 @@ def store_histogram(
     column: str | None = None,
     more: dict[str, tuple[Histogram, int | None]] | None = None,
     bounded_by: str | None = None,
+    groups: Histograms | None = None,
 ) -> Dataset:
     """Replace (or, with ``append``, add to) the dataset's histogram, atomically.
 
@@ -407,7 +409,9 @@ def store_histogram(
     other numeric columns' (histogram, n_outside) of a table upload (every column holds the
     same rows, so the same n). ``bounded_by``: who kept the units at k rows (``server``:
     ``dataset_unit`` holds the counts; ``sender``: a bounded histogram, whose replace
-    forgets every per-unit count).
+    forgets every per-unit count). ``groups``: the per-key histograms of a table with
+    categorical columns (:func:`~app.datasets.groups.store_groups`; None for uploads that
+    carry no keys).
     """
     dataset = get_visible(session, principal=principal, dataset_id=dataset_id, for_update=True)
     ensure_writable(dataset, append=append)
@@ -442,6 +446,10 @@ def store_histogram(
         if col is first:
             total = encoded.total
             dataset.n_outside, dataset.n_cells = outside, encoded.distinct
+    store_groups(
+        session, dataset_id=dataset.id, columns=dataset.columns, groups=groups,
+        append=append and dataset.n is not None,
+    )  # fmt: skip
     if append and dataset.n is not None:
         skipped += dataset.values_skipped or 0
     dataset.n = total

@@ -24,7 +24,7 @@ import hashlib
 import hmac
 import math
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 
 from app.codec.histogram import HistogramBuilder
 from app.core.errors import DpquantError, invalid
+from app.datasets.groups import GroupSink, KeyCodes
 from app.datasets.parquet_scan import ParquetRefused, check_parquet_pages, parquet_leaf
 from app.datasets.upload import (
     BATCH_VALUES,
@@ -83,7 +84,9 @@ class TableSpec:
     unit: str | None = None
 
 
-Batch = Callable[[list[bytes] | None, NDArray[np.float64]], None]
+#: A batch sink: (unit hashes or None, values rows x numeric columns, key codes rows x
+#: categorical columns; -1 for a missing key).
+Batch = Callable[[list[bytes] | None, NDArray[np.float64], NDArray[np.int64]], None]
 
 
 #: One record of a table upload: its position (CSV row from 1 after the header, JSON index
@@ -266,6 +269,7 @@ def read_table(
     skip_missing: bool,
     max_values: int,
     where: str = "row",
+    key_codes: Sequence[KeyCodes] = (),
 ) -> BoundedUpload:
     """Check and pass on a table upload's records: ``on_batch(unit hashes or None,
     values)`` gets them by blocks, one row of doubles per record (numeric columns in
@@ -273,19 +277,24 @@ def read_table(
     whole with ``skip_missing``; numbers must be finite; a categorical cell must be a string
     and one of the column's public keys when it has them; a unit id must be a non-empty
     string or an integer. ``where`` names positions ("row" or "index"); no message carries
-    a cell."""
+    a cell. ``key_codes``: one per categorical column (in order), coding each row's keys
+    for the per-key histograms (:mod:`app.datasets.groups`); none: the keys are checked only."""
     width = len(spec.numeric)
     has_unit = spec.unit is not None
     keysets = [keys for _, keys in spec.categorical]
     stats = BoundedUpload()
     units: list[bytes] = []
     rows: list[float] = []
+    codes: list[int] = []
+    coded = len(key_codes)
 
     def flush() -> None:
         block = np.asarray(rows, dtype=np.float64).reshape(-1, width)
-        on_batch(list(units) if has_unit else None, block)
+        code_block = np.asarray(codes, dtype=np.int64).reshape(block.shape[0], coded)
+        on_batch(list(units) if has_unit else None, block, code_block)
         units.clear()
         rows.clear()
+        codes.clear()
 
     for position, cells in records:
         if stats.rows + stats.skipped >= max_values:
@@ -301,7 +310,8 @@ def read_table(
             else:
                 raise _bad(f"{here}: empty privacy unit (a string or an integer is needed)")
         numbers = cells[int(has_unit) : int(has_unit) + width]
-        for keys, cell in zip(keysets, cells[int(has_unit) + width :], strict=True):
+        categorical = cells[int(has_unit) + width :]
+        for keys, cell in zip(keysets, categorical, strict=True):
             if cell is not None and not isinstance(cell, str):
                 raise _bad(f"{here}: a categorical cell is not a string")
             if keys is not None and cell not in keys:
@@ -321,6 +331,8 @@ def read_table(
             if not math.isfinite(value):
                 raise _bad(f"{here}: not a finite number")
             rows.append(value)
+        for coder, cell in zip(key_codes, categorical, strict=True):
+            codes.append(coder.code(cell))
         if has_unit:
             assert key is not None
             units.append(unit_hash(key, unit))
@@ -336,16 +348,24 @@ def _names(width: int) -> list[str]:
     return [f"v{i}" for i in range(width)]
 
 
-def stage(conn: psycopg.Connection[Any], width: int) -> Batch:
+def _code_names(coded: int) -> list[str]:
+    return [f"g{i}" for i in range(coded)]
+
+
+def stage(conn: psycopg.Connection[Any], width: int, coded: int = 0) -> Batch:
     """A batch sink that copies rows into the temporary table ``upload_rows`` (unit hash,
-    a 63-bit sort key from the CSPRNG, the values), inside ``conn``'s open transaction."""
-    cols = ", ".join(f"{name} double precision NOT NULL" for name in _names(width))
+    a 63-bit sort key from the CSPRNG, the values, the key codes), inside ``conn``'s open
+    transaction."""
+    cols = ", ".join(
+        [f"{name} double precision NOT NULL" for name in _names(width)]
+        + [f"{name} bigint NOT NULL" for name in _code_names(coded)]
+    )
     conn.execute(
         f"CREATE TEMPORARY TABLE upload_rows (unit bytea NOT NULL, r bigint NOT NULL, {cols}) "
         "ON COMMIT DROP"
     )
     rng = make_rng(None)
-    names = ", ".join(_names(width))
+    names = ", ".join(_names(width) + _code_names(coded))
     statement = f"COPY upload_rows (unit, r, {names}) FROM STDIN (FORMAT BINARY)"
     # PostgreSQL's binary COPY rows are fixed-width here: a field count, then each field as
     # a length and its big-endian bytes; a batch is one structured array (no Python per row).
@@ -353,12 +373,16 @@ def stage(conn: psycopg.Connection[Any], width: int) -> Batch:
     fields += [("rlen", ">i4"), ("r", ">i8")]
     for i in range(width):
         fields += [(f"len{i}", ">i4"), (f"v{i}", ">f8")]
+    for i in range(coded):
+        fields += [(f"glen{i}", ">i4"), (f"g{i}", ">i8")]
     row_type = np.dtype(fields)
 
-    def copy_batch(units: list[bytes] | None, values: NDArray[np.float64]) -> None:
+    def copy_batch(
+        units: list[bytes] | None, values: NDArray[np.float64], codes: NDArray[np.int64]
+    ) -> None:
         assert units is not None
         rows = np.empty(len(units), dtype=row_type)
-        rows["count"] = 2 + width
+        rows["count"] = 2 + width + coded
         rows["ulen"] = UNIT_HASH_BYTES
         rows["unit"] = np.frombuffer(b"".join(units), dtype="S16")
         rows["rlen"] = 8
@@ -366,6 +390,9 @@ def stage(conn: psycopg.Connection[Any], width: int) -> Batch:
         for i in range(width):
             rows[f"len{i}"] = 8
             rows[f"v{i}"] = values[:, i]
+        for i in range(coded):
+            rows[f"glen{i}"] = 8
+            rows[f"g{i}"] = codes[:, i]
         with conn.cursor() as cur, cur.copy(statement) as copy:
             copy.write(_BINARY_HEADER + rows.tobytes() + _BINARY_TRAILER)
 
@@ -408,13 +435,17 @@ def bound_rows(
     dataset_id: uuid.UUID,
     k: int,
     append: bool,
+    groups: GroupSink | None = None,
 ) -> int:
     """Keep at most k rows per unit (counting, on an append, the rows already stored), feed
-    the kept rows' values to ``builders`` (one per numeric column, in order) and record the
-    units' new row counts. The caller holds the dataset row lock in ``conn``'s transaction.
-    Returns the number of distinct units now stored."""
+    the kept rows' values to ``builders`` (one per numeric column, in order) and, with their
+    key codes, to ``groups``, and record the units' new row counts. The caller holds the
+    dataset row lock in ``conn``'s transaction. Returns the number of distinct units now
+    stored."""
     params = {"id": dataset_id, "k": k, "append": append}
-    query = _KEPT.format(values=", ".join(f"c.{v}" for v in _names(len(builders))))
+    width = len(builders)
+    coded = 0 if groups is None else len(groups.keys)
+    query = _KEPT.format(values=", ".join(f"c.{v}" for v in _names(width) + _code_names(coded)))
     with conn.cursor(name=f"kept_{uuid.uuid4().hex}") as cur:
         cur.itersize = BATCH_VALUES
         cur.execute(query, params)
@@ -422,9 +453,11 @@ def bound_rows(
             batch = cur.fetchmany(BATCH_VALUES)
             if not batch:
                 break
-            block = np.asarray(batch, dtype=np.float64).reshape(len(batch), len(builders))
+            block = np.asarray(batch, dtype=np.float64).reshape(len(batch), width + coded)
             for i, builder in enumerate(builders):
                 builder.add_values(np.ascontiguousarray(block[:, i]))
+            if groups is not None and coded:
+                groups.add(block[:, :width], block[:, width:].astype(np.int64))
             stats.kept += len(batch)
     with conn.cursor() as cur:
         if not append:

@@ -16,7 +16,7 @@ described in :mod:`app.planner.model` and docs/experiments.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from app.mechanisms import MECHANISMS, MechanismInputError
 from app.planner.model import load_models
@@ -80,9 +80,10 @@ def recommend(
     epsilon: float,
     delta: float | None,
     neighbors: str,
+    only: Collection[str] | None = None,
 ) -> str:
     """The eligible method with the lowest expected error (ties: registry order), outside
-    :data:`NOT_AUTO`.
+    :data:`NOT_AUTO` (and, with ``only``, among those methods).
 
     ``n=None`` (no public size) ranks at :data:`NOMINAL_N`. Methods without a model are
     never recommended, nor methods whose declared cost at these parameters exceeds the
@@ -92,6 +93,8 @@ def recommend(
     """
     size = NOMINAL_N if n is None else n
     candidates = eligible_methods(delta_given=delta is not None, neighbors=neighbors)
+    if only is not None:
+        candidates = [name for name in candidates if name in only]
     best: tuple[float, str] | None = None
     for name in candidates:
         if name in NOT_AUTO or not _costs_what_was_asked(name, epsilon, delta):

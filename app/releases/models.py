@@ -48,6 +48,9 @@ class Release(Base):
         CheckConstraint("status IN ('pending', 'done', 'failed')", name="status"),
         CheckConstraint("(status = 'done') = (estimates IS NOT NULL)", name="estimates_iff_done"),
         CheckConstraint("(status = 'failed') = (failure IS NOT NULL)", name="failure_iff_failed"),
+        CheckConstraint(
+            "(group_by IS NULL) = (group_keys IS NULL)", name="group_keys_iff_group_by"
+        ),
         Index("ix_release_pending", "seq", postgresql_where=text("status = 'pending'")),
         # the queue caps' counts (migration 0010)
         Index("ix_release_pending_key", "api_key_id", postgresql_where=text("status = 'pending'")),
@@ -98,3 +101,9 @@ class Release(Base):
     expected_error: Mapped[list[dict[str, float]] | None] = mapped_column(JSONB)
     #: Warnings computed with the expected error (e.g. noise is a large share of the ranks).
     warnings: Mapped[list[str]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    #: A grouped release (migration 0020): the categorical column it groups by and the keys
+    #: it answers, in order; ``estimates`` then holds m values per key, key after key.
+    group_by: Mapped[str | None] = mapped_column(String(200))
+    group_keys: Mapped[list[str] | None] = mapped_column(JSONB)
+    #: The expected error as a function of group size (public figures only), or NULL.
+    group_error: Mapped[dict[str, object] | None] = mapped_column(JSONB)

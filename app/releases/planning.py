@@ -34,6 +34,7 @@ from app.mechanisms import (
     check_epsilon_share,
     get_mechanism,
 )
+from app.releases import grouping as grouped
 from app.releases.schemas import AUTO, QuantileQuery
 
 
@@ -109,6 +110,9 @@ def request_fingerprint(query: QuantileQuery) -> str:
     }
     if query.column is not None:  # (absent: the fingerprints of earlier releases)
         canonical["column"] = query.column
+    if query.group_by is not None:
+        canonical["group_by"] = query.group_by
+        canonical["keys"] = query.keys
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
@@ -159,6 +163,8 @@ class PublicFigures:
     numeric: tuple[str, ...] = ("value",)
     #: how releases compose (``pure`` or ``zcdp``; fixed at creation)
     accounting: str = "pure"
+    #: the categorical columns (name, declared keys or None), in declared order
+    categorical: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
 
     @classmethod
     def of(cls, dataset: Dataset) -> PublicFigures:
@@ -168,7 +174,12 @@ class PublicFigures:
         size = dataset.n if dataset.neighbors == "swap" and dataset.n is not None else None
         if size is None:
             size = dataset.size_hint
-        return cls(dataset.neighbors, size, k, numeric, dataset.accounting)
+        categorical = tuple(
+            (c.name, None if c.keys is None else tuple(c.keys))
+            for c in dataset.columns
+            if not c.numeric
+        )
+        return cls(dataset.neighbors, size, k, numeric, dataset.accounting, categorical)
 
     def column(self, name: str | None) -> str:
         """The numeric column a query reads: the one named, or the only one (422 else)."""
@@ -208,10 +219,18 @@ class Plan:
     warnings: list[str]
     #: the numeric column the release reads
     column: str = "value"
+    #: a grouped query's keys and calibration (None: not grouped)
+    grouping: grouped.Grouping | None = None
+    #: a grouped query's expected error by group size
+    group_error: dict[str, object] | None = None
 
 
 def resolve(
-    query: QuantileQuery, *, figures: PublicFigures, method: str | None = None
+    query: QuantileQuery,
+    *,
+    figures: PublicFigures,
+    method: str | None = None,
+    grouping: grouped.Grouping | None = None,
 ) -> QuantileQuery:
     """The query with ``method`` (default: the query's, ``auto`` through the planner).
 
@@ -219,7 +238,17 @@ def resolve(
     nothing and is not charged) rather than refused.
     """
     name = method or query.method
-    if name == AUTO:
+    if name == AUTO and grouping is not None:
+        # one method for every group, ranked at the typical group size (public figures)
+        name = planner.recommend(
+            grouped.group_size(figures.size, len(grouping.keys)),
+            query.quantiles,
+            float(query.epsilon) / grouping.chain,
+            None if query.delta is None else float(query.delta) / grouping.chain,
+            "add_remove",
+            only=grouped.GROUPED_METHODS,
+        )
+    elif name == AUTO:
         name = planner.recommend(
             figures.size,
             query.quantiles,
@@ -279,7 +308,24 @@ def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: i
     quotes and reservations (so a quote's cost is the debit of the release that follows).
     Reads no data value: only the dataset's public description (and n under swap)."""
     column = figures.column(query.column)
-    resolved = resolve(query, figures=figures)
+    grouping = grouped.resolve_grouping(
+        query,
+        categorical=figures.categorical,
+        neighbors=figures.neighbors,
+        rows_per_unit=figures.rows_per_unit,
+    )
+    resolved = resolve(query, figures=figures, grouping=grouping)
+    if grouping is not None:
+        grouped.check_method(resolved.method)
+        priced = price_query(
+            resolved,
+            max_quantiles=max_quantiles,
+            rows_per_unit=grouping.chain,
+            accounting=figures.accounting,
+        )
+        group_error, warnings = grouped.expectation(resolved, grouping)
+        return Plan(resolved, priced, request_fingerprint(query), None, warnings, column,
+                    grouping, group_error)  # fmt: skip
     priced = price_query(
         resolved,
         max_quantiles=max_quantiles,
@@ -358,6 +404,7 @@ class QuoteLine:
     expected: list[dict[str, float]] | None
     zcdp: bool = False
     releases_left: int | None = None
+    group_error: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -417,12 +464,14 @@ def quote_query(
             ]
             known = [c for c in counts if c is not None]
             left = min(known) if known else None
-        return QuoteLine(plan.query.method, cost, after, ok, plan.expected, zcdp_table, left)
+        return QuoteLine(plan.query.method, cost, after, ok, plan.expected, zcdp_table, left,
+                         plan.group_error)  # fmt: skip
 
     plan = plan_query(query, figures=figures, max_quantiles=max_quantiles)
     alternatives: list[QuoteLine] = []
     for name in planner.eligible_methods(
-        delta_given=query.delta is not None, neighbors=dataset.neighbors
+        delta_given=query.delta is not None,
+        neighbors="add_remove" if plan.grouping is not None else dataset.neighbors,
     ):
         try:
             alt = plan_query(

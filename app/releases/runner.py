@@ -29,9 +29,11 @@ from psycopg.rows import dict_row
 
 from app.codec.grid import grid_size, grid_values
 from app.core.metrics import RELEASES
+from app.datasets.group_values import load_groups
 from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
+from app.mechanisms.grouped import run_groups
 from app.releases.service import PENDING_CHANNEL
 
 Connection = psycopg.Connection[Any]
@@ -72,9 +74,11 @@ class Job:
     upper: float
     granularity: float
     neighbors: str
-    histogram: GridHistogram
+    histogram: GridHistogram | None
     #: k: the release is private for a unit of up to k rows (the dataset's bound)
     rows_per_unit: int = 1
+    #: a grouped release: one histogram per key, in the release's order (None: no rows)
+    groups: list[GridHistogram | None] | None = None
 
 
 class RunFailed(Exception):
@@ -171,7 +175,7 @@ _CLAIM = """
     RETURNING r.id, r.seq, next.priority, r.attempts, r.dataset_id, r.method,
               r.quantiles, r.epsilon, r.delta, c.lower, c.upper,
               c.granularity, d.neighbors, d.archived_at, d.size_hint, d.max_rows_per_unit,
-              r.column_name, r.trace_parent, r.created_at,
+              r.column_name, r.trace_parent, r.created_at, r.group_by, r.group_keys,
               CASE WHEN d.neighbors = 'swap' THEN d.n END AS public_n,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
@@ -233,9 +237,22 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
         raise RunFailed("values missing")  # the claim found no values uploaded
     lower, upper, granularity = params["lower"], params["upper"], params["granularity"]
     column = str(params.get("column_name") or "value")
-    histogram = _histogram(
-        conn, params["dataset_id"], int(version), grid_size(lower, upper, granularity), column
-    )
+    points = grid_size(lower, upper, granularity)
+    histogram: GridHistogram | None = None
+    groups: list[GridHistogram | None] | None = None
+    if params.get("group_by") is not None:
+        loaded = load_groups(
+            conn, dataset_id=params["dataset_id"], version=int(version),
+            group_column=str(params["group_by"]), column=column,
+        )  # fmt: skip
+        if loaded is None:
+            raise RunFailed("per-key values missing")
+        groups = []
+        for key in params["group_keys"]:
+            found = loaded.get(str(key))
+            groups.append(None if found is None else GridHistogram(found[0], found[1], points))
+    else:
+        histogram = _histogram(conn, params["dataset_id"], int(version), points, column)
     return Job(
         claim=claim,
         method=params["method"],
@@ -248,6 +265,7 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
         neighbors=params["neighbors"],
         histogram=histogram,
         rows_per_unit=int(params.get("max_rows_per_unit") or 1),
+        groups=groups,
     )
 
 
@@ -280,17 +298,30 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
     ``rng=None`` draws from the OS CSPRNG. Raises :class:`RunFailed` on any failure; its
     message never carries a data value.
     """
+    expected = len(job.quantiles) * (1 if job.groups is None else len(job.groups))
     try:
         mech = get_mechanism(job.method)
-        cells = mech.run_grid(
-            job.histogram,
-            job.quantiles,
-            epsilon=mechanism_float(job.epsilon),
-            delta=None if job.delta is None else mechanism_float(job.delta),
-            neighbors=job.neighbors,
-            rng=rng,
-            rows_per_unit=job.rows_per_unit,
-        )
+        epsilon = mechanism_float(job.epsilon)
+        delta = None if job.delta is None else mechanism_float(job.delta)
+        if job.groups is not None:
+            per_group = run_groups(
+                mech, job.groups, job.quantiles,
+                grid_points=grid_size(job.lower, job.upper, job.granularity),
+                epsilon=epsilon, delta=delta, neighbors=job.neighbors,
+                rows_per_unit=job.rows_per_unit, rng=rng,
+            )  # fmt: skip
+            cells = np.concatenate(per_group) if per_group else np.empty(0, np.int64)
+        else:
+            assert job.histogram is not None
+            cells = mech.run_grid(
+                job.histogram,
+                job.quantiles,
+                epsilon=epsilon,
+                delta=delta,
+                neighbors=job.neighbors,
+                rng=rng,
+                rows_per_unit=job.rows_per_unit,
+            )
         estimates = grid_values(cells, job.lower, job.granularity)
     except MechanismInputError as exc:
         # The parameter name is public; the problem text could in principle quote a value.
@@ -298,7 +329,7 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
     except Exception as exc:
         # The class only: a message could in principle quote a data value.
         raise RunFailed(type(exc).__name__) from None
-    if estimates.shape != (len(job.quantiles),):
+    if estimates.shape != (expected,):
         raise RunFailed("wrongly shaped result")
     return [float(e) for e in estimates]
 

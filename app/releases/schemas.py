@@ -18,6 +18,11 @@ AUTO = "auto"
 METHOD_NAMES = (*MECHANISMS, AUTO)
 
 PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=30)]
+#: The most keys one grouped release may answer, and the most estimates (keys x quantiles)
+#: it may hold: the bound that keeps a release readable in one response.
+MAX_GROUP_KEYS = 10_000
+MAX_GROUPED_ESTIMATES = 100_000
+GroupKey = Annotated[str, Field(min_length=1, max_length=200)]
 
 
 class QuantileQuery(BaseModel):
@@ -49,6 +54,22 @@ class QuantileQuery(BaseModel):
         description="The numeric column to read; may be left out where the dataset has only "
         "one numeric column (required, else 422).",
     )
+    group_by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="A categorical column: answer the quantiles once per key, in one release "
+        "that costs the epsilon asked (the groups are disjoint; docs/mechanisms.md, "
+        "'Grouped releases'). The keys answered are `keys`, else the column's declared keys.",
+    )
+    keys: list[GroupKey] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_GROUP_KEYS,
+        description="With group_by: the keys to answer (public: typed by the caller). Every "
+        "key gets an answer, including keys with no rows (then the answer is noise: leaving "
+        "it out would reveal that the group is empty). Default: the column's declared keys.",
+    )
 
     @field_validator("quantiles")
     @classmethod
@@ -62,6 +83,13 @@ class QuantileQuery(BaseModel):
                 )
         return value
 
+    @field_validator("keys")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("keys must be distinct")
+        return value
+
 
 class ExpectedError(BaseModel):
     """A-priori error of one quantile, in missed points (data points between the true
@@ -70,6 +98,34 @@ class ExpectedError(BaseModel):
     quantile: float
     mean: float = Field(description="Expected missed points.")
     bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
+
+
+class SizeError(BaseModel):
+    """The expected error of a group of a given size (missed points per quantile)."""
+
+    size: int = Field(description="Rows in the group.")
+    mean: float = Field(description="Expected missed points per quantile.")
+    bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
+
+
+class GroupError(BaseModel):
+    """A grouped release's expected error as a function of group size: group sizes are
+    private, so no figure is given per group; read a group's line at the size you expect."""
+
+    by_size: list[SizeError] | None = Field(
+        description="Expected error at group sizes 10 to 10^6 (null: the method has no model)."
+    )
+    min_size: int | None = Field(
+        description="Groups with fewer rows than this get answers that are mostly noise "
+        "(expected error at least 5 % of the group's ranks); null: unknown."
+    )
+
+
+class GroupEstimates(BaseModel):
+    """One group of a grouped release."""
+
+    key: str
+    estimates: list[float] | None = Field(description="The answer; null unless done.")
 
 
 ReleaseStatus = Literal["pending", "done", "failed"]
@@ -133,6 +189,17 @@ class ReleasePublic(BaseModel):
         description="The dataset's data version the release ran on (every upload or append "
         "adds one); null until it is done, and for failed releases.",
     )
+    group_by: str | None = Field(
+        default=None, description="A grouped release: the categorical column it groups by."
+    )
+    groups: list[GroupEstimates] | None = Field(
+        default=None,
+        description="A grouped release: one entry per key, in the order asked (`estimates` "
+        "is then null). At most 10,000 keys and 100,000 estimates per release.",
+    )
+    group_error: GroupError | None = Field(
+        default=None, description="A grouped release: the expected error by group size."
+    )
 
 
 class QuoteFigures(BaseModel):
@@ -157,6 +224,9 @@ class QuoteFigures(BaseModel):
     expected_error: list[ExpectedError] | None = Field(
         description="Per quantile, in missed points; null when unknown (add_remove dataset "
         "without a size_hint, or a method the planner has no model for)."
+    )
+    group_error: GroupError | None = Field(
+        default=None, description="A grouped query: the expected error by group size."
     )
 
 

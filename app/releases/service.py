@@ -96,6 +96,11 @@ class ReleaseRecord:
     #: The rho debited (0 in a pure table) and, in a zCDP table, the rho left after it.
     cost_rho: Decimal = Decimal(0)
     remaining_rho: Decimal | None = None
+    #: A grouped release: its categorical column, keys (``estimates`` holds m per key, in
+    #: this order) and expected error by group size.
+    group_by: str | None = None
+    group_keys: list[str] | None = None
+    group_error: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -166,7 +171,8 @@ _RESERVE = (
     " FROM release_reserve(%s::uuid, %s::uuid, %s::uuid, %s::varchar,"
     " %s::double precision[], %s::numeric, %s::numeric, %s::numeric, %s::numeric,"
     " %s::varchar, %s::varchar, %s::jsonb, %s::jsonb, %s::varchar, %s::bigint, %s::integer,"
-    " %s::integer, %s::integer, %s::varchar, %s::numeric, %s::varchar, %s::varchar)"
+    " %s::integer, %s::integer, %s::varchar, %s::numeric, %s::varchar, %s::varchar,"
+    " %s::varchar, %s::jsonb, %s::jsonb)"
 )
 
 #: ``release_reserve()`` outcomes that refuse the query, as (status, type, detail).
@@ -181,6 +187,11 @@ _REFUSALS = {
         "this dataset is archived: its ledger and releases can be read, nothing else",
     ),
     "no_values": ("no_values", "this dataset has no values yet"),
+    "no_group_values": (
+        "no_group_values",
+        "this table's per-key values for group_by were not built: its values came as a "
+        "histogram (PUT /histogram or dpquant ingest), which carries no keys; upload rows",
+    ),
     "budget_on_hold": (
         "budget_on_hold",
         "this service's database was restored from a backup: releases made after the backup "
@@ -264,12 +275,13 @@ async def reserve_release(
             row = await run_async(pool, functools.partial(_call_reserve, params=params))
             outcome = row["outcome"]
             if outcome == "replan":
-                k, numeric = await run_async(
+                k, numeric, categorical = await run_async(
                     pool, functools.partial(_table_figures, dataset_id=dataset_id)
                 )
                 known = PublicFigures(
-                    row["neighbors"], row["public_size"], k, numeric, row["accounting"]
-                )
+                    row["neighbors"], row["public_size"], k, numeric, row["accounting"],
+                    categorical,
+                )  # fmt: skip
                 if figures is not None:
                     figures.put(dataset_id, known)
                 continue
@@ -288,17 +300,23 @@ async def reserve_release(
 
 async def _table_figures(
     conn: psycopg.AsyncConnection[Any], *, dataset_id: uuid.UUID
-) -> tuple[int, tuple[str, ...]]:
-    """The dataset's k and its numeric columns' names (fixed at creation, so a process may
-    keep them with its figures)."""
+) -> tuple[int, tuple[str, ...], tuple[tuple[str, tuple[str, ...] | None], ...]]:
+    """The dataset's k, its numeric columns' names and its categorical columns (name,
+    declared keys): fixed at creation, so a process may keep them with its figures."""
     cursor = await conn.execute(
-        "SELECT d.max_rows_per_unit, array_remove(array_agg(c.name ORDER BY c.position), NULL) "
-        "FROM dataset d LEFT JOIN dataset_column c "
-        "ON c.dataset_id = d.id AND c.type <> 'categorical' WHERE d.id = %s GROUP BY d.id",
+        "SELECT d.max_rows_per_unit, c.name, c.type, c.keys FROM dataset d "
+        "LEFT JOIN dataset_column c ON c.dataset_id = d.id WHERE d.id = %s "
+        "ORDER BY c.position",
         (dataset_id,),
     )
-    row = await cursor.fetchone()
-    return (1, ()) if row is None else (int(row[0]), tuple(row[1]))
+    rows = await cursor.fetchall()
+    if not rows:
+        return 1, (), ()
+    numeric = tuple(r[1] for r in rows if r[1] is not None and r[2] != "categorical")
+    categorical = tuple(
+        (r[1], None if r[3] is None else tuple(r[3])) for r in rows if r[2] == "categorical"
+    )
+    return int(rows[0][0]), numeric, categorical
 
 
 async def _call_reserve(
@@ -331,7 +349,7 @@ def _reserve_params(
     if plan is None or known is None:
         return (new_id, dataset_id, principal.key_id, "", [], 0, None, 0, 0, idempotency_key,
                 "", None, None, "", None, max_runs, caps.key, caps.dataset, "", 0, "",
-                None)  # fmt: skip
+                None, None, None, None)  # fmt: skip
     cost = plan.priced.cost
     return (
         new_id,
@@ -356,6 +374,9 @@ def _reserve_params(
         cost.rho,
         known.accounting,
         tracing.current_traceparent(),
+        None if plan.grouping is None else plan.grouping.group_by,
+        None if plan.grouping is None else Jsonb(plan.grouping.keys),
+        None if plan.group_error is None else Jsonb(plan.group_error),
     )
 
 
@@ -399,6 +420,9 @@ def _outcome(
                 column_name=plan.column,
                 cost_rho=cost.rho,
                 remaining_rho=left.rho if zcdp else None,
+                group_by=None if plan.grouping is None else plan.grouping.group_by,
+                group_keys=None if plan.grouping is None else plan.grouping.keys,
+                group_error=plan.group_error,
             ),
             replayed=False,
         )

@@ -25,6 +25,7 @@ TABLES = {
     "dataset",
     "dataset_column",
     "dataset_data",
+    "dataset_group_data",
     "dataset_unit",
     "ledger_entry",
     "release",

@@ -32,6 +32,7 @@ from app.releases import planning, service
 from app.releases.schemas import (
     BudgetExhausted,
     ExpectedError,
+    GroupError,
     KeyBudgetExhausted,
     MethodPublic,
     QuantileQuery,
@@ -58,6 +59,15 @@ def present(
     release = service.published_view(
         release, admin=principal.role == "admin", now=now or datetime.now(UTC)
     )
+    groups = None
+    estimates = release.estimates
+    if release.group_keys is not None:
+        m = len(release.quantiles)
+        groups = [
+            {"key": key, "estimates": None if estimates is None else estimates[i * m : i * m + m]}
+            for i, key in enumerate(release.group_keys)
+        ]
+        estimates = None
     return ReleasePublic.model_validate(
         {
             "id": release.id,
@@ -66,7 +76,7 @@ def present(
             "method": release.method,
             "column": release.column_name,
             "quantiles": release.quantiles,
-            "estimates": release.estimates,
+            "estimates": estimates,
             "failure": release.failure,
             "epsilon": release.epsilon,
             "delta": release.delta,
@@ -82,6 +92,9 @@ def present(
             "expected_error": release.expected_error,
             "warnings": release.warnings or [],
             "data_version": release.data_version,
+            "group_by": release.group_by,
+            "groups": groups,
+            "group_error": release.group_error,
         }
     )
 
@@ -101,6 +114,9 @@ def _figures(line: planning.QuoteLine) -> QuoteFigures:
         expected_error=_expected(line.expected),
         rho=line.cost.rho if line.zcdp else None,
         releases_left=line.releases_left,
+        group_error=None
+        if line.group_error is None
+        else GroupError.model_validate(line.group_error),
     )
 
 

@@ -17,7 +17,7 @@ from app.api.routes.datasets import present
 from app.codec.histogram import TooManyCells
 from app.core.errors import DpquantError, error_responses, invalid
 from app.core.principal import Principal
-from app.datasets import service, units, upload
+from app.datasets import groups, service, units, upload
 from app.datasets.histogram_upload import (
     PairSink,
     read_histogram_json,
@@ -264,6 +264,7 @@ def _receive_table(
     dataset_id, key, k = dataset.id, dataset.unit_key, dataset.max_rows_per_unit
     builders = [service.column_builder(c, max_cells=settings.max_cells) for c in numeric]
     names = [c.name for c in numeric]
+    sink = groups.sink_for(dataset.columns, max_cells=settings.max_cells)
     session.commit()
     counted = ByteCounter(request_chunks(request))
     body = upload.limited(iter(counted), settings.max_upload_bytes)
@@ -277,20 +278,22 @@ def _receive_table(
     try:
         if spec.unit is None:
 
-            def direct(_: list[bytes] | None, block: np.ndarray) -> None:
+            def direct(_: list[bytes] | None, block: np.ndarray, codes: np.ndarray) -> None:
                 for i, builder in enumerate(builders):
                     builder.add_values(np.ascontiguousarray(block[:, i]))
+                sink.add(block, codes)
 
             stats = units.read_table(
                 records, spec, direct, key=None, skip_missing=missing == "skip",
-                max_values=settings.max_values, where=where,
+                max_values=settings.max_values, where=where, key_codes=sink.keys,
             )  # fmt: skip
             stats.kept = stats.rows
         else:
             conn = service.driver(session)  # a new transaction: the staged rows live in it
             stats = units.read_table(
-                records, spec, units.stage(conn, len(builders)), key=key,
+                records, spec, units.stage(conn, len(builders), len(sink.keys)), key=key,
                 skip_missing=missing == "skip", max_values=settings.max_values, where=where,
+                key_codes=sink.keys,
             )  # fmt: skip
             # lock the dataset row before reading the units' stored counts: appends serialise
             locked = service.get_visible(
@@ -299,9 +302,10 @@ def _receive_table(
             service.ensure_writable(locked, append=append)
             _appendable(locked, append)
             stored_units = units.bound_rows(
-                conn, builders, stats, dataset_id=dataset_id, k=k, append=append
+                conn, builders, stats, dataset_id=dataset_id, k=k, append=append, groups=sink
             )
         histograms = [b.result() for b in builders]
+        grouped = sink.histograms()
     except TooManyCells as exc:
         raise DpquantError(413, "payload_too_large", str(exc)) from None
     dataset = service.store_histogram(
@@ -325,6 +329,7 @@ def _receive_table(
             name: (h, b.n_outside)
             for name, h, b in zip(names[1:], histograms[1:], builders[1:], strict=True)
         },
+        groups=grouped if sink.active else None,
     )
     return present(session, dataset, principal)
 

@@ -28,6 +28,9 @@ CREATE FUNCTION release_reserve(
     p_cost_rho numeric DEFAULT 0,
     p_accounting varchar DEFAULT 'pure',
     p_trace_parent varchar DEFAULT NULL,
+    p_group_by varchar DEFAULT NULL,
+    p_group_keys jsonb DEFAULT NULL,
+    p_group_error jsonb DEFAULT NULL,
     OUT outcome text,
     OUT release_id uuid,
     OUT seq bigint,
@@ -93,6 +96,13 @@ BEGIN
         outcome := 'no_values';
         RETURN;
     END IF;
+    IF p_group_by IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM dataset_column c
+        WHERE c.dataset_id = p_dataset_id AND c.name = p_group_by AND c.keys_stored IS NOT NULL
+    ) THEN
+        outcome := 'no_group_values';  -- values uploaded as a histogram: no per-key counts
+        RETURN;
+    END IF;
     IF d.restore_hold_since IS NOT NULL THEN
         -- restored from a backup: what was spent after it is not in this ledger
         outcome := 'budget_on_hold';
@@ -149,7 +159,8 @@ BEGIN
                          delta, cost_epsilon, cost_delta, remaining_epsilon, remaining_delta,
                          idempotency_key, request_hash, created_at, status, failure, attempts,
                          lease_token, lease_until, finished_at, expected_error, warnings,
-                         column_name, cost_rho, remaining_rho, trace_parent)
+                         column_name, cost_rho, remaining_rho, trace_parent,
+                         group_by, group_keys, group_error)
     VALUES (p_id, p_dataset_id, p_api_key_id, p_method, p_quantiles, NULL, p_epsilon,
             p_delta, p_cost_epsilon, p_cost_delta,
             CASE WHEN accounting = 'pure' THEN left_epsilon - p_cost_epsilon END,
@@ -157,7 +168,8 @@ BEGIN
             p_idempotency_key, p_request_hash, v_now,
             'pending', NULL, 0, NULL, NULL, NULL, p_expected_error,
             coalesce(p_warnings, '[]'::jsonb), p_column, p_cost_rho,
-            CASE WHEN accounting = 'zcdp' THEN left_rho - p_cost_rho END, p_trace_parent)
+            CASE WHEN accounting = 'zcdp' THEN left_rho - p_cost_rho END, p_trace_parent,
+            p_group_by, p_group_keys, p_group_error)
     RETURNING release.seq INTO seq;
     INSERT INTO ledger_entry (dataset_id, kind, epsilon, delta, rho, reason, release_id,
                               api_key_id, created_at)

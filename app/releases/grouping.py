@@ -1,0 +1,147 @@
+"""Grouped queries on public figures: which keys a release answers, at what calibration, and
+the expected error as a function of group size.
+
+A grouped release answers the same quantiles of one numeric column once per key of a
+categorical column (``group_by``). The keys are public: typed by the caller (``keys``) or
+declared on the column; none is read from the data. Each group's mechanism runs under
+row-level add/remove neighbours, calibrated for the chain of row changes one unit's
+neighbour makes (k under add/remove, 2k under swap:
+:func:`app.mechanisms.grouped.chain_length`), so the whole release costs the ε asked.
+
+Group sizes are private under either relation (a unit's rows may move between groups), so
+the planner gives no figure per group: it gives the expected error at a ladder of group
+sizes and the size below which an answer is mostly noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app import planner
+from app.core.errors import invalid
+from app.mechanisms import MechanismInputError
+from app.mechanisms.grouped import GROUPED_METHODS, chain_length
+from app.releases.schemas import MAX_GROUPED_ESTIMATES, QuantileQuery
+
+#: The group sizes a grouped release's expected error is given at.
+SIZE_LADDER = (10, 100, 1_000, 10_000, 100_000, 1_000_000)
+#: An answer is "mostly noise" when its expected error is at least this share of the ranks.
+NOISE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """A grouped query resolved against the table's schema."""
+
+    group_by: str
+    keys: list[str]
+    #: row-level add/remove steps one unit's neighbour makes (the calibration)
+    chain: int
+
+
+def resolve_grouping(
+    query: QuantileQuery,
+    *,
+    categorical: Sequence[tuple[str, tuple[str, ...] | None]],
+    neighbors: str,
+    rows_per_unit: int,
+) -> Grouping | None:
+    """The query's grouping (None: not grouped), or 422 naming the field and the problem."""
+    if query.group_by is None:
+        if query.keys is not None:
+            raise invalid("body.keys", "is only used with group_by")
+        return None
+    declared = dict(categorical)
+    if query.group_by not in declared:
+        raise invalid("body.group_by", "is not a categorical column of this dataset")
+    keys = query.keys if query.keys is not None else declared[query.group_by]
+    if keys is None:
+        raise invalid(
+            "body.keys",
+            f"is required: column {query.group_by!r} declares no keys (name the keys to "
+            "answer; keys read from the data would reveal them)",
+        )
+    if len(keys) * len(query.quantiles) > MAX_GROUPED_ESTIMATES:
+        raise invalid(
+            "body.keys",
+            f"{len(keys)} keys x {len(query.quantiles)} quantiles is more than "
+            f"{MAX_GROUPED_ESTIMATES} estimates in one release",
+        )
+    try:
+        chain = chain_length(neighbors, rows_per_unit)
+    except MechanismInputError as exc:
+        raise invalid("body.group_by", exc.problem) from None
+    return Grouping(query.group_by, list(keys), chain)
+
+
+def check_method(method: str) -> None:
+    """422 on ``body.method`` for a method grouped releases cannot use."""
+    if method not in GROUPED_METHODS:
+        raise invalid(
+            "body.method",
+            f"method {method!r} cannot answer grouped queries (each group runs under "
+            "add/remove neighbours and may be empty); use one of " + ", ".join(GROUPED_METHODS),
+        )
+
+
+def group_size(public_size: int | None, keys: int) -> int | None:
+    """The typical group size ``auto`` ranks methods at: the public size over the keys."""
+    return None if public_size is None else max(1, public_size // max(1, keys))
+
+
+def expectation(query: QuantileQuery, grouping: Grouping) -> tuple[dict[str, Any], list[str]]:
+    """The expected error by group size (public figures only) and warnings."""
+    epsilon = float(query.epsilon) / grouping.chain
+    delta = None if query.delta is None else float(query.delta) / grouping.chain
+    rows: list[dict[str, float | int]] = []
+    for size in SIZE_LADDER:
+        err = planner.expected_error(
+            query.method, size, query.quantiles, epsilon, delta, "add_remove"
+        )
+        if err is None:
+            return {"by_size": None, "min_size": None}, [
+                f"expected error unknown: no error model for method {query.method!r}"
+            ]
+        rows.append({"size": size, "mean": _figures(err[0]), "bound90": _figures(err[1])})
+    min_size = noise_floor(query, epsilon, delta)
+    warnings = []
+    if min_size is not None:
+        warnings.append(
+            f"groups with fewer than {min_size} rows get answers that are mostly noise at "
+            f"this epsilon (expected error at least {100 * NOISE_SHARE:.0f} % of their ranks)"
+        )
+    return {"by_size": rows, "min_size": min_size}, warnings
+
+
+def noise_floor(query: QuantileQuery, epsilon: float, delta: float | None) -> int | None:
+    """The smallest size (on a ladder of 10^(1/8) steps, rounded to 2 figures) whose expected
+    error is below :data:`NOISE_SHARE` of the ranks; None if none up to 10^9 is."""
+    for step in range(8, 73):
+        size = int(float(f"{10 ** (step / 8):.2g}"))
+        err = planner.expected_error(
+            query.method, size, query.quantiles, epsilon, delta, "add_remove"
+        )
+        if err is None:
+            return None
+        if err[0] < NOISE_SHARE * size:
+            return size
+    return None
+
+
+def _figures(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+__all__ = [
+    "GROUPED_METHODS",
+    "NOISE_SHARE",
+    "SIZE_LADDER",
+    "Grouping",
+    "check_method",
+    "expectation",
+    "group_size",
+    "noise_floor",
+    "resolve_grouping",
+]

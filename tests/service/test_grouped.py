@@ -1,0 +1,257 @@
+"""Grouped releases: the quantiles of a numeric column per key of a categorical column, in
+one release that costs the epsilon asked."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from .conftest import Api
+
+CSV = {"content-type": "text/csv"}
+REGIONS = ["north", "south", "east", "west"]
+COLUMNS = [
+    {"name": "income", "type": "numeric", "lower": 0, "upper": 1000, "granularity": 1},
+    {"name": "region", "type": "categorical", "keys": REGIONS},
+]
+#: each region's income centre: the groups' medians differ by 200
+CENTRES = {"north": 200.0, "south": 400.0, "east": 600.0, "west": 800.0}
+
+
+def rows_csv(
+    n: int, *, seed: int = 1, unit: bool = False, regions: list[str] = REGIONS, who: str = "p"
+) -> bytes:
+    rng = np.random.default_rng(seed)
+    head = "person,income,region\n" if unit else "income,region\n"
+    lines = [head]
+    for i in range(n):
+        region = regions[i % len(regions)]
+        value = round(float(rng.normal(CENTRES[region], 20.0)), 1)
+        prefix = f"{who}{i // 2}," if unit else ""
+        lines.append(f"{prefix}{value},{region}\n")
+    return "".join(lines).encode()
+
+
+def table(api: Api, *, columns: list[dict[str, Any]] = COLUMNS, **extra: Any) -> dict[str, Any]:
+    body = {"name": f"g-{uuid.uuid4().hex[:10]}", "columns": columns, "epsilon": "10", **extra}
+    r = api.client.post("/v1/datasets", json=body, headers=api.admin)
+    assert r.status_code == 201, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def upload(client: TestClient, api: Api, ds: str, body: bytes, *, append: bool = False) -> Any:
+    call = client.post if append else client.put
+    r = call(f"/v1/datasets/{ds}/values", content=body, headers={**api.admin, **CSV})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_median_by_region_in_one_release(api: Api, client: TestClient) -> None:
+    ds = table(api, neighbors="add_remove")
+    upload(client, api, ds["id"], rows_csv(4000))
+    rel = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp", group_by="region")
+    assert rel.status_code == 201, rel.text
+    body = rel.json()
+    assert body["estimates"] is None and body["group_by"] == "region"
+    assert [g["key"] for g in body["groups"]] == REGIONS
+    for group in body["groups"]:
+        (median,) = group["estimates"]
+        assert abs(median - CENTRES[group["key"]]) < 30, body
+    assert body["cost"]["epsilon"] == "1"
+    assert body["group_error"]["by_size"][0]["size"] == 10
+    # re-reading is free and byte-identical
+    analyst = api.key("analyst")
+    first = client.get(f"/v1/releases/{body['id']}", headers=analyst)
+    again = client.get(f"/v1/releases/{body['id']}", headers=analyst)
+    assert first.status_code == 200 and first.content == again.content
+    assert first.json()["groups"] == body["groups"]
+
+
+def spent(api: Api, ds: str) -> Decimal:
+    return Decimal(api.budget(ds)["spent"]["epsilon"])
+
+
+@pytest.mark.parametrize("method", ["jointexp", "aq", "indexp"])
+def test_every_key_is_answered_including_keys_without_rows(
+    api: Api, client: TestClient, method: str
+) -> None:
+    ds = table(api)
+    upload(client, api, ds["id"], rows_csv(600, regions=["north", "south"]))
+    keys = ["south", "west", "nowhere", "north"]  # west declared, no rows; nowhere typed
+    rel = api.query(ds["id"], quantiles=[0.25, 0.75], epsilon="2", method=method,
+                    group_by="region", keys=keys)  # fmt: skip
+    assert rel.status_code == 201, rel.text
+    groups = rel.json()["groups"]
+    assert [g["key"] for g in groups] == keys
+    for g in groups:
+        est = g["estimates"]
+        assert len(est) == 2 and est == sorted(est) and all(0 <= e <= 1000 for e in est)
+    assert abs(groups[0]["estimates"][0] - CENTRES["south"]) < 60
+    assert abs(groups[3]["estimates"][1] - CENTRES["north"]) < 60
+
+
+def test_a_unit_table_groups_after_bounding_and_appends_extend_the_groups(
+    api: Api, client: TestClient
+) -> None:
+    ds = table(api, privacy_unit="person", max_rows_per_unit=2)
+    first = upload(client, api, ds["id"], rows_csv(2000, unit=True, regions=["north", "south"]))
+    assert first["units"] == 1000
+    rel = api.query(ds["id"], quantiles=[0.5], epsilon="2", method="jointexp",
+                    group_by="region", keys=["north", "east"])  # fmt: skip
+    assert rel.status_code == 201, rel.text
+    north, east = rel.json()["groups"]
+    assert abs(north["estimates"][0] - CENTRES["north"]) < 40
+    # rows for east arrive: the next release reads them (new persons, so nothing dropped)
+    more = rows_csv(2000, unit=True, regions=["east"], seed=2, who="q")
+    upload(client, api, ds["id"], more, append=True)
+    again = api.query(ds["id"], quantiles=[0.5], epsilon="2", method="jointexp",
+                      group_by="region", keys=["north", "east"])  # fmt: skip
+    assert again.status_code == 201, again.text
+    north, east = again.json()["groups"]
+    assert abs(east["estimates"][0] - CENTRES["east"]) < 40
+    assert abs(north["estimates"][0] - CENTRES["north"]) < 40
+    assert spent(api, ds["id"]) == Decimal("4")
+
+
+def test_json_rows_build_the_same_groups(api: Api, client: TestClient) -> None:
+    ds = table(api)
+    rng = np.random.default_rng(3)
+    rows = [
+        {"income": round(float(rng.normal(CENTRES[r], 10)), 1), "region": r}
+        for r in ["west", "east"] * 500
+    ]
+    r = client.put(f"/v1/datasets/{ds['id']}/values", json=rows, headers=api.admin)
+    assert r.status_code == 200, r.text
+    rel = api.query(ds["id"], quantiles=[0.5], epsilon="2", method="jointexp",
+                    group_by="region", keys=["west", "east"])  # fmt: skip
+    assert rel.status_code == 201, rel.text
+    west, east = rel.json()["groups"]
+    assert abs(west["estimates"][0] - CENTRES["west"]) < 30
+    assert abs(east["estimates"][0] - CENTRES["east"]) < 30
+
+
+BAD = [
+    ({"group_by": "income"}, "body.group_by", "categorical"),
+    ({"group_by": "nope"}, "body.group_by", "categorical"),
+    ({"keys": ["north"]}, "body.keys", "group_by"),
+    ({"group_by": "region", "keys": ["north", "north"]}, "keys", "distinct"),
+    ({"group_by": "region", "keys": []}, "keys", ""),
+    ({"group_by": "region", "method": "smooth", "delta": "1e-6"}, "body.method", "grouped"),
+    ({"group_by": "region", "method": "jointexp_smooth"}, "body.method", "grouped"),
+    ({"group_by": "region", "keys": [f"k{i}" for i in range(400)],
+      "quantiles": [i / 300 for i in range(1, 300)]}, "body.keys", "estimates"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "field", "words"), BAD)
+def test_bad_grouped_queries_are_refused_naming_the_field_and_nothing_is_debited(
+    api: Api, client: TestClient, extra: dict[str, Any], field: str, words: str
+) -> None:
+    ds = table(api)
+    upload(client, api, ds["id"], rows_csv(200))
+    body = {"quantiles": [0.5], "epsilon": "1", "method": "jointexp", **extra}
+    for path in ("quantiles", "quote"):
+        r = client.post(f"/v1/datasets/{ds['id']}/{path}", json=body, headers=api.admin)
+        assert r.status_code == 422, r.text
+        text = r.text
+        assert field.split(".")[-1] in text and words in text, text
+    assert spent(api, ds["id"]) == 0
+
+
+def test_a_column_without_declared_keys_needs_keys(api: Api, client: TestClient) -> None:
+    columns = [COLUMNS[0], {"name": "region", "type": "categorical"}]
+    ds = table(api, columns=columns)
+    upload(client, api, ds["id"], rows_csv(400))
+    r = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp", group_by="region")
+    assert r.status_code == 422 and "body.keys" in r.text
+    assert "north" not in r.text  # a key read from the data is never named
+    ok = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp",
+                   group_by="region", keys=["north", "atlantis"])  # fmt: skip
+    assert ok.status_code == 201, ok.text
+    assert abs(ok.json()["groups"][0]["estimates"][0] - CENTRES["north"]) < 40
+
+
+def test_values_from_a_histogram_carry_no_keys(api: Api, client: TestClient) -> None:
+    ds = table(api)
+    upload(client, api, ds["id"], rows_csv(400))
+    hist = {"income": {"cells": [10, 20], "counts": [5, 5]}}
+    r = client.put(f"/v1/datasets/{ds['id']}/histogram?column=income", json=hist,
+                   headers=api.admin)  # fmt: skip
+    assert r.status_code == 200, r.text
+    refused = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp",
+                        group_by="region")  # fmt: skip
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["type"] == "no_group_values"
+    assert spent(api, ds["id"]) == 0
+    # rows again: grouped releases work again
+    upload(client, api, ds["id"], rows_csv(400))
+    ok = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp", group_by="region")
+    assert ok.status_code == 201, ok.text
+
+
+def test_the_quote_gives_the_error_by_group_size_and_auto_picks_a_grouped_method(
+    api: Api, client: TestClient
+) -> None:
+    ds = table(api, neighbors="add_remove", size_hint=4000)
+    upload(client, api, ds["id"], rows_csv(400))
+    body = {"quantiles": [0.1, 0.5, 0.9], "epsilon": "0.5", "method": "auto", "group_by": "region"}
+    q = client.post(f"/v1/datasets/{ds['id']}/quote", json=body, headers=api.admin)
+    assert q.status_code == 200, q.text
+    quote = q.json()
+    assert quote["method"] in {"jointexp", "aq", "indexp", "appindexp"}
+    assert quote["expected_error"] is None
+    ladder = quote["group_error"]["by_size"]
+    assert [row["size"] for row in ladder] == [10, 100, 1000, 10_000, 100_000, 1_000_000]
+    # more rows, more missed points, but a smaller share of the ranks
+    means = [row["mean"] for row in ladder]
+    assert means[-1] >= means[0] and means[-1] / 1e6 < means[0] / 10
+    assert quote["group_error"]["min_size"] > 10
+    assert any("mostly noise" in w for w in quote["warnings"])
+    assert {a["method"] for a in quote["alternatives"]} <= {"jointexp", "aq", "indexp"}
+    assert Decimal(quote["cost"]["epsilon"]) == Decimal("0.5")
+    rel = client.post(f"/v1/datasets/{ds['id']}/quantiles", json=body, headers=api.admin)
+    assert rel.status_code == 201, rel.text
+    assert rel.json()["method"] == quote["method"]
+    assert rel.json()["group_error"] == quote["group_error"]
+
+
+def test_idempotent_grouped_queries_replay_and_other_keys_conflict(
+    api: Api, client: TestClient
+) -> None:
+    ds = table(api)
+    upload(client, api, ds["id"], rows_csv(400))
+    body = {"quantiles": [0.5], "epsilon": "1", "method": "jointexp", "group_by": "region",
+            "keys": ["north", "south"]}  # fmt: skip
+    headers = {**api.admin, "Idempotency-Key": f"grouped-{uuid.uuid4().hex}"}
+    url = f"/v1/datasets/{ds['id']}/quantiles"
+    first = client.post(url, json=body, headers=headers)
+    assert first.status_code == 201, first.text
+    replay = client.post(url, json=body, headers=headers)
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert replay.json()["groups"] == first.json()["groups"]
+    assert replay.json()["id"] == first.json()["id"]
+    other = client.post(url, json={**body, "keys": ["north", "east"]}, headers=headers)
+    assert other.status_code == 409 and other.json()["type"] == "idempotency_conflict"
+    assert spent(api, ds["id"]) == Decimal("1")
+
+
+def test_a_grouped_release_costs_the_epsilon_asked_whatever_the_number_of_keys(
+    api: Api, client: TestClient
+) -> None:
+    ds = table(api)
+    upload(client, api, ds["id"], rows_csv(400))
+    keys = [f"k{i}" for i in range(500)] + REGIONS
+    for _ in range(2):
+        r = api.query(ds["id"], quantiles=[0.5], epsilon="5", method="aq", group_by="region",
+                      keys=keys)  # fmt: skip
+        assert r.status_code == 201, r.text
+        assert len(r.json()["groups"]) == 504
+    assert spent(api, ds["id"]) == Decimal("10")
+    refused = api.query(ds["id"], quantiles=[0.5], epsilon="0.1", method="aq", group_by="region")
+    assert refused.status_code == 409 and refused.json()["type"] == "budget_exhausted"
