@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from dpquant_client import (
     BudgetExhausted,
@@ -350,3 +351,39 @@ def test_governance_methods(admin: Client, server: LiveServer) -> None:
         admin.quantiles(ds.id, [0.5], epsilon="0.1", method="indexp")
     actions = [e.action for e in admin.audit() if e.target_id in (str(ds.id), str(capped.id))]
     assert actions[0] == "dataset.archive" and "key.rotate" in actions
+
+
+def test_grouped_release_through_the_client(admin: Client, tmp_path: Path) -> None:
+    ds = admin.create_dataset(
+        name(),
+        epsilon="4",
+        columns=[
+            {"name": "income", "type": "numeric", "lower": 0, "upper": 1000, "granularity": 1},
+            {"name": "region", "type": "categorical", "keys": ["north", "south"]},
+        ],
+    )
+    rng = np.random.default_rng(9)
+    lines = ["income,region"]
+    for i in range(1200):
+        region = "north" if i % 2 else "south"
+        lines.append(f"{rng.normal(300 if region == 'north' else 700, 15):.1f},{region}")
+    csv = tmp_path / "rows.csv"
+    csv.write_text("\n".join(lines) + "\n")
+    admin.upload(ds.id, path=csv)
+    quote = admin.quote(ds.id, [0.5], epsilon="1", group_by="region")
+    assert quote.group_error is not None and quote.group_error.by_size is not None
+    assert quote.group_error.by_size[0].size == 10
+    release = admin.quantiles(
+        ds.id, [0.25, 0.75], epsilon="1", group_by="region", keys=["south", "north", "west"]
+    )
+    assert release.estimates is None and release.group_by == "region"
+    assert release.groups is not None
+    assert [g.key for g in release.groups] == ["south", "north", "west"]
+    south, north, _ = release.groups
+    assert south.estimates is not None and north.estimates is not None
+    assert 650 < south.estimates[0] < south.estimates[1] < 750
+    assert 250 < north.estimates[0] < north.estimates[1] < 350
+    frame = release.to_pandas()
+    assert list(frame.columns) == ["region", "quantile", "estimate"]
+    assert len(frame) == 6 and list(frame["region"][:2]) == ["south", "south"]
+    assert admin.release(release.id).groups == release.groups

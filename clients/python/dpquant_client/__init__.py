@@ -37,6 +37,8 @@ from dpquant_client.models import (
     Budget,
     Dataset,
     ExpectedError,
+    Group,
+    GroupError,
     Key,
     KeyCreated,
     LedgerEntry,
@@ -44,6 +46,7 @@ from dpquant_client.models import (
     Method,
     Quote,
     Release,
+    SizeError,
 )
 
 __version__ = "0.1.0"
@@ -63,6 +66,8 @@ __all__ = [
     "DpquantError",
     "ExpectedError",
     "Forbidden",
+    "Group",
+    "GroupError",
     "IdempotencyConflict",
     "Key",
     "KeyBudgetExhausted",
@@ -81,6 +86,7 @@ __all__ = [
     "Release",
     "ReleaseFailed",
     "ServiceUnavailable",
+    "SizeError",
     "Unauthorized",
     "UnsupportedMediaType",
     "ValidationError",

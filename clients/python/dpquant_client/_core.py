@@ -175,6 +175,8 @@ class Core:
         method: str,
         delta: Number | None,
         column: str | None = None,
+        group_by: str | None = None,
+        keys: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "quantiles": [float(q) for q in quantiles],
@@ -185,6 +187,10 @@ class Core:
             body["delta"] = decimal_text(delta)
         if column is not None:
             body["column"] = column
+        if group_by is not None:
+            body["group_by"] = group_by
+        if keys is not None:
+            body["keys"] = list(keys)
         return body
 
     # ------------------------------------------------------------------ flows
@@ -313,11 +319,13 @@ class Core:
         idempotency_key: str | None,
         timeout: float,
         column: str | None = None,
+        group_by: str | None = None,
+        keys: Sequence[str] | None = None,
     ) -> Flow[Release]:
         headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         if not wait:
             headers["Prefer"] = "respond-async"
-        body = self._query_body(quantiles, epsilon, method, delta, column)
+        body = self._query_body(quantiles, epsilon, method, delta, column, group_by, keys)
         # The Idempotency-Key makes a retry a replay: safe to repeat.
         a: Answer = yield Call(
             "POST",
@@ -339,10 +347,12 @@ class Core:
         method: str,
         delta: Number | None,
         column: str | None = None,
+        group_by: str | None = None,
+        keys: Sequence[str] | None = None,
     ) -> Flow[Quote]:
         if not (yield from self._has("/v1/datasets/{dataset_id}/quote", "post")):
             raise NotSupported(404, "not_supported", "this server has no quote endpoint")
-        body = self._query_body(quantiles, epsilon, method, delta, column)
+        body = self._query_body(quantiles, epsilon, method, delta, column, group_by, keys)
         a: Answer = yield Call(
             "POST", f"/v1/datasets/{dataset_id}/quote", True, kwargs={"json": body}
         )

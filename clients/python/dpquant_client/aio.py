@@ -235,13 +235,17 @@ class AsyncClient(Core):
         idempotency_key: str | None = None,
         timeout: float = 300.0,
         column: str | None = None,
+        group_by: str | None = None,
+        keys: Sequence[str] | None = None,
     ) -> Release:
         """Release differentially private quantiles (spends the budget).
 
         An ``Idempotency-Key`` is always sent (a fresh one unless given) and reused for the
         client's own retries, so a lost answer is never paid twice. ``wait=False`` asks the
         server to answer at once (``Prefer: respond-async``): the release may come back
-        ``pending`` and :meth:`wait` polls it. With ``wait=True`` a pending release is awaited."""
+        ``pending`` and :meth:`wait` polls it. With ``wait=True`` a pending release is awaited.
+        ``group_by`` (a categorical column) answers the quantiles once per key (``keys``, else
+        the column's declared keys) in one release: ``release.groups``."""
         return await self._arun(
             self._quantiles(
                 dataset_id,
@@ -253,6 +257,8 @@ class AsyncClient(Core):
                 idempotency_key,
                 timeout,
                 column,
+                group_by,
+                keys,
             )
         )
 
@@ -265,9 +271,13 @@ class AsyncClient(Core):
         method: str = "jointexp",
         delta: Number | None = None,
         column: str | None = None,
+        group_by: str | None = None,
+        keys: Sequence[str] | None = None,
     ) -> Quote:
         """What the query would cost, without spending; ``NotSupported`` on servers without it."""
-        return await self._arun(self._quote(dataset_id, quantiles, epsilon, method, delta, column))
+        return await self._arun(
+            self._quote(dataset_id, quantiles, epsilon, method, delta, column, group_by, keys)
+        )
 
     async def methods(self) -> list[Method]:
         """The server's methods; ``NotSupported`` on servers without ``/v1/methods``."""

@@ -89,8 +89,32 @@ class ExpectedError(_Model):
     bound90: float
 
 
+class Group(_Model):
+    """One group of a grouped release: its key and its estimates (None until done)."""
+
+    key: str
+    estimates: list[float] | None = None
+
+
+class SizeError(_Model):
+    """Expected missed points per quantile for a group of ``size`` rows."""
+
+    size: int
+    mean: float
+    bound90: float
+
+
+class GroupError(_Model):
+    """A grouped release's expected error by group size, and the size below which an
+    answer is mostly noise."""
+
+    by_size: list[SizeError] | None = None
+    min_size: int | None = None
+
+
 class Release(_Model):
-    """A release. ``estimates`` is None until ``status`` is ``done``."""
+    """A release. ``estimates`` is None until ``status`` is ``done``; a grouped release
+    (``group_by``) has ``groups`` instead, one per key."""
 
     id: uuid.UUID
     dataset_id: uuid.UUID
@@ -108,16 +132,34 @@ class Release(_Model):
     warnings: list[str] = Field(default_factory=list)
     created_at: datetime
     status: Status = "done"  # servers before asynchronous releases only store done ones
+    group_by: str | None = None
+    groups: list[Group] | None = None
+    group_error: GroupError | None = None
     replayed: bool = Field(default=False, exclude=True)
 
     def to_pandas(self) -> Any:
-        """The release as a ``pandas.DataFrame`` (one row per quantile: ``quantile``,
-        ``estimate`` and, where the server gave them, the expected error's figures). pandas
-        is not a dependency of the client: install it to use this."""
+        """The release as a ``pandas.DataFrame``: one row per quantile (``quantile``,
+        ``estimate`` and, where the server gave them, the expected error's figures), or for
+        a grouped release one row per (group, quantile) with the key in a column named
+        after ``group_by``. pandas is not a dependency of the client: install it to use
+        this."""
         try:
             import pandas as pd  # type: ignore[import-untyped,unused-ignore]
         except ImportError:
             raise ImportError("Release.to_pandas() needs pandas: pip install pandas") from None
+        if self.groups is not None:
+            name = self.group_by or "group"
+            return pd.DataFrame(
+                [
+                    {
+                        name: group.key,
+                        "quantile": q,
+                        "estimate": None if group.estimates is None else group.estimates[i],
+                    }
+                    for group in self.groups
+                    for i, q in enumerate(self.quantiles)
+                ]
+            )
         rows: list[dict[str, Any]] = []
         expected = self.expected_error or []
         for i, q in enumerate(self.quantiles):
@@ -201,6 +243,7 @@ class Quote(_Model):
     rho: Decimal | None = None
     releases_left: int | None = None
     expected_error: list[ExpectedError] | None = None
+    group_error: GroupError | None = None
     warnings: list[str] = Field(default_factory=list)
     alternatives: list[Any] = Field(default_factory=list)
 
