@@ -71,6 +71,12 @@ def test_median_by_region_in_one_release(api: Api, client: TestClient) -> None:
     again = client.get(f"/v1/releases/{body['id']}", headers=analyst)
     assert first.status_code == 200 and first.content == again.content
     assert first.json()["groups"] == body["groups"]
+    explained = client.get(f"/v1/releases/{body['id']}/explanation", headers=analyst)
+    assert explained.status_code == 200, explained.text
+    assert explained.json()["release"]["groups"] == body["groups"]
+    assert {a["method"] for a in explained.json()["alternatives"]} <= {"jointexp", "aq", "indexp"}
+    assert explained.json()["auto_today"] in {"jointexp", "aq", "indexp"}
+    assert any("grouped release" in line for line in explained.json()["reading"])
 
 
 def spent(api: Api, ds: str) -> Decimal:

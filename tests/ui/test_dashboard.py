@@ -454,3 +454,69 @@ def test_whole_numbers_get_a_grid_step_of_one(
     made = next(d for d in seed.http.get("/v1/datasets").json()["items"] if d["name"] == name)
     assert made["granularity"] == 1.0 and made["columns"][0]["type"] == "integer"
     watched.assert_clean()
+
+
+def test_an_analyst_asks_for_medians_by_group_and_sees_a_table_and_small_multiples(
+    watched: Watched, seed: Seed
+) -> None:
+    columns = [
+        {"name": "income", "type": "numeric", "lower": 0, "upper": 100, "granularity": 0.1},
+        {"name": "region", "type": "categorical", "keys": ["north", "south", "east"]},
+    ]
+    made = seed.http.post(
+        "/v1/datasets", json={"name": "ui-g-" + str(random.random())[2:10], "columns": columns,
+                              "epsilon": "3"}
+    )  # fmt: skip
+    assert made.status_code == 201, made.text
+    ds = made.json()
+    rng = random.Random(4)
+    rows = [
+        {
+            "income": round(rng.gauss(25 if i % 2 else 75, 5), 1),
+            "region": "north" if i % 2 else "south",
+        }
+        for i in range(800)
+    ]
+    r = seed.http.put(f"/v1/datasets/{ds['id']}/values", json=rows)
+    assert r.status_code == 200, r.text
+    analyst = seed.key("analyst", ds["id"])
+    sign_in(watched, analyst)
+    page = watched.page
+    page.get_by_test_id("query-quantiles").fill("0.25, 0.5, 0.75")
+    page.get_by_test_id("query-epsilon").fill("1")
+    page.get_by_label("Method", exact=True).select_option("jointexp")
+    page.get_by_test_id("query-group").select_option("region")
+    assert page.get_by_test_id("query-keys").is_visible()
+    assert "north" in (page.get_by_test_id("query-keys").get_attribute("placeholder") or "")
+    page.wait_for_selector("#quote:has-text('by group size')", timeout=TIMEOUT)
+    with page.expect_response(
+        lambda r: r.url.endswith(f"/v1/datasets/{ds['id']}/quantiles")
+    ) as created:
+        page.get_by_test_id("query-submit").click()
+    sent = created.value.request.post_data_json
+    assert sent["group_by"] == "region" and "keys" not in sent  # the declared keys
+    page.wait_for_selector("[data-testid=group-row] >> nth=2", timeout=TIMEOUT)
+    groups = page.get_by_test_id("group-row")
+    assert [groups.nth(i).locator("th").inner_text() for i in range(3)] == [
+        "north",
+        "south",
+        "east",
+    ]
+    assert page.get_by_test_id("group-cdf").count() == 3
+    assert page.locator("[data-testid=group-cdf] .points circle").count() == 9
+    assert "3 groups by region" in page.locator("#query-result").inner_text()
+    stored = seed.http.get(
+        f"/v1/releases/{page.get_by_test_id('release-row').first.get_attribute('data-id')}"
+    ).json()
+    north = stored["groups"][0]["estimates"]
+    assert groups.nth(0).locator("td").count() == 3
+    assert float(groups.nth(0).locator("td").nth(1).inner_text()) == north[1]
+    assert 15 < north[1] < 35
+    # keys typed by the analyst: only those are answered
+    page.get_by_test_id("query-keys").fill("south, atlantis")
+    with page.expect_response(lambda r: r.url.endswith("/quantiles")) as again:
+        page.get_by_test_id("query-submit").click()
+    assert again.value.request.post_data_json["keys"] == ["south", "atlantis"]
+    page.wait_for_selector("#groups-title:has-text('2 groups')", timeout=TIMEOUT)
+    screenshot(watched, "grouped")
+    watched.assert_clean()

@@ -30,6 +30,13 @@ READING = [
     "The cost was debited when the release was reserved, whatever its outcome; reading the "
     "release and this explanation is free.",
 ]
+GROUPED_READING = (
+    "A grouped release answers every key with the method run on that key's rows alone; the "
+    "whole release costs the epsilon shown, however many keys (the groups are disjoint and "
+    "each is calibrated for the row changes one unit can make across them). A key with no "
+    "rows is answered too, with noise: leaving it out would reveal that it is empty. Group "
+    "sizes are private, so the expected error is given by group size (group_error)."
+)
 
 
 @router.get(
@@ -62,6 +69,8 @@ def explain_release(
         delta=release.delta,
         method="auto",
         column=None if len([c for c in dataset.columns if c.numeric]) == 1 else column.name,
+        group_by=release.group_by,
+        keys=release.group_keys,
     )
     alternatives: list[dict[str, object]] = []
     auto_today: str | None = None
@@ -107,7 +116,7 @@ def explain_release(
             },
             "auto_today": auto_today,
             "alternatives": alternatives,
-            "reading": READING,
+            "reading": READING if release.group_by is None else [*READING, GROUPED_READING],
             "explained_at": datetime.now(UTC),
         }
     )

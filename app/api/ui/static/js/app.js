@@ -6,6 +6,7 @@ import { ApiError, clearKey, get, getKey, setKey } from "./api.js";
 import { installAdmin, loadKeys, renderKeyScopes } from "./admin.js";
 import { drawSpending, drawStepCdf, zcdpEpsilon } from "./charts.js";
 import { $, cell, clearChildren, say, showError, text, when } from "./dom.js";
+import { fillGroupPicker, groupShort, renderGroups, syncKeys } from "./groups.js";
 import { explain, expectedShort, installQuery, scheduleQuote, submitQuery } from "./query.js";
 import { canQuery, isAdmin, state, statusOf } from "./state.js";
 
@@ -206,7 +207,11 @@ async function selectDataset(id, { quiet = false } = {}) {
     picker.append(option);
   }
   $("query-column-field").hidden = numeric.length < 2;
-  if ("n" in ds) rows.push(["Values", ds.n === null ? "none uploaded" : `${ds.n} (${ds.n_outside_bounds} outside bounds)`]);
+  fillGroupPicker(ds);
+  if ("n" in ds) {
+    const outside = ds.n_outside_bounds === undefined || ds.n_outside_bounds === null ? "" : ` (${ds.n_outside_bounds} outside bounds)`;
+    rows.push(["Values", ds.n === null ? "none uploaded" : `${ds.n}${outside}`]);
+  }
   if ("frozen_at" in ds) rows.push(["Frozen", ds.frozen_at ? when(ds.frozen_at) : "no"]);
   for (const [k, v] of rows) {
     const dt = document.createElement("dt");
@@ -343,7 +348,8 @@ function renderReleases() {
   const body = $("releases-body");
   clearChildren(body);
   $("releases-empty").hidden = state.releases.length > 0;
-  const done = state.releases.filter((r) => statusOf(r) === "done" && r.estimates);
+  const shown = (r) => r.estimates || (r.groups && r.groups.some((g) => g.estimates));
+  const done = state.releases.filter((r) => statusOf(r) === "done" && shown(r));
   if (!state.releases.some((r) => r.id === state.plottedId) && done.length) state.plottedId = done[0].id;
   for (const r of state.releases) {
     const row = document.createElement("tr");
@@ -352,7 +358,7 @@ function renderReleases() {
     row.dataset.status = statusOf(r);
     if (r.id === state.plottedId) row.className = "selected";
     const first = document.createElement("td");
-    if (r.estimates) {
+    if (shown(r)) {
       const b = document.createElement("button");
       b.type = "button";
       b.className = "link";
@@ -371,8 +377,10 @@ function renderReleases() {
     cell(row, r.quantiles.join(", "), "mono wrap");
     cell(row, r.epsilon, "num");
     cell(row, r.delta, "num");
-    cell(row, r.estimates ? r.estimates.join(", ") : statusOf(r) === "failed" ? "failed (charged)" : "pending…", "mono wrap estimates");
-    const expected = cell(row, expectedShort(r.expected_error), "wrap");
+    const answer = r.groups && shown(r) ? `${r.groups.length} groups by ${r.group_by} (plot to see them)`
+      : r.estimates ? r.estimates.join(", ") : statusOf(r) === "failed" ? "failed (charged)" : "pending…";
+    cell(row, answer, "mono wrap estimates");
+    const expected = cell(row, r.group_error ? groupShort(r.group_error) : expectedShort(r.expected_error), "wrap");
     if (r.warnings && r.warnings.length) {
       expected.textContent += " ⚠";
       expected.title = r.warnings.join("\n");
@@ -394,9 +402,11 @@ function renderReleases() {
   }
   const ds = state.datasets.find((d) => d.id === state.selectedId);
   const plotted = state.releases.find((r) => r.id === state.plottedId);
+  renderGroups(plotted, ds);
+  $("cdf-chart").closest("figure").hidden = Boolean(plotted && plotted.groups);
   drawStepCdf($("cdf-chart"), {
     quantiles: plotted ? plotted.quantiles : [],
-    estimates: plotted ? plotted.estimates : null,
+    estimates: plotted && !plotted.groups ? plotted.estimates : null,
     lower: ds ? ds.lower : 0,
     upper: ds ? ds.upper : 1,
     title: plotted ? `Release ${plotted.id} (${plotted.method}, ε ${plotted.epsilon})` : "",
@@ -452,9 +462,11 @@ async function main() {
   });
   $("sign-out").addEventListener("click", signOut);
   $("query-form").addEventListener("submit", submitQuery);
-  for (const id of ["query-quantiles", "query-epsilon", "query-delta", "query-method", "query-column"]) {
+  for (const id of ["query-quantiles", "query-epsilon", "query-delta", "query-method", "query-column",
+    "query-group", "query-keys"]) {
     $(id).addEventListener("input", scheduleQuote);
   }
+  $("query-group").addEventListener("change", () => { syncKeys(); scheduleQuote(); });
   installAdmin({ loadDatasets, refreshSelected });
   installQuery({ refreshSelected });
   await detectFeatures();

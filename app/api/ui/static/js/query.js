@@ -2,6 +2,7 @@
 
 import { ApiError, get, idempotencyKey, post } from "./api.js";
 import { $, clearChildren, showError } from "./dom.js";
+import { groupErrorText, readGrouping } from "./groups.js";
 import { canQuery, state, statusOf } from "./state.js";
 
 const RELEASE_POLL_MS = 700;
@@ -42,6 +43,8 @@ function readQuery() {
     if (!/^\d*\.?\d+([eE][-+]?\d+)?$/.test(delta)) return { error: "δ: a positive decimal number" };
     body.delta = delta;
   }
+  const groupError = readGrouping(body);
+  if (groupError) return { error: groupError };
   return { body };
 }
 
@@ -133,6 +136,7 @@ async function fetchQuote() {
       ["Remaining after", amount(q.remaining_after)],
       ["Affordable", q.affordable === undefined ? null : q.affordable ? "yes" : "no"],
       ["Expected error", expectedText(q.expected_error)],
+      ["Expected error by group size", groupErrorText(q.group_error)],
       ["Warnings", Array.isArray(q.warnings) && q.warnings.length ? q.warnings.join("; ") : null],
     ];
     const dl = document.createElement("dl");
@@ -224,7 +228,9 @@ export async function submitQuery(event) {
     state.plottedId = release.id;
     out.textContent = statusOf(release) === "failed"
       ? `Release failed (its cost stays charged).`
-      : `Released: ${release.estimates.join(", ")}`;
+      : release.groups
+        ? `Released: ${release.groups.length} groups by ${release.group_by} (table below)`
+        : `Released: ${release.estimates.join(", ")}`;
     await after.refreshSelected({ force: true });
     scheduleQuote();
   } catch (err) {
