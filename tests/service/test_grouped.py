@@ -261,3 +261,24 @@ def test_a_grouped_release_costs_the_epsilon_asked_whatever_the_number_of_keys(
     assert spent(api, ds["id"]) == Decimal("10")
     refused = api.query(ds["id"], quantiles=[0.5], epsilon="0.1", method="aq", group_by="region")
     assert refused.status_code == 409 and refused.json()["type"] == "budget_exhausted"
+
+
+def test_the_grouped_publication_bound_pays_per_group_and_sums_what_scales_with_rows() -> None:
+    from app.releases.schedule import grouped_bound_s, run_bound_s
+
+    common = {"m": 9, "cells": 1001, "scale": 1.0, "cap_s": 1e9, "epsilon": 1.0}
+    for method in ("jointexp", "aq"):
+        one = grouped_bound_s(groups=1, size=10**4, method=method, **common)  # type: ignore[arg-type]
+        alone = run_bound_s(size=10**4, method=method, **common)  # type: ignore[arg-type]
+        assert one >= alone * 0.99  # one group costs at least an ungrouped run
+        many = [
+            grouped_bound_s(groups=g, size=10**6, method=method, **common)  # type: ignore[arg-type]
+            for g in (1, 10, 100, 1000, 10_000)
+        ]
+        assert many == sorted(many) and many[-1] > 10 * many[0]
+        # a term that grows with rows is summed over the groups, not paid per group
+        assert grouped_bound_s(groups=1000, size=10, method=method, **common) < many[3]  # type: ignore[arg-type]
+    assert grouped_bound_s(groups=10, size=10, method="jointexp", m=3, cells=5, scale=0.0,
+                           cap_s=9.0, epsilon=1.0) == 0.0  # fmt: skip
+    assert grouped_bound_s(groups=10**9, size=10, method="jointexp", m=3, cells=5, scale=1.0,
+                           cap_s=9.0, epsilon=1.0) == 9.0  # fmt: skip
