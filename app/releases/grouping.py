@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from app import planner
+from app.core.amounts import Amount
 from app.core.errors import invalid
 from app.mechanisms import MechanismInputError
 from app.mechanisms.grouped import GROUPED_METHODS, chain_length
-from app.releases.schemas import MAX_GROUPED_ESTIMATES, QuantileQuery
+from app.releases.schemas import MAX_GROUPED_ESTIMATES, QuantileQuery, Selection
 
 #: The group sizes a grouped release's expected error is given at.
 SIZE_LADDER = (10, 100, 1_000, 10_000, 100_000, 1_000_000)
@@ -36,9 +38,29 @@ class Grouping:
     """A grouped query resolved against the table's schema."""
 
     group_by: str
-    keys: list[str]
+    #: the public keys, or None when they are discovered
+    keys: list[str] | None
     #: row-level add/remove steps one unit's neighbour makes (the calibration)
     chain: int
+    #: ``"keys": "discover"``: the selection's parameters
+    selection: Selection | None = None
+
+    @property
+    def key_count(self) -> int:
+        """The most keys the release answers (public)."""
+        if self.keys is not None:
+            return len(self.keys)
+        assert self.selection is not None
+        return self.selection.max_keys
+
+    def stored_keys(self) -> list[str] | dict[str, Any]:
+        """What ``release.group_keys`` holds: the keys, or the selection's parameters."""
+        if self.keys is not None:
+            return self.keys
+        assert self.selection is not None
+        return {"discover": {"epsilon": str(self.selection.epsilon),
+                             "delta": str(self.selection.delta),
+                             "max_keys": self.selection.max_keys}}  # fmt: skip
 
 
 def resolve_grouping(
@@ -47,15 +69,22 @@ def resolve_grouping(
     categorical: Sequence[tuple[str, tuple[str, ...] | None]],
     neighbors: str,
     rows_per_unit: int,
+    accounting: str = "pure",
 ) -> Grouping | None:
     """The query's grouping (None: not grouped), or 422 naming the field and the problem."""
     if query.group_by is None:
         if query.keys is not None:
             raise invalid("body.keys", "is only used with group_by")
+        if query.selection is not None:
+            raise invalid("body.selection", 'is only used with "keys": "discover"')
         return None
     declared = dict(categorical)
     if query.group_by not in declared:
         raise invalid("body.group_by", "is not a categorical column of this dataset")
+    if query.keys == "discover":
+        return _discovery(query, neighbors, rows_per_unit, accounting)
+    if query.selection is not None:
+        raise invalid("body.selection", 'is only used with "keys": "discover"')
     keys = query.keys if query.keys is not None else declared[query.group_by]
     if keys is None:
         raise invalid(
@@ -76,6 +105,36 @@ def resolve_grouping(
     return Grouping(query.group_by, list(keys), chain)
 
 
+def _discovery(
+    query: QuantileQuery, neighbors: str, rows_per_unit: int, accounting: str
+) -> Grouping:
+    assert query.group_by is not None
+    selection = query.selection
+    if selection is None:
+        raise invalid(
+            "body.selection",
+            'is required with "keys": "discover": the selection\'s epsilon and delta '
+            "(debited on top of the release's)",
+        )
+    if accounting == "zcdp":
+        raise invalid(
+            "body.keys",
+            '"discover" is (epsilon, delta)-DP partition selection, which a zcdp table '
+            "cannot account for: name the keys",
+        )
+    if selection.max_keys * len(query.quantiles) > MAX_GROUPED_ESTIMATES:
+        raise invalid(
+            "body.selection.max_keys",
+            f"{selection.max_keys} keys x {len(query.quantiles)} quantiles is more than "
+            f"{MAX_GROUPED_ESTIMATES} estimates in one release",
+        )
+    try:
+        chain = chain_length(neighbors, rows_per_unit)
+    except MechanismInputError as exc:
+        raise invalid("body.group_by", exc.problem) from None
+    return Grouping(query.group_by, None, chain, selection)
+
+
 def check_method(method: str) -> None:
     """422 on ``body.method`` for a method grouped releases cannot use."""
     if method not in GROUPED_METHODS:
@@ -84,6 +143,13 @@ def check_method(method: str) -> None:
             f"method {method!r} cannot answer grouped queries (each group runs under "
             "add/remove neighbours and may be empty); use one of " + ", ".join(GROUPED_METHODS),
         )
+
+
+def selection_cost(grouping: Grouping) -> Amount:
+    """What the selection adds to the release's debit (zero without one)."""
+    if grouping.selection is None:
+        return Amount(Decimal(0), Decimal(0))
+    return Amount(grouping.selection.epsilon, grouping.selection.delta)
 
 
 def group_size(public_size: int | None, keys: int) -> int | None:

@@ -104,6 +104,8 @@ class Release(Base):
     #: A grouped release (migration 0020): the categorical column it groups by and the keys
     #: it answers, in order; ``estimates`` then holds m values per key, key after key.
     group_by: Mapped[str | None] = mapped_column(String(200))
-    group_keys: Mapped[list[str] | None] = mapped_column(JSONB)
+    group_keys: Mapped[list[str] | dict[str, object] | None] = mapped_column(JSONB)
+    #: Keys discovered by partition selection: those it kept (set with the estimates).
+    selected_keys: Mapped[list[str] | None] = mapped_column(JSONB)
     #: The expected error as a function of group size (public figures only), or NULL.
     group_error: Mapped[dict[str, object] | None] = mapped_column(JSONB)

@@ -102,7 +102,7 @@ def _ceil(value: Fraction) -> Decimal:
 
 def request_fingerprint(query: QuantileQuery) -> str:
     """SHA-256 of the canonical query; equal bodies (after parsing) give equal fingerprints."""
-    canonical = {
+    canonical: dict[str, object] = {
         "method": query.method,
         "quantiles": [float(q).hex() for q in query.quantiles],
         "epsilon": str(query.epsilon.normalize()),
@@ -113,6 +113,8 @@ def request_fingerprint(query: QuantileQuery) -> str:
     if query.group_by is not None:
         canonical["group_by"] = query.group_by
         canonical["keys"] = query.keys
+        if query.selection is not None:
+            canonical["selection"] = query.selection.model_dump(mode="json")
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
@@ -241,7 +243,7 @@ def resolve(
     if name == AUTO and grouping is not None:
         # one method for every group, ranked at the typical group size (public figures)
         name = planner.recommend(
-            grouped.group_size(figures.size, len(grouping.keys)),
+            grouped.group_size(figures.size, grouping.key_count),
             query.quantiles,
             float(query.epsilon) / grouping.chain,
             None if query.delta is None else float(query.delta) / grouping.chain,
@@ -313,6 +315,7 @@ def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: i
         categorical=figures.categorical,
         neighbors=figures.neighbors,
         rows_per_unit=figures.rows_per_unit,
+        accounting=figures.accounting,
     )
     resolved = resolve(query, figures=figures, grouping=grouping)
     if grouping is not None:
@@ -323,6 +326,9 @@ def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: i
             rows_per_unit=grouping.chain,
             accounting=figures.accounting,
         )
+        if grouping.selection is not None:
+            total = priced.cost.plus(grouped.selection_cost(grouping))
+            priced = Priced(priced.mechanism, total)
         group_error, warnings = grouped.expectation(resolved, grouping)
         return Plan(resolved, priced, request_fingerprint(query), None, warnings, column,
                     grouping, group_error)  # fmt: skip

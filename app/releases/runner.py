@@ -14,12 +14,14 @@ its output, so one release gets at most one output, however many runs were start
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,8 @@ from app.datasets.group_values import load_groups
 from app.datasets.service import load_histogram
 from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
-from app.mechanisms.grouped import run_groups
+from app.mechanisms.grouped import chain_length, run_groups
+from app.mechanisms.partition import select_keys
 from app.releases.service import PENDING_CHANNEL
 
 Connection = psycopg.Connection[Any]
@@ -79,6 +82,11 @@ class Job:
     rows_per_unit: int = 1
     #: a grouped release: one histogram per key, in the release's order (None: no rows)
     groups: list[GridHistogram | None] | None = None
+    #: keys discovered by partition selection: every key's histogram, the selection's
+    #: parameters, and (filled by :func:`run_job`) the keys it kept
+    candidates: dict[str, GridHistogram] | None = None
+    selection: dict[str, Any] | None = None
+    selected: list[str] = field(default_factory=list)
 
 
 class RunFailed(Exception):
@@ -240,6 +248,8 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
     points = grid_size(lower, upper, granularity)
     histogram: GridHistogram | None = None
     groups: list[GridHistogram | None] | None = None
+    candidates: dict[str, GridHistogram] | None = None
+    selection: dict[str, Any] | None = None
     if params.get("group_by") is not None:
         loaded = load_groups(
             conn, dataset_id=params["dataset_id"], version=int(version),
@@ -247,10 +257,15 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
         )  # fmt: skip
         if loaded is None:
             raise RunFailed("per-key values missing")
-        groups = []
-        for key in params["group_keys"]:
-            found = loaded.get(str(key))
-            groups.append(None if found is None else GridHistogram(found[0], found[1], points))
+        stored = params["group_keys"]
+        if isinstance(stored, dict):  # discover: the run selects among every stored key
+            candidates = {k: GridHistogram(v[0], v[1], points) for k, v in loaded.items()}
+            selection = dict(stored["discover"])
+        else:
+            groups = []
+            for key in stored:
+                found = loaded.get(str(key))
+                groups.append(None if found is None else GridHistogram(found[0], found[1], points))
     else:
         histogram = _histogram(conn, params["dataset_id"], int(version), points, column)
     return Job(
@@ -266,6 +281,8 @@ def load_job(conn: Connection, *, claim: Claim) -> Job:
         histogram=histogram,
         rows_per_unit=int(params.get("max_rows_per_unit") or 1),
         groups=groups,
+        candidates=candidates,
+        selection=selection,
     )
 
 
@@ -298,14 +315,16 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
     ``rng=None`` draws from the OS CSPRNG. Raises :class:`RunFailed` on any failure; its
     message never carries a data value.
     """
-    expected = len(job.quantiles) * (1 if job.groups is None else len(job.groups))
     try:
         mech = get_mechanism(job.method)
         epsilon = mechanism_float(job.epsilon)
         delta = None if job.delta is None else mechanism_float(job.delta)
-        if job.groups is not None:
+        groups = job.groups
+        if job.candidates is not None and job.selection is not None:
+            groups = _select(job)
+        if groups is not None:
             per_group = run_groups(
-                mech, job.groups, job.quantiles,
+                mech, groups, job.quantiles,
                 grid_points=grid_size(job.lower, job.upper, job.granularity),
                 epsilon=epsilon, delta=delta, neighbors=job.neighbors,
                 rows_per_unit=job.rows_per_unit, rng=rng,
@@ -329,22 +348,42 @@ def run_job(job: Job, *, rng: np.random.Generator | None = None) -> list[float]:
     except Exception as exc:
         # The class only: a message could in principle quote a data value.
         raise RunFailed(type(exc).__name__) from None
+    expected = len(job.quantiles) * (1 if groups is None else len(groups))
     if estimates.shape != (expected,):
         raise RunFailed("wrongly shaped result")
     return [float(e) for e in estimates]
+
+
+def _select(job: Job) -> list[GridHistogram | None]:
+    """Partition selection over every stored key (``"keys": "discover"``): the kept keys,
+    sorted, at most ``max_keys`` of them (the first in key order: post-processing), go to
+    ``job.selected``; their histograms are returned in that order."""
+    assert job.candidates is not None and job.selection is not None
+    spec = job.selection
+    kept = select_keys(
+        {key: hist.n for key, hist in job.candidates.items()},
+        epsilon=Fraction(Decimal(spec["epsilon"])),
+        delta=float(Decimal(spec["delta"])),
+        steps=chain_length(job.neighbors, job.rows_per_unit),
+        new_keys=job.rows_per_unit,
+    )[: int(spec["max_keys"])]
+    job.selected.extend(kept)
+    return [job.candidates[key] for key in kept]
 
 
 def complete_batch(
     conn: Connection,
     done: Sequence[tuple[Claim, list[float]]],
     bounds: Sequence[float] | None = None,
+    selected: Sequence[list[str] | None] | None = None,
 ) -> int:
     """Store each release's estimates with ``done`` (durably) where the lease is still ours;
     notify the waiters. Returns how many were stored.
 
     ``bounds`` (seconds, one per release; default 0) are the runs' public run-time bounds
     (:mod:`app.releases.schedule`): each release is published at the later of now and its
-    run's start plus its bound.
+    run's start plus its bound. ``selected`` (one per release, None where the keys were
+    public): the keys a partition selection kept, stored with the estimates.
 
     One autocommit statement and one WAL flush for the whole batch. Its commit must reach
     the disk before any answer leaves, whatever the database's default: it also makes the
@@ -363,6 +402,10 @@ def complete_batch(
             "estimates": ["{" + ",".join(map(repr, estimates)) + "}" for _, estimates in done],
             "bounds": [float(b) for b in bounds] if bounds is not None else [0.0] * len(done),
             "versions": [_version(claim) for claim, _ in done],
+            "selected": [
+                None if keys is None else json.dumps(keys)
+                for keys in (selected or [None] * len(done))
+            ],
         },
     ).fetchall()
     for (method,) in rows:
@@ -379,14 +422,14 @@ def _version(claim: Claim) -> int | None:
 _COMPLETE = """
     UPDATE release AS r
     SET status = 'done', estimates = v.estimates::double precision[],
-        data_version = v.version,
+        data_version = v.version, selected_keys = v.selected::jsonb,
         finished_at = clock_timestamp(), lease_until = NULL,
         published_at = greatest(
             clock_timestamp(),
             coalesce(r.run_started_at, clock_timestamp()) + make_interval(secs => v.bound))
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(estimates)s::text[],
-                %(bounds)s::double precision[], %(versions)s::integer[])
-             AS v(id, token, estimates, bound, version),
+                %(bounds)s::double precision[], %(versions)s::integer[], %(selected)s::text[])
+             AS v(id, token, estimates, bound, version, selected),
          (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
     WHERE r.id = v.id AND r.lease_token = v.token AND r.status = 'pending'
       AND cfg.v IS NOT NULL

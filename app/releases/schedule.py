@@ -126,6 +126,13 @@ def run_bound_s(
 GROUP_FLOOR_S = {"jointexp": 4e-4, "smooth": 1e-3, "other": 5e-5}
 
 
+#: Partition selection draws exact discrete Laplace noise for every stored key (at most
+#: MAX_STORED_KEYS, app.datasets.groups.MAX_KEYS; how many there are is private): measured
+#: ~8-15 us a key, so 5e-5 s.
+SELECTION_PER_KEY_S = 5e-5
+MAX_STORED_KEYS = 10_000
+
+
 def grouped_bound_s(
     *,
     groups: int,
@@ -210,10 +217,15 @@ def bound_of_claim(
     keys = row.get("group_keys")
     if keys is not None:
         steps = int(row.get("max_rows_per_unit") or 1) * (2 if neighbors == "swap" else 1)
-        return grouped_bound_s(
-            groups=len(keys), m=m, cells=cells, size=size, scale=scale, cap_s=cap_s,
-            method=method, epsilon=float(row["epsilon"]) / steps,
+        discover = keys.get("discover") if isinstance(keys, dict) else None
+        bound = grouped_bound_s(
+            groups=len(keys) if discover is None else int(discover["max_keys"]), m=m,
+            cells=cells, size=size, scale=scale, cap_s=cap_s, method=method,
+            epsilon=float(row["epsilon"]) / steps,
         )  # fmt: skip
+        if discover is not None and scale > 0.0:  # the selection's noise, one per stored key
+            bound = min(cap_s, bound + scale * SELECTION_PER_KEY_S * MAX_STORED_KEYS)
+        return bound
     return run_bound_s(
         m=m,
         cells=cells,

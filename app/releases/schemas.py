@@ -25,6 +25,27 @@ MAX_GROUPED_ESTIMATES = 100_000
 GroupKey = Annotated[str, Field(min_length=1, max_length=200)]
 
 
+class Selection(BaseModel):
+    """Partition selection for ``"keys": "discover"``: its own (epsilon, delta), debited
+    with the release, and the most keys it may answer (public: it sets the release's
+    publication time)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon: PositiveDecimal = Field(description="Epsilon of the selection.")
+    delta: PositiveDecimal = Field(
+        lt=1,
+        description="Delta of the selection (keys one unit adds are kept with at most "
+        "this probability).",
+    )
+    max_keys: int = Field(
+        default=1000,
+        ge=1,
+        le=MAX_GROUP_KEYS,
+        description="Answer at most this many of the selected keys (the first in key order).",
+    )
+
+
 class QuantileQuery(BaseModel):
     """An analyst's question: which quantiles, with which method, at what privacy cost."""
 
@@ -62,13 +83,21 @@ class QuantileQuery(BaseModel):
         "that costs the epsilon asked (the groups are disjoint; docs/mechanisms.md, "
         "'Grouped releases'). The keys answered are `keys`, else the column's declared keys.",
     )
-    keys: list[GroupKey] | None = Field(
+    keys: (
+        Annotated[list[GroupKey], Field(min_length=1, max_length=MAX_GROUP_KEYS)]
+        | Literal["discover"]
+        | None
+    ) = Field(
         default=None,
-        min_length=1,
-        max_length=MAX_GROUP_KEYS,
         description="With group_by: the keys to answer (public: typed by the caller). Every "
         "key gets an answer, including keys with no rows (then the answer is noise: leaving "
-        "it out would reveal that the group is empty). Default: the column's declared keys.",
+        "it out would reveal that the group is empty). Default: the column's declared keys. "
+        '`"discover"`: the keys come from the data through differentially private partition '
+        "selection (`selection`, debited on top of epsilon); only the selected keys are "
+        "answered and named.",
+    )
+    selection: Selection | None = Field(
+        default=None, description='With "keys": "discover": the selection\'s parameters.'
     )
 
     @field_validator("quantiles")
@@ -85,8 +114,8 @@ class QuantileQuery(BaseModel):
 
     @field_validator("keys")
     @classmethod
-    def _distinct(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and len(set(value)) != len(value):
+    def _distinct(cls, value: list[str] | str | None) -> list[str] | str | None:
+        if isinstance(value, list) and len(set(value)) != len(value):
             raise ValueError("keys must be distinct")
         return value
 
@@ -199,6 +228,11 @@ class ReleasePublic(BaseModel):
     )
     group_error: GroupError | None = Field(
         default=None, description="A grouped release: the expected error by group size."
+    )
+    selection: Selection | None = Field(
+        default=None,
+        description="Keys discovered by partition selection: its parameters (its epsilon and "
+        "delta are included in `cost`); `groups` then lists only the keys it kept, once done.",
     )
 
 

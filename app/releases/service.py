@@ -99,8 +99,10 @@ class ReleaseRecord:
     #: A grouped release: its categorical column, keys (``estimates`` holds m per key, in
     #: this order) and expected error by group size.
     group_by: str | None = None
-    group_keys: list[str] | None = None
+    group_keys: list[str] | dict[str, Any] | None = None
     group_error: dict[str, Any] | None = None
+    #: ``"keys": "discover"``: the keys the selection kept (None until done)
+    selected_keys: list[str] | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -375,7 +377,7 @@ def _reserve_params(
         known.accounting,
         tracing.current_traceparent(),
         None if plan.grouping is None else plan.grouping.group_by,
-        None if plan.grouping is None else Jsonb(plan.grouping.keys),
+        None if plan.grouping is None else Jsonb(plan.grouping.stored_keys()),
         None if plan.group_error is None else Jsonb(plan.group_error),
     )
 
@@ -421,7 +423,7 @@ def _outcome(
                 cost_rho=cost.rho,
                 remaining_rho=left.rho if zcdp else None,
                 group_by=None if plan.grouping is None else plan.grouping.group_by,
-                group_keys=None if plan.grouping is None else plan.grouping.keys,
+                group_keys=None if plan.grouping is None else plan.grouping.stored_keys(),
                 group_error=plan.group_error,
             ),
             replayed=False,
@@ -489,7 +491,10 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
     """``release`` (as reserved, in memory) finished as announced in ``outcome`` (see
     :mod:`app.releases.waiter`): the same values a re-read of the row gives, so the answer
     is byte-identical to a later GET. None when the announcement is not a finished outcome
-    of this release (the caller then reads the row)."""
+    of this release (the caller then reads the row). A release whose keys were discovered
+    is always read again (the announcement does not carry the keys the selection kept)."""
+    if isinstance(release.group_keys, dict):
+        return None
     try:
         if uuid.UUID(str(outcome["id"])) != release.id or outcome["status"] not in (DONE, FAILED):
             return None

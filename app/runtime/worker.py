@@ -237,7 +237,10 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
                     settle(link, failed, until=lease_end)
                 _hold(claim, run_start, bound)
                 continue
-            store = functools.partial(complete_batch, done=[(claim, estimates)], bounds=[bound])
+            picked = list(job.selected) if job.selection is not None else None
+            store = functools.partial(
+                complete_batch, done=[(claim, estimates)], bounds=[bound], selected=[picked]
+            )
             with spans.complete("done"):
                 settle(link, store, until=lease_end)
             _hold(claim, run_start, bound, job.method)

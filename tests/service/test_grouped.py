@@ -282,3 +282,86 @@ def test_the_grouped_publication_bound_pays_per_group_and_sums_what_scales_with_
                            cap_s=9.0, epsilon=1.0) == 0.0  # fmt: skip
     assert grouped_bound_s(groups=10**9, size=10, method="jointexp", m=3, cells=5, scale=1.0,
                            cap_s=9.0, epsilon=1.0) == 9.0  # fmt: skip
+
+
+def discover_table(api: Api, client: TestClient, **extra: Any) -> str:
+    columns = [COLUMNS[0], {"name": "region", "type": "categorical"}]  # no public keys
+    ds = table(api, columns=columns, delta="0.001", **extra)
+    body = rows_csv(1000, regions=["north", "south"]) + b"999.0,hermit\n"  # one row
+    upload(client, api, ds["id"], body)
+    return str(ds["id"])
+
+
+def test_discovered_keys_come_from_partition_selection_and_cost_it(
+    api: Api, client: TestClient
+) -> None:
+    ds = discover_table(api, client)
+    body = {"quantiles": [0.5], "epsilon": "1", "method": "jointexp", "group_by": "region",
+            "keys": "discover", "selection": {"epsilon": "0.5", "delta": "1e-6"}}  # fmt: skip
+    quote = client.post(f"/v1/datasets/{ds}/quote", json=body, headers=api.admin)
+    assert quote.status_code == 200, quote.text
+    assert quote.json()["cost"] == {"epsilon": "1.5", "delta": "0.000001"}
+    assert "hermit" not in quote.text and "north" not in quote.text  # the quote reads no key
+    rel = client.post(f"/v1/datasets/{ds}/quantiles", json=body, headers=api.admin)
+    assert rel.status_code == 201, rel.text
+    out = rel.json()
+    # 500 rows each are far above the threshold; one row is kept with probability < 1e-6
+    assert [g["key"] for g in out["groups"]] == ["north", "south"]
+    assert abs(out["groups"][0]["estimates"][0] - CENTRES["north"]) < 40
+    assert out["selection"] == {"epsilon": "0.5", "delta": "0.000001", "max_keys": 1000}
+    assert out["cost"] == {"epsilon": "1.5", "delta": "0.000001"}
+    assert spent(api, ds) == Decimal("1.5")
+    again = client.get(f"/v1/releases/{out['id']}", headers=api.admin)
+    assert again.json()["groups"] == out["groups"]
+    # max_keys keeps the first keys in key order
+    small = {**body, "selection": {"epsilon": "0.5", "delta": "1e-6", "max_keys": 1}}
+    one = client.post(f"/v1/datasets/{ds}/quantiles", json=small, headers=api.admin)
+    assert one.status_code == 201 and [g["key"] for g in one.json()["groups"]] == ["north"]
+
+
+BAD_DISCOVERY = [
+    ({"keys": "discover"}, "body.selection", "required"),
+    ({"selection": {"epsilon": "1", "delta": "1e-6"}}, "body.selection", "discover"),
+    ({"keys": ["north"], "selection": {"epsilon": "1", "delta": "1e-6"}}, "body.selection",
+     "discover"),
+    ({"keys": "discover", "selection": {"epsilon": "1", "delta": "1"}}, "delta", ""),
+    ({"keys": "discover", "selection": {"epsilon": "1", "delta": "1e-6", "max_keys": 10000},
+      "quantiles": [0.1 * i for i in range(1, 10)] + [0.95, 0.99]}, "max_keys", "estimates"),
+    ({"keys": "somewhere"}, "keys", ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "field", "words"), BAD_DISCOVERY)
+def test_bad_discovery_queries_are_refused_and_nothing_is_debited(
+    api: Api, client: TestClient, extra: dict[str, Any], field: str, words: str
+) -> None:
+    ds = discover_table(api, client)
+    body = {"quantiles": [0.5], "epsilon": "1", "method": "jointexp", "group_by": "region",
+            **extra}  # fmt: skip
+    r = client.post(f"/v1/datasets/{ds}/quantiles", json=body, headers=api.admin)
+    assert r.status_code == 422, r.text
+    assert field.split(".")[-1] in r.text and words in r.text, r.text
+    assert "hermit" not in r.text
+    assert spent(api, ds) == 0
+
+
+def test_discovery_is_refused_in_a_zcdp_table_and_needs_delta_budget(
+    api: Api, client: TestClient
+) -> None:
+    body = {"quantiles": [0.5], "epsilon": "1", "method": "jointexp", "group_by": "region",
+            "keys": "discover", "selection": {"epsilon": "0.5", "delta": "1e-6"}}  # fmt: skip
+    columns = [COLUMNS[0], {"name": "region", "type": "categorical"}]
+    z = api.client.post(
+        "/v1/datasets",
+        json={"name": f"z-{uuid.uuid4().hex[:8]}", "columns": columns, "accounting": "zcdp",
+              "delta": "1e-6", "rho": "1"},
+        headers=api.admin,
+    )  # fmt: skip
+    assert z.status_code == 201, z.text
+    upload(client, api, z.json()["id"], rows_csv(100, regions=["north"]))
+    r = client.post(f"/v1/datasets/{z.json()['id']}/quantiles", json=body, headers=api.admin)
+    assert r.status_code == 422 and "zcdp" in r.text
+    no_delta = table(api, columns=columns)  # delta budget 0
+    upload(client, api, no_delta["id"], rows_csv(100, regions=["north"]))
+    r = client.post(f"/v1/datasets/{no_delta['id']}/quantiles", json=body, headers=api.admin)
+    assert r.status_code == 409 and r.json()["type"] == "budget_exhausted"

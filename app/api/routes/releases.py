@@ -63,10 +63,20 @@ def present(
     estimates = release.estimates
     if release.group_keys is not None:
         m = len(release.quantiles)
-        groups = [
-            {"key": key, "estimates": None if estimates is None else estimates[i * m : i * m + m]}
-            for i, key in enumerate(release.group_keys)
-        ]
+        keys: list[str] | None = None
+        if isinstance(release.group_keys, dict):  # discovered: the selection's keys, once run
+            keys = release.selected_keys if estimates is not None else None
+        else:
+            keys = release.group_keys
+        groups = (
+            None
+            if keys is None
+            else [
+                {"key": key,
+                 "estimates": None if estimates is None else estimates[i * m : i * m + m]}
+                for i, key in enumerate(keys)
+            ]
+        )  # fmt: skip
         estimates = None
     return ReleasePublic.model_validate(
         {
@@ -95,6 +105,9 @@ def present(
             "group_by": release.group_by,
             "groups": groups,
             "group_error": release.group_error,
+            "selection": release.group_keys.get("discover")
+            if isinstance(release.group_keys, dict)
+            else None,
         }
     )
 

@@ -8,7 +8,9 @@
 * ``release.group_by`` / ``group_keys`` / ``group_error``: the categorical column a release
   groups by, the keys it answers (in the order of its estimates, which hold m per key), and
   the expected error as a function of group size (public figures only). ``group_by`` and
-  ``group_keys`` are priced parameters: ``release_guard`` keeps them fixed.
+  ``group_keys`` are priced parameters: ``release_guard`` keeps them fixed. With keys
+  discovered by partition selection, ``group_keys`` holds the selection's parameters
+  (``{"discover": {...}}``) and ``selected_keys`` the keys it kept, set with the estimates.
 * ``release_reserve()`` takes them (``p_group_by``, ``p_group_keys``, ``p_group_error``).
 
 Revision ID: 0020
@@ -140,6 +142,7 @@ def upgrade() -> None:
     op.add_column("release", sa.Column("group_by", sa.String(200), nullable=True))
     op.add_column("release", sa.Column("group_keys", postgresql.JSONB(), nullable=True))
     op.add_column("release", sa.Column("group_error", postgresql.JSONB(), nullable=True))
+    op.add_column("release", sa.Column("selected_keys", postgresql.JSONB(), nullable=True))
     op.create_check_constraint(
         "group_keys_iff_group_by", "release", "(group_by IS NULL) = (group_keys IS NULL)"
     )
@@ -156,6 +159,7 @@ def downgrade() -> None:
     op.execute(old)
     op.execute(_GUARD.format(new="", old=""))
     op.drop_constraint("group_keys_iff_group_by", "release", type_="check")
+    op.drop_column("release", "selected_keys")
     op.drop_column("release", "group_error")
     op.drop_column("release", "group_keys")
     op.drop_column("release", "group_by")
