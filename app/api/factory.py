@@ -28,6 +28,7 @@ from app.api.openapi import install_openapi
 from app.api.routes.audit import router as audit_router
 from app.api.routes.datasets import router as datasets_router
 from app.api.routes.explain import router as explain_router
+from app.api.routes.group_uploads import router as group_uploads_router
 from app.api.routes.keys import router as keys_router
 from app.api.routes.ledger import router as ledger_router
 from app.api.routes.ops import router as ops_router
@@ -202,6 +203,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops_router)
     app.include_router(datasets_router)
     app.include_router(uploads_router)
+    app.include_router(group_uploads_router)
     app.include_router(ledger_router)
     app.include_router(releases_router)
     app.include_router(explain_router)

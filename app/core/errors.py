@@ -26,6 +26,8 @@ ERROR_TYPES = (
     "unit_counts_unknown",
     "idempotency_conflict",
     "no_values",
+    "no_group_values",
+    "values_changed",
     "budget_on_hold",
     "not_on_hold",
     "name_taken",

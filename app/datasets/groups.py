@@ -233,6 +233,33 @@ def store_groups(
         )
 
 
+def store_key_histograms(
+    session: Session,
+    *,
+    dataset_id: uuid.UUID,
+    group_column: DatasetColumn,
+    columns: Sequence[str],
+    groups: dict[str, list[tuple[IntArray, IntArray]]],
+) -> None:
+    """Replace one categorical column's per-key histograms by uploaded ones (``columns``:
+    the numeric columns each key's list follows), under the caller's dataset row lock."""
+    session.execute(
+        delete(DatasetGroupData)
+        .where(DatasetGroupData.dataset_id == dataset_id)
+        .where(DatasetGroupData.group_column == group_column.name)
+    )
+    session.flush()
+    session.add_all(
+        [
+            _row(dataset_id, (group_column.name, key, name), hist)
+            for key, hists in groups.items()
+            for name, hist in zip(columns, hists, strict=True)
+        ]
+    )
+    group_column.keys_stored = len(groups)
+    session.flush()
+
+
 def _row(
     dataset_id: uuid.UUID, where: tuple[str, str, str], hist: tuple[IntArray, IntArray]
 ) -> DatasetGroupData:
@@ -255,4 +282,5 @@ __all__ = [
     "PairCounts",
     "sink_for",
     "store_groups",
+    "store_key_histograms",
 ]

@@ -36,6 +36,7 @@ from app.ingest.core import (
     Counted,
     Grid,
     IngestError,
+    KeySink,
     csv_null_values,
     numeric_block,
 )
@@ -48,11 +49,12 @@ Bounded = tuple[list[Counted], int, int]
 
 
 def _row_type(width: int) -> np.dtype[Any]:
-    """A staged row: unit hash, random sort key, and per column its cell and whether the
-    value lay outside the bounds."""
+    """A staged row: unit hash, random sort key, per column its cell and whether the value
+    lay outside the bounds, and its group key's code (-1: none)."""
     return np.dtype(
-        [("unit", "<u8"), ("key", "<i8"), ("cell", "<i8", (width,)), ("outside", "u1", (width,))]
-    )
+        [("unit", "<u8"), ("key", "<i8"), ("cell", "<i8", (width,)), ("outside", "u1", (width,)),
+         ("code", "<i8")]
+    )  # fmt: skip
 
 
 def _unit_hashes(array: Any, run_key: bytes, path: str) -> np.ndarray:
@@ -76,12 +78,12 @@ def _unit_hashes(array: Any, run_key: bytes, path: str) -> np.ndarray:
     return out
 
 
-def _batches(kind: str, path: str, columns: list[str], unit: str) -> Iterator[Any]:
+def _batches(kind: str, path: str, columns: list[str], unit: str, text: list[str]) -> Iterator[Any]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    wanted = [*columns, unit]
+    wanted = [*columns, unit, *text]
     try:
         if kind == "parquet":
             parquet = pq.ParquetFile(path, pre_buffer=False)
@@ -95,7 +97,11 @@ def _batches(kind: str, path: str, columns: list[str], unit: str) -> Iterator[An
                 read_options=pacsv.ReadOptions(block_size=1 << 22),
                 convert_options=pacsv.ConvertOptions(
                     include_columns=wanted,
-                    column_types={**dict.fromkeys(columns, pa.float64()), unit: pa.string()},
+                    column_types={
+                        **dict.fromkeys(columns, pa.float64()),
+                        unit: pa.string(),
+                        **dict.fromkeys(text, pa.string()),
+                    },
                     null_values=csv_null_values(),
                 ),
             )
@@ -115,10 +121,12 @@ def count_local_bounded(
 
 
 def count_columns_local_bounded(
-    kind: str, files: list[str], columns: list[str], unit: str, grids: list[Grid], k: int
-) -> Bounded:
+    kind: str, files: list[str], columns: list[str], unit: str, grids: list[Grid], k: int,
+    keys: KeySink | None = None,
+) -> Bounded:  # fmt: skip
     """(histogram of each column over the kept rows, units, rows dropped) by the local
-    engine. A row with a missing numeric cell is skipped whole (counted), before bounding."""
+    engine. A row with a missing numeric cell is skipped whole (counted), before bounding.
+    ``keys``: also the kept rows' per-key counts (:mod:`app.ingest.groups`)."""
     run_key = secrets.token_bytes(32)
     rng = make_rng(None)
     row_type = _row_type(len(columns))
@@ -128,14 +136,18 @@ def count_columns_local_bounded(
         files_out = [p.open("wb") for p in paths]
         try:
             for path in files:
-                for batch in _batches(kind, path, columns, unit):
+                text = [] if keys is None else [keys.name]
+                for batch in _batches(kind, path, columns, unit, text):
                     block, present = numeric_block(batch, columns, path)
                     hashes = _unit_hashes(batch.column(batch.schema.get_field_index(unit)),
                                           run_key, path)  # fmt: skip
+                    codes = (np.full(hashes.size, -1, np.int64) if keys is None
+                             else keys.codes(batch, path))  # fmt: skip
                     if not present.all():
                         skipped += int(present.size - present.sum())
-                        block, hashes = block[present], hashes[present]
+                        block, hashes, codes = block[present], hashes[present], codes[present]
                     rows = np.empty(hashes.size, dtype=row_type)
+                    rows["code"] = codes
                     rows["unit"] = hashes
                     rows["key"] = rng.integers(0, 2**63 - 1, size=hashes.size, dtype=np.int64)
                     for i, grid in enumerate(grids):
@@ -169,6 +181,11 @@ def count_columns_local_bounded(
             chosen = rows[rank < k]
             kept += chosen.size
             outside += chosen["outside"].sum(axis=0, dtype=np.int64)
+            if keys is not None:
+                keys.add_cells(
+                    np.ascontiguousarray(chosen["code"]),
+                    [np.ascontiguousarray(chosen["cell"][:, i]) for i in range(len(columns))],
+                )
             for i in range(len(columns)):
                 c, n = np.unique(chosen["cell"][:, i], return_counts=True)
                 cells[i].append(c)
@@ -196,12 +213,13 @@ def count_spark_bounded(
 
 def count_columns_spark_bounded(
     spark: Any, kind: str, files: list[str], columns: list[str], unit: str, grids: list[Grid],
-    k: int,
+    k: int, group_by: str | None = None, groups_out: dict[str, Any] | None = None,
 ) -> Bounded:  # fmt: skip
     """(histogram of each column over the kept rows, units, rows dropped) by Spark; its own
-    errors are reported by class only (their messages can quote a value)."""
+    errors are reported by class only (their messages can quote a value). ``group_by``: also
+    the kept rows' per-key counts, put in ``groups_out``."""
     try:
-        return _spark(spark, kind, files, columns, unit, grids, k)
+        return _spark(spark, kind, files, columns, unit, grids, k, group_by, groups_out)
     except IngestError:
         raise
     except Exception as exc:
@@ -210,18 +228,19 @@ def count_columns_spark_bounded(
 
 def _spark(
     spark: Any, kind: str, files: list[str], columns: list[str], unit: str, grids: list[Grid],
-    k: int,
+    k: int, group_by: str | None = None, groups_out: dict[str, Any] | None = None,
 ) -> Bounded:  # fmt: skip
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     from app.ingest.spark import numeric_frame, read_frame, stacked_counts
 
-    frame = read_frame(spark, kind, files, [*columns, unit])
+    frame = read_frame(spark, kind, files, [*columns, unit, *([group_by] if group_by else [])])
     secret = secrets.token_hex(32)
+    grouping = [] if group_by is None else [F.col(f"`{group_by}`").cast("string").alias("g")]
     data, xs, complete, checks = numeric_frame(
         frame, kind, columns,
-        keep=[F.col(f"`{unit}`").cast("string").alias("u")],
+        keep=[F.col(f"`{unit}`").cast("string").alias("u"), *grouping],
         checks=[F.sum(F.when(F.col("u").isNull(), 1).otherwise(0)).alias("no_unit")],
     )  # fmt: skip
     if checks["no_unit"]:
@@ -238,7 +257,13 @@ def _spark(
         .where(F.col("rn") <= k)
         .withColumn("first", F.when(F.col("rn") == 1, 1).otherwise(0))
     )
+    if group_by is not None:  # both counts must see the same kept rows: evaluate once
+        kept = kept.persist()
     counted, extra = stacked_counts(kept, xs, grids, extra="first")
+    if group_by is not None and groups_out is not None:
+        from app.ingest.groups import spark_key_counts
+
+        groups_out.update(spark_key_counts(kept, xs, grids, "g"))
     present = int(checks["present"])
     n = int(counted[0].counts.sum()) if counted else 0
     skipped = int(checks["rows"]) - present

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +35,18 @@ def csv_null_values() -> list[str]:
         out |= {marker, marker.upper(), marker.capitalize(), marker.title()}
     out |= {"NaN", "-NaN", "N/A", "#N/A"}
     return sorted(out)
+
+
+class KeySink(Protocol):
+    """Where the local engines send each kept row's key (:class:`app.ingest.groups.KeyCounter`)."""
+
+    name: str
+
+    def codes(self, batch: Any, path: str) -> IntArray: ...
+
+    def add_values(self, codes: IntArray, block: NDArray[np.float64]) -> None: ...
+
+    def add_cells(self, codes: IntArray, cells: list[IntArray]) -> None: ...
 
 
 class IngestError(Exception):
@@ -128,8 +140,9 @@ def _check_parquet(
 
 
 def _batches(
-    kind: str, path: str, columns: list[str], *, room: int, limit: int, max_page_bytes: int
-) -> Iterator[Any]:
+    kind: str, path: str, columns: list[str], *, room: int, limit: int, max_page_bytes: int,
+    text: Sequence[str] = (),
+) -> Iterator[Any]:  # fmt: skip
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -138,7 +151,7 @@ def _batches(
         if kind == "parquet":
             with open(path, "rb") as file:
                 parquet = pq.ParquetFile(file, buffer_size=PARQUET_BUFFER_BYTES, pre_buffer=False)
-                for column in columns:
+                for column in [*columns, *text]:
                     if column not in parquet.schema_arrow.names:
                         raise IngestError(f"{path}: no column {column!r}")
                     _check_parquet(
@@ -150,14 +163,17 @@ def _batches(
                         limit=limit,
                         max_page_bytes=max_page_bytes,
                     )
-                yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+                yield from parquet.iter_batches(batch_size=BATCH_ROWS, columns=[*columns, *text])
         else:
             reader = pacsv.open_csv(
                 path,
                 read_options=pacsv.ReadOptions(block_size=1 << 22),
                 convert_options=pacsv.ConvertOptions(
-                    include_columns=columns,
-                    column_types=dict.fromkeys(columns, pa.float64()),
+                    include_columns=[*columns, *text],
+                    column_types={
+                        **dict.fromkeys(columns, pa.float64()),
+                        **dict.fromkeys(text, pa.string()),
+                    },
                     null_values=csv_null_values(),
                 ),
             )
@@ -220,9 +236,11 @@ def count_columns_local(
     *,
     max_values: int | None = None,
     max_page_bytes: int = MAX_PARQUET_PAGE_BYTES,
+    keys: KeySink | None = None,
 ) -> list[Counted]:
     """The histogram of each of ``columns`` (on its grid) over ``files``, streamed with
-    pyarrow (memory O(batch + cells)).
+    pyarrow (memory O(batch + cells)); with ``keys``, also its per-key counts (of the key
+    column ``keys.name``, :mod:`app.ingest.groups`).
 
     A row with a missing cell (empty CSV cell, Parquet null) in any of ``columns`` is
     skipped whole and counted, so every column counts the same rows; NaN or infinite values
@@ -244,9 +262,11 @@ def count_columns_local(
     read = 0  # rows, skipped ones included
     for path in files:
         room = max_values - read
+        text = [] if keys is None else [keys.name]
         for batch in _batches(
-            kind, path, columns, room=room, limit=max_values, max_page_bytes=max_page_bytes
-        ):
+            kind, path, columns, room=room, limit=max_values, max_page_bytes=max_page_bytes,
+            text=text,
+        ):  # fmt: skip
             read += batch.num_rows
             if read > max_values:
                 raise IngestError(
@@ -254,11 +274,15 @@ def count_columns_local(
                     f"{_names(columns)}, missing values included; DPQUANT_MAX_VALUES)"
                 )
             block, present = numeric_block(batch, columns, path)
+            codes = None if keys is None else keys.codes(batch, path)
             if not present.all():
                 skipped += int(present.size - present.sum())
                 block = block[present]
+                codes = None if codes is None else codes[present]
             for i, builder in enumerate(builders):
                 builder.add_values(np.ascontiguousarray(block[:, i]))
+            if keys is not None and codes is not None:
+                keys.add_values(codes, block)
     out = []
     for builder in builders:
         cells, counts = builder.result()

@@ -169,16 +169,18 @@ def count_spark(spark: Any, kind: str, files: list[str], column: str, grid: Grid
 
 
 def count_columns_spark(
-    spark: Any, kind: str, files: list[str], columns: list[str], grids: list[Grid]
-) -> list[Counted]:
+    spark: Any, kind: str, files: list[str], columns: list[str], grids: list[Grid],
+    group_by: str | None = None, groups_out: dict[str, Any] | None = None,
+) -> list[Counted]:  # fmt: skip
     """The histogram of each of ``columns`` over ``files``, counted by Spark; a row with a
     missing cell in any of them is skipped whole (counted), as the local engine does.
 
     Spark's own errors (unreadable files, values that do not cast to double under ANSI mode)
-    are reported by class only: their messages can quote a value.
+    are reported by class only: their messages can quote a value. ``group_by``: also the
+    per-key counts of that column, put in ``groups_out`` (:mod:`app.ingest.groups`).
     """
     try:
-        return _count(spark, kind, files, columns, grids)
+        return _count(spark, kind, files, columns, grids, group_by, groups_out)
     except IngestError:
         raise
     except Exception as exc:
@@ -186,12 +188,19 @@ def count_columns_spark(
 
 
 def _count(
-    spark: Any, kind: str, files: list[str], columns: list[str], grids: list[Grid]
-) -> list[Counted]:
+    spark: Any, kind: str, files: list[str], columns: list[str], grids: list[Grid],
+    group_by: str | None = None, groups_out: dict[str, Any] | None = None,
+) -> list[Counted]:  # fmt: skip
+    from pyspark.sql import functions as F
 
-    frame = read_frame(spark, kind, files, columns)
-    data, xs, complete, totals = numeric_frame(frame, kind, columns)
+    frame = read_frame(spark, kind, files, columns + ([group_by] if group_by else []))
+    keep = [] if group_by is None else [F.col(f"`{group_by}`").cast("string").alias("g")]
+    data, xs, complete, totals = numeric_frame(frame, kind, columns, keep=keep)
     counted, _ = stacked_counts(data.where(complete), xs, grids)
+    if group_by is not None and groups_out is not None:
+        from app.ingest.groups import spark_key_counts
+
+        groups_out.update(spark_key_counts(data.where(complete), xs, grids, "g"))
     present = int(totals["present"] or 0)
     skipped = int(totals["rows"]) - present
     return [Counted(one.cells, one.counts, present, one.n_outside, skipped) for one in counted]

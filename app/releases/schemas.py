@@ -46,6 +46,14 @@ class Selection(BaseModel):
     )
 
 
+class SelectionPublic(BaseModel):
+    """A release's partition selection, as stored."""
+
+    epsilon: DecimalText
+    delta: DecimalText
+    max_keys: int
+
+
 class QuantileQuery(BaseModel):
     """An analyst's question: which quantiles, with which method, at what privacy cost."""
 
@@ -229,7 +237,7 @@ class ReleasePublic(BaseModel):
     group_error: GroupError | None = Field(
         default=None, description="A grouped release: the expected error by group size."
     )
-    selection: Selection | None = Field(
+    selection: SelectionPublic | None = Field(
         default=None,
         description="Keys discovered by partition selection: its parameters (its epsilon and "
         "delta are included in `cost`); `groups` then lists only the keys it kept, once done.",

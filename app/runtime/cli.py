@@ -348,90 +348,9 @@ def cmd_experiments(argv: list[str]) -> int:
 
 def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     """Count a dataset's grid histogram from files and upload (cell, count) pairs only."""
-    import time
+    from app.ingest.command import run_ingest
 
-    from app.ingest import core
-
-    api_key = os.environ.get("DPQUANT_API_KEY", "")
-    if not api_key:
-        sys.stderr.write("error: set DPQUANT_API_KEY to an admin key\n")
-        return 2
-    started = time.perf_counter()
-    try:
-        kind, files = core.expand_paths(args.paths, allow_uris=args.engine == "spark")
-        with core.make_client(args.server, api_key) as client:
-            target = core.fetch_dataset(client, args.dataset)
-            if args.unit is not None and target.unit is None:
-                raise core.IngestError("the dataset has no privacy_unit: drop --unit")
-            unit, k = args.unit or target.unit, target.k
-            listed = None if args.columns is None else [
-                c.strip() for c in args.columns.split(",") if c.strip()
-            ]  # fmt: skip
-            sources, names, grids = core.plan_columns(target, args.column, listed)
-            if unit is not None and unit in sources:
-                raise core.IngestError(
-                    f"{unit!r} is the privacy unit column: it cannot be counted as a value"
-                )
-            bounded: tuple[int, int, int] | None = None
-            counted: list[core.Counted]
-            if args.engine == "spark":
-                try:
-                    from app.ingest.spark import count_columns_spark, session
-
-                    spark = session(args.spark_master)
-                except ImportError:
-                    raise core.IngestError(
-                        'the Spark engine needs pyspark: pip install "dpquant[spark]"'
-                    ) from None
-                if unit is None:
-                    counted = count_columns_spark(spark, kind, files, sources, grids)
-                else:
-                    from app.ingest.bounded import count_columns_spark_bounded
-
-                    counted, units, dropped = count_columns_spark_bounded(
-                        spark, kind, files, sources, unit, grids, k
-                    )
-                    bounded = (k, units, dropped)
-            elif unit is None:
-                counted = core.count_columns_local(kind, files, sources, grids)
-            else:
-                from app.ingest.bounded import count_columns_local_bounded
-
-                counted, units, dropped = count_columns_local_bounded(
-                    kind, files, sources, unit, grids, k
-                )
-                bounded = (k, units, dropped)
-            if args.missing == "error" and counted[0].skipped:
-                raise core.IngestError(
-                    "some rows have a missing value (an empty cell, NA, NaN or null; a Parquet "
-                    f"null) in {', '.join(map(repr, sources))}: use --missing skip to skip "
-                    "those rows, as an upload's ?missing=skip does"
-                )
-            counted_at = time.perf_counter()
-            dataset = core.upload(client, args.dataset, counted, bounded, columns=names)
-    except core.IngestError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    done = time.perf_counter()
-    _write(
-        json.dumps(
-            {
-                "dataset": args.dataset,
-                "engine": args.engine,
-                "columns": names,
-                "files": len(files),
-                "n": dataset.get("n"),
-                "n_cells": dataset.get("n_cells"),
-                "n_outside_bounds": dataset.get("n_outside_bounds"),
-                "values_skipped": dataset.get("values_skipped"),
-                "units": dataset.get("units"),
-                "rows_dropped": dataset.get("rows_dropped"),
-                "count_s": round(counted_at - started, 3),
-                "upload_s": round(done - counted_at, 3),
-            }
-        )
-    )
-    return 0
+    return run_ingest(args, os.environ.get("DPQUANT_API_KEY", ""))
 
 
 def _budget(text: str) -> Decimal:
@@ -560,6 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="error",
         help="rows with a missing value (empty cell, NA, NaN, null; Parquet null): refuse the "
         "run (default, like an upload) or skip them (counted in values_skipped)",
+    )
+    ingest.add_argument(
+        "--group-by",
+        default=None,
+        help="a categorical column: also count each of its keys' histograms (after the "
+        "bounding) and upload them, for grouped releases",
     )
     ingest.add_argument("--engine", choices=["local", "spark"], default="local")
     ingest.add_argument(

@@ -237,9 +237,12 @@ def process_batch(link: Link, settings: Settings, slot: Slot | None = None, *, l
                     settle(link, failed, until=lease_end)
                 _hold(claim, run_start, bound)
                 continue
-            picked = list(job.selected) if job.selection is not None else None
+            # keys a partition selection kept (only then: the call is otherwise unchanged)
+            extra: dict[str, Any] = (
+                {} if job.selection is None else {"selected": [list(job.selected)]}
+            )
             store = functools.partial(
-                complete_batch, done=[(claim, estimates)], bounds=[bound], selected=[picked]
+                complete_batch, done=[(claim, estimates)], bounds=[bound], **extra
             )
             with spans.complete("done"):
                 settle(link, store, until=lease_end)

@@ -647,3 +647,191 @@ def test_ingest_reads_missing_values_as_an_upload_does(
     for figure in ("n", "values_skipped", "n_cells", "n_outside_bounds"):
         assert a[figure] == b[figure], figure
     assert a["values_skipped"] == len(range(0, 600, 7))
+
+
+# ------------------------------------------------------------------- per-key histograms
+
+
+def regional_parquet(root: Path, per_unit: np.ndarray, seed: int, parts: int = 3) -> Path:
+    """:func:`table_parquet` plus a ``region`` column: each unit's rows spread over regions
+    (some rows with no region: null or empty)."""
+    table_parquet(root, per_unit, seed, parts)
+    rng = np.random.default_rng(seed + 1)
+    for path in sorted(root.glob("*.parquet")):
+        table = pq.read_table(path)
+        n = table.num_rows
+        regions = rng.choice(["north", "south", "east", "", None], n, p=[0.4, 0.3, 0.2, 0.05, 0.05])
+        pq.write_table(table.append_column("region", pa.array(list(regions))), path)
+    return root
+
+
+def direct_key_counts(root: Path) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+    table = pq.read_table(root, columns=["age", "score", "region"])
+    age = table.column("age").to_numpy(zero_copy_only=False)
+    score = table.column("score").to_numpy(zero_copy_only=False)
+    region = np.array(table.column("region").to_pylist(), dtype=object)
+    ok = ~(np.isnan(age) | np.isnan(score))
+    out = {}
+    for key in ("north", "south", "east"):
+        mine = ok & (region == key)
+        hists = []
+        for x, g in ((age[mine], TABLE_GRIDS[0]), (score[mine], TABLE_GRIDS[1])):
+            cells, counts = np.unique(cell_of(x, g.lower, g.upper, g.granularity),
+                                      return_counts=True)  # fmt: skip
+            hists.append((cells, counts))
+        out[key] = hists
+    return out
+
+
+def same_groups(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(want)
+    for key, hists in want.items():
+        for (gc, gn), (wc, wn) in zip(got[key], hists, strict=True):
+            np.testing.assert_array_equal(gc, wc)
+            np.testing.assert_array_equal(gn, wn)
+
+
+def test_both_engines_count_each_keys_histograms_after_the_bounding(
+    spark: Any, tmp_path: Path
+) -> None:
+    from app.ingest.bounded import count_columns_local_bounded, count_columns_spark_bounded
+    from app.ingest.groups import KeyCounter
+    from app.ingest.spark import count_columns_spark
+
+    columns = ["age", "score"]
+    few = np.random.default_rng(12).integers(1, 3, 2000)  # nobody above k = 2
+    root = regional_parquet(tmp_path / "a", few, 13)
+    kind, files = core.expand_paths([str(root)])
+    want = direct_key_counts(root)
+    local = KeyCounter("region", TABLE_GRIDS)
+    core.count_columns_local(kind, files, columns, TABLE_GRIDS, keys=local)
+    same_groups(local.result(), want)
+    found: dict[str, Any] = {}
+    count_columns_spark(spark, kind, files, columns, TABLE_GRIDS, "region", found)
+    same_groups(found, want)
+    bounded_local = KeyCounter("region", TABLE_GRIDS)
+    count_columns_local_bounded(kind, files, columns, "person", TABLE_GRIDS, 2, bounded_local)
+    same_groups(bounded_local.result(), want)
+    bounded_spark: dict[str, Any] = {}
+    count_columns_spark_bounded(spark, kind, files, columns, "person", TABLE_GRIDS, 2,
+                                "region", bounded_spark)  # fmt: skip
+    same_groups(bounded_spark, want)
+    # with excess rows, the keys count exactly the kept rows that have a key
+    many = np.random.default_rng(14).integers(1, 9, 1500)
+    root = regional_parquet(tmp_path / "b", many, 15)
+    kind, files = core.expand_paths([str(root)])
+    for engine in ("local", "spark"):
+        if engine == "local":
+            keys = KeyCounter("region", TABLE_GRIDS)
+            counted, _, _ = count_columns_local_bounded(
+                kind, files, columns, "person", TABLE_GRIDS, 2, keys
+            )
+            groups = keys.result()
+        else:
+            groups = {}
+            counted, _, _ = count_columns_spark_bounded(
+                spark, kind, files, columns, "person", TABLE_GRIDS, 2, "region", groups
+            )
+        for i in range(2):
+            total = {
+                int(c): int(n) for c, n in zip(counted[i].cells, counted[i].counts, strict=True)
+            }
+            summed: dict[int, int] = {}
+            for hists in groups.values():
+                for c, n in zip(*hists[i], strict=True):
+                    summed[int(c)] = summed.get(int(c), 0) + int(n)
+            assert all(summed[c] <= total.get(c, 0) for c in summed)
+            keyed = sum(summed.values())
+            assert 0.85 * counted[i].n < keyed < counted[i].n  # ~10 % of rows have no key
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_ingest_group_by_feeds_grouped_releases(
+    engine: str,
+    spark: Any,
+    api: Api,
+    client: TestClient,
+    tmp_path: Path,
+    in_process: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    columns = [
+        {"name": "age", "type": "integer", "lower": 0, "upper": 120},
+        {"name": "score", "type": "numeric", "lower": -3.3, "upper": 7.7, "granularity": 1.1},
+        {"name": "region", "type": "categorical"},
+    ]
+    r = client.post(
+        "/v1/datasets",
+        json={"name": f"ingest-groups-{engine}", "columns": columns, "epsilon": "10",
+              "privacy_unit": "person", "max_rows_per_unit": 2},
+        headers=ADMIN,
+    )  # fmt: skip
+    assert r.status_code == 201, r.text
+    ds = r.json()["id"]
+    data = regional_parquet(tmp_path / "d", np.full(1500, 2), 21)
+    argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ds, "--engine", engine,
+            "--missing", "skip", "--group-by", "region", str(data)]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    assert report["group_by"] == "region"
+    assert in_process[-2:] == [
+        f"PUT /v1/datasets/{ds}/histogram application/octet-stream",
+        f"PUT /v1/datasets/{ds}/group-histograms application/octet-stream",
+    ]
+    rel = api.query(ds, quantiles=[0.5], epsilon="2", method="jointexp", column="age",
+                    group_by="region", keys=["north", "east", "west"])  # fmt: skip
+    assert rel.status_code == 201, rel.text
+    north, east, west = rel.json()["groups"]
+    assert (
+        40 <= north["estimates"][0] <= 90 and 40 <= east["estimates"][0] <= 90
+    )  # ages 0-129 uniform, clamped at 120
+    assert 0 <= west["estimates"][0] <= 120  # no rows: noise, but answered
+
+
+def group_body(groups: dict[str, list[tuple[list[int], list[int]]]]) -> bytes:
+    from app.datasets.group_upload import encode_groups
+
+    arrays = {k: [(np.array(c, np.int64), np.array(n, np.int64)) for c, n in v]
+              for k, v in groups.items()}  # fmt: skip
+    return b"".join(encode_groups(arrays))
+
+
+def test_group_histogram_uploads_are_checked(api: Api, client: TestClient) -> None:
+    columns = [
+        {"name": "x", "type": "numeric", "lower": 0, "upper": 10, "granularity": 1},
+        {"name": "region", "type": "categorical", "keys": ["a", "b"]},
+    ]
+    body = {"name": f"gh-{np.random.randint(1e9)}", "columns": columns, "epsilon": "1"}
+    r = client.post("/v1/datasets", json=body, headers=ADMIN)
+    ds = r.json()["id"]
+    octet = {**ADMIN, "content-type": "application/octet-stream"}
+    url = f"/v1/datasets/{ds}/group-histograms?group_by=region&column=x"
+    good = group_body({"a": [([1, 2], [3, 1])], "b": [([2], [2])]})
+    early = client.put(url, content=good, headers=octet)
+    assert early.status_code == 409 and early.json()["type"] == "no_values"
+    counts = {"cells": [1, 2, 5], "counts": [3, 4, 1]}
+    hist = client.put(f"/v1/datasets/{ds}/histogram", json=counts, headers=ADMIN)
+    assert hist.status_code == 200, hist.text
+    bad = [
+        (group_body({"a": [([1], [4])]}), "exceed the column's stored values"),
+        (group_body({"a": [([3], [1])]}), "exceed the column's stored values"),
+        (group_body({"c": [([1], [1])]}), "key 0: not one of the column's declared keys"),
+        (good[:-3], "ends inside"),
+        (good + good, "key 2: repeats an earlier key"),
+        (group_body({"a": [([11], [1])]}), "cell outside the grid"),
+        (b"", "holds no key"),
+    ]
+    for body, words in bad:
+        r = client.put(url, content=body, headers=octet)
+        assert r.status_code == 422 and words in r.text, (words, r.text)
+    assert client.put(url, content=good, headers={**ADMIN, "content-type": "application/json"}
+                      ).status_code == 415  # fmt: skip
+    wrong = client.put(url.replace("group_by=region", "group_by=x"), content=good, headers=octet)
+    assert wrong.status_code == 422 and "group_by" in wrong.text
+    ok = client.put(url, content=good, headers=octet)
+    assert ok.status_code == 200, ok.text
+    rel = api.query(ds, quantiles=[0.5], epsilon="0.5", method="aq", group_by="region")
+    assert rel.status_code == 201, rel.text
+    assert [g["key"] for g in rel.json()["groups"]] == ["a", "b"]
+    frozen = client.put(url, content=good, headers=octet)
+    assert frozen.status_code == 409  # values never change once a release is paid for
