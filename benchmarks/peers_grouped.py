@@ -89,7 +89,7 @@ def peers(python: str, jobs: list[dict[str, Any]]) -> dict[str, Any]:
         src.write_text(json.dumps({"jobs": jobs}))
         env = os.environ | {"PYSPARK_PYTHON": python}
         subprocess.run([python, str(HERE / "peers_grouped_peer.py"), str(src), str(dst)],
-                       check=True, env=env, stdout=subprocess.DEVNULL,
+                       check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)  # fmt: skip
         out: dict[str, Any] = json.loads(dst.read_text())
         return out
