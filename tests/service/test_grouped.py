@@ -365,3 +365,55 @@ def test_discovery_is_refused_in_a_zcdp_table_and_needs_delta_budget(
     upload(client, api, no_delta["id"], rows_csv(100, regions=["north"]))
     r = client.post(f"/v1/datasets/{no_delta['id']}/quantiles", json=body, headers=api.admin)
     assert r.status_code == 409 and r.json()["type"] == "budget_exhausted"
+
+
+def test_discovery_keeps_large_groups_and_drops_one_unit_groups(
+    api: Api, client: TestClient
+) -> None:
+    columns = [COLUMNS[0], {"name": "region", "type": "categorical"}]
+    ds = table(api, columns=columns, neighbors="add_remove", privacy_unit="person",
+               max_rows_per_unit=2, epsilon="100", delta="0.01")["id"]  # fmt: skip
+    lines = ["person,income,region"]
+    for g in range(5):  # 5 large groups: 100 people with one row each
+        lines += [f"big{g}-{i},{100 + 10 * g},large{g}" for i in range(100)]
+    for g in range(200):  # 200 groups of one person with two rows
+        lines += [f"solo{g},{500 + g},solo{g:03d}"] * 2
+    upload(client, api, ds, ("\n".join(lines) + "\n").encode())
+    body = {"quantiles": [0.5], "epsilon": "0.1", "method": "aq", "group_by": "region",
+            "keys": "discover", "selection": {"epsilon": "1", "delta": "1e-6"}}  # fmt: skip
+    quote = client.post(f"/v1/datasets/{ds}/quote", json=body, headers=api.admin).json()
+    large = {f"large{g}" for g in range(5)}
+    seen_large = seen_solo = 0
+    for _ in range(20):
+        before = spent(api, ds)
+        r = client.post(f"/v1/datasets/{ds}/quantiles", json=body, headers=api.admin)
+        assert r.status_code == 201, r.text
+        assert spent(api, ds) - before == Decimal(quote["cost"]["epsilon"]) == Decimal("1.1")
+        keys = {g["key"] for g in r.json()["groups"]}
+        seen_large += len(keys & large)
+        seen_solo += len(keys - large)
+    assert seen_large >= 0.95 * 5 * 20
+    assert seen_solo <= 0.01 * 200 * 20
+    ledger = client.get(f"/v1/datasets/{ds}/ledger?limit=100", headers=api.admin).json()
+    debits = [e for e in ledger["items"] if e["kind"] == "debit"]
+    assert len(debits) == 20 and {e["delta"] for e in debits} == {"0.000001"}
+
+
+def test_a_key_without_rows_answers_in_the_shape_of_a_key_with_rows(
+    api: Api, client: TestClient
+) -> None:
+    def release(regions: list[str]) -> dict[str, Any]:
+        ds = table(api)
+        upload(client, api, ds["id"], rows_csv(400, regions=regions))
+        r = api.query(ds["id"], quantiles=[0.1, 0.5, 0.9], epsilon="1", method="jointexp",
+                      group_by="region", keys=["north", "west"])  # fmt: skip
+        assert r.status_code == 201, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    with_rows, without = release(["north", "west"]), release(["north"])
+    shape = lambda rel: [(sorted(g), len(g["estimates"])) for g in rel["groups"]]  # noqa: E731
+    assert shape(with_rows) == shape(without)
+    assert set(with_rows) == set(without)
+    assert with_rows["warnings"] == without["warnings"]
+    assert with_rows["group_error"] == without["group_error"]
