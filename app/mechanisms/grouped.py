@@ -24,8 +24,9 @@ exponential-mechanism method is defined there: one interval, the whole range), s
 absence would reveal that the group is empty.
 
 Eligible methods: those with a grid core whose analysis covers add/remove neighbours and
-which are defined on an empty input (jointexp, indexp, appindexp, aq). The smooth-sensitivity
-methods assume a fixed size (swap only); ``jointexp_smooth`` needs at least one value.
+which are defined on an empty input (jointexp, indexp, appindexp, aq, and jointexp_smooth,
+whose jitter of no record is no record: JointExp on the empty refined grid). The
+smooth-sensitivity methods assume a fixed size (swap only).
 
 Pure math: no service imports.
 """
@@ -45,7 +46,7 @@ from app.mechanisms.units import MAX_ROWS_PER_UNIT
 from app.mechanisms.validation import IntArray, check_neighbors
 
 #: Methods a grouped release can use (module docstring).
-GROUPED_METHODS: tuple[str, ...] = ("jointexp", "indexp", "appindexp", "aq")
+GROUPED_METHODS: tuple[str, ...] = ("jointexp", "indexp", "appindexp", "aq", "jointexp_smooth")
 
 
 def chain_length(neighbors: str, rows_per_unit: int) -> int:

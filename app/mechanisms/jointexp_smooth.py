@@ -246,13 +246,19 @@ def jointexp_smooth_core(
         raise MechanismInputError("grid_points", "the refined grid would exceed 2**53 points")
     cells = sup.edges[1:-1].astype(np.int64)
     counts = np.diff(sup.cum)
-    fine_cells, fine_counts = jitter_cells(cells, counts, b, rng)
-    fine = support_from_grid(
-        GridHistogram(fine_cells, fine_counts, grid_points << b),
-        sup.quantiles,
-        epsilon=sup.epsilon,
-        neighbors=sup.neighbors,
-    )
+    if cells.size == 0:  # no records (a grouped release's empty group): nothing to jitter
+        fine = Support(
+            edges=np.array([0.0, float(grid_points << b)]), cum=np.zeros(1, dtype=np.int64),
+            quantiles=sup.quantiles, epsilon=sup.epsilon, neighbors=sup.neighbors, grid=True,
+        )  # fmt: skip
+    else:
+        fine_cells, fine_counts = jitter_cells(cells, counts, b, rng)
+        fine = support_from_grid(
+            GridHistogram(fine_cells, fine_counts, grid_points << b),
+            sup.quantiles,
+            epsilon=sup.epsilon,
+            neighbors=sup.neighbors,
+        )
     out = np.asarray(jointexp_core(fine, rng), dtype=np.int64)
     return out >> np.int64(b)  # floor(y / 2^b); order preserved
 

@@ -74,7 +74,8 @@ def test_median_by_region_in_one_release(api: Api, client: TestClient) -> None:
     explained = client.get(f"/v1/releases/{body['id']}/explanation", headers=analyst)
     assert explained.status_code == 200, explained.text
     assert explained.json()["release"]["groups"] == body["groups"]
-    assert {a["method"] for a in explained.json()["alternatives"]} <= {"jointexp", "aq", "indexp"}
+    assert {a["method"] for a in explained.json()["alternatives"]} <= {
+        "jointexp", "aq", "indexp", "jointexp_smooth"}  # fmt: skip
     assert explained.json()["auto_today"] in {"jointexp", "aq", "indexp"}
     assert any("grouped release" in line for line in explained.json()["reading"])
 
@@ -83,7 +84,7 @@ def spent(api: Api, ds: str) -> Decimal:
     return Decimal(api.budget(ds)["spent"]["epsilon"])
 
 
-@pytest.mark.parametrize("method", ["jointexp", "aq", "indexp"])
+@pytest.mark.parametrize("method", ["jointexp", "aq", "indexp", "jointexp_smooth"])
 def test_every_key_is_answered_including_keys_without_rows(
     api: Api, client: TestClient, method: str
 ) -> None:
@@ -149,7 +150,7 @@ BAD = [
     ({"group_by": "region", "keys": ["north", "north"]}, "keys", "distinct"),
     ({"group_by": "region", "keys": []}, "keys", ""),
     ({"group_by": "region", "method": "smooth", "delta": "1e-6"}, "body.method", "grouped"),
-    ({"group_by": "region", "method": "jointexp_smooth"}, "body.method", "grouped"),
+    ({"group_by": "region", "method": "csmooth", "delta": "1e-6"}, "body.method", "grouped"),
     ({"group_by": "region", "keys": [f"k{i}" for i in range(400)],
       "quantiles": [i / 300 for i in range(1, 300)]}, "body.keys", "estimates"),
 ]  # fmt: skip
@@ -219,7 +220,8 @@ def test_the_quote_gives_the_error_by_group_size_and_auto_picks_a_grouped_method
     assert means[-1] >= means[0] and means[-1] / 1e6 < means[0] / 10
     assert quote["group_error"]["min_size"] > 10
     assert any("mostly noise" in w for w in quote["warnings"])
-    assert {a["method"] for a in quote["alternatives"]} <= {"jointexp", "aq", "indexp"}
+    assert {a["method"] for a in quote["alternatives"]} <= {"jointexp", "aq", "indexp",
+                                                           "jointexp_smooth"}  # fmt: skip
     assert Decimal(quote["cost"]["epsilon"]) == Decimal("0.5")
     rel = client.post(f"/v1/datasets/{ds['id']}/quantiles", json=body, headers=api.admin)
     assert rel.status_code == 201, rel.text
