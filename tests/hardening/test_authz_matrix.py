@@ -46,6 +46,7 @@ MATRIX: dict[tuple[str, str], tuple[int, ...]] = {
     ("PUT", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 409, 403, 403, 403),
     ("POST", "/v1/datasets/{dataset_id}/values"): (401, 401, 401, 200, 403, 403, 403),
     ("PUT", "/v1/datasets/{dataset_id}/histogram"): (401, 401, 401, 409, 403, 403, 403),
+    ("PUT", "/v1/datasets/{dataset_id}/group-histograms"): (401, 401, 401, 409, 403, 403, 403),
     ("POST", "/v1/datasets/{dataset_id}/grants"): (401, 401, 401, 201, 403, 403, 403),
     ("GET", "/v1/datasets/{dataset_id}/ledger"): (401, 401, 401, 200, 403, 403, 403),
     ("GET", "/v1/datasets/{dataset_id}/budget"): (401, 401, 401, 200, 200, 200, 404),
@@ -124,6 +125,10 @@ def _request(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]
         kw["json"] = {"name": "m-" + uuid.uuid4().hex[:10], "lower": 0, "upper": 1}
     elif path.endswith("/values"):
         kw["json"] = [1.0, 2.0, 3.0]
+    elif path.endswith("/group-histograms"):
+        kw["params"] = {"group_by": "g", "column": "value"}
+        kw["content"] = b""
+        kw["headers"] = {"content-type": "application/octet-stream"}
     elif path.endswith("/histogram"):
         kw["json"] = {"cells": [0, 5], "counts": [2, 1]}
     elif path.endswith("/grants"):
@@ -157,7 +162,8 @@ def test_authorization_matrix(world: World, hclient: TestClient) -> None:
     for (method, path), row in MATRIX.items():
         for caller, expected in zip(CALLERS, row, strict=True):
             concrete, kw = _request(world, method, path)
-            r = hclient.request(method, concrete, headers=world.headers[caller], **kw)
+            headers = {**kw.pop("headers", {}), **world.headers[caller]}
+            r = hclient.request(method, concrete, headers=headers, **kw)
             counts[r.status_code] += 1
             if r.status_code != expected:
                 failures.append(f"{method} {path} as {caller}: {r.status_code} != {expected}")
