@@ -85,7 +85,9 @@ def test_one_person_with_1500_visits_does_not_decide_the_median(
 
 def test_without_the_bound_the_same_person_moves_the_median(api: Api, client: TestClient) -> None:
     """Negative control: the same rows in a dataset without a privacy unit (each row its own
-    unit) put the ε = 1 median far above 10: the one person decides it."""
+    unit) put the ε = 1 median outside 10 ± 2, where the bounded dataset keeps it: the one
+    person decides it. (The exact law spreads it over the gap between the 1,000 visits
+    around 10 and the 1,500 at 90, almost uniformly: P(> 20) is only ~0.91, P(> 12) > 0.999.)"""
     ds = api.dataset(lower=0.0, upper=100.0, epsilon="10", granularity=0.01)
     body = visits_csv(patients())
     r = client.put(
@@ -98,7 +100,7 @@ def test_without_the_bound_the_same_person_moves_the_median(api: Api, client: Te
     for _ in range(5):
         rel = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp")
         assert rel.status_code == 201, rel.text
-        far += rel.json()["estimates"][0] > 20.0
+        far += rel.json()["estimates"][0] > 12.0
     assert far >= 4
 
 
