@@ -11,12 +11,13 @@ described in :mod:`app.planner.model` and docs/experiments.md.
 * :func:`eligible_methods`: the methods a query may resolve to: the dataset's neighbour
   relation must be covered, pure ε-DP methods are always allowed, approximate ones only when
   the query gives δ.
-* :func:`recommend`: the eligible method with the lowest expected error.
+* :func:`recommend`: the method ``auto`` runs: the fastest of the eligible methods whose
+  expected error is within 10 % of the lowest, within the release time limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from app.mechanisms import MECHANISMS, MechanismInputError
 from app.planner.model import load_models
@@ -66,12 +67,14 @@ def eligible_methods(*, delta_given: bool, neighbors: str) -> list[str]:
     ]
 
 
-#: Methods ``auto`` never picks. ``jointexp_smooth`` is JointExp on data jittered within one
-#: grid step: its advantage is on tied data (atoms), which a planner that never looks at the
-#: data cannot see, and on continuous data it is JointExp again (its fitted model differs
-#: from JointExp's by noise) at up to 10x the run time. Analysts with tied data ask for it
-#: by name (docs/experiments.md §8.5); quotes still show its figures.
-NOT_AUTO = frozenset({"jointexp_smooth"})
+#: ``auto`` treats methods whose expected errors are within this factor of the lowest as
+#: equally accurate and takes the fastest of them.
+NEAR = 1.10
+
+
+def ties_forced(n: int, grid_points: int | None) -> bool:
+    """Whether the public figures force tied values: more records than grid points."""
+    return grid_points is not None and n > grid_points
 
 
 def recommend(
@@ -81,30 +84,48 @@ def recommend(
     delta: float | None,
     neighbors: str,
     only: Collection[str] | None = None,
+    *,
+    grid_points: int | None = None,
+    seconds: Callable[[str], float] | None = None,
+    time_limit_s: float | None = None,
 ) -> str:
-    """The eligible method with the lowest expected error (ties: registry order), outside
-    :data:`NOT_AUTO` (and, with ``only``, among those methods).
+    """The method ``auto`` runs: among the eligible methods (with ``only``, among those),
+    the fastest whose expected error is within :data:`NEAR` of the lowest.
 
-    ``n=None`` (no public size) ranks at :data:`NOMINAL_N`. Methods without a model are
-    never recommended, nor methods whose declared cost at these parameters exceeds the
-    requested (ε, δ) (a method proven in another notion and not calibrated to the request:
-    ``auto`` never spends more than was asked). If nothing is left, the registry's first
-    eligible method is returned.
+    ``n=None`` (no public size) ranks at :data:`NOMINAL_N`. Never recommended: methods
+    without a model; methods whose declared cost at these parameters exceeds the requested
+    (ε, δ) (a method proven in another notion and not calibrated to the request: ``auto``
+    never spends more than was asked); methods whose run time (``seconds(name)``, the
+    service's public bound) exceeds ``time_limit_s``, unless every method's does (then the
+    fastest). Where the public figures force ties (``n`` above ``grid_points``) JointExp's
+    model, fitted on distinct values, does not hold, and ``jointexp_smooth`` (the same
+    mechanism on jittered records; never measurably worse on continuous data, far better on
+    ties: docs/experiments.md §8.6) takes its place. Without ``seconds``, the registry's
+    order breaks near-ties. If nothing is left, the registry's first eligible method.
     """
     size = NOMINAL_N if n is None else n
     candidates = eligible_methods(delta_given=delta is not None, neighbors=neighbors)
     if only is not None:
         candidates = [name for name in candidates if name in only]
-    best: tuple[float, str] | None = None
+    if ties_forced(size, grid_points) and "jointexp_smooth" in candidates:
+        candidates = [name for name in candidates if name != "jointexp"]
+    order = {name: i for i, name in enumerate(MECHANISMS)}
+    scored: list[tuple[float, float, int, str]] = []
     for name in candidates:
-        if name in NOT_AUTO or not _costs_what_was_asked(name, epsilon, delta):
+        if not _costs_what_was_asked(name, epsilon, delta):
             continue
         err = expected_error(name, size, quantiles, epsilon, delta, neighbors)
-        if err is not None and (best is None or err[0] < best[0]):
-            best = (err[0], name)
-    if best is not None:
-        return best[1]
-    return candidates[0]
+        if err is not None:
+            took = 0.0 if seconds is None else float(seconds(name))
+            scored.append((err[0], took, order[name], name))
+    if not scored:
+        return candidates[0]
+    if time_limit_s is not None:
+        in_time = [s for s in scored if s[1] <= time_limit_s]
+        scored = in_time or [min(scored, key=lambda s: (s[1], s[2]))]
+    best = min(s[0] for s in scored)
+    near = [s for s in scored if s[0] <= NEAR * best]
+    return min(near, key=lambda s: (s[1], s[2]))[3]
 
 
 def _costs_what_was_asked(name: str, epsilon: float, delta: float | None) -> bool:
@@ -118,4 +139,4 @@ def _costs_what_was_asked(name: str, epsilon: float, delta: float | None) -> boo
     return eps_cost <= epsilon * (1 + 1e-9) and delta_cost <= (delta or 0.0) * (1 + 1e-9)
 
 
-__all__ = ["NOMINAL_N", "NOT_AUTO", "eligible_methods", "expected_error", "recommend"]
+__all__ = ["NEAR", "NOMINAL_N", "eligible_methods", "expected_error", "recommend", "ties_forced"]

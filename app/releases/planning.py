@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import planner
 from app.auth.models import ApiKey
+from app.codec.grid import grid_size
 from app.core.amounts import Amount, Budget
+from app.core.config import Settings
 from app.core.errors import DpquantError, invalid, not_found
 from app.core.principal import Principal
 from app.datasets.models import Dataset
@@ -35,6 +40,7 @@ from app.mechanisms import (
     get_mechanism,
 )
 from app.releases import grouping as grouped
+from app.releases import schedule
 from app.releases.schemas import AUTO, QuantileQuery
 
 
@@ -167,6 +173,8 @@ class PublicFigures:
     accounting: str = "pure"
     #: the categorical columns (name, declared keys or None), in declared order
     categorical: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
+    #: each numeric column's grid (lower, upper, granularity), in ``numeric``'s order
+    grids: tuple[tuple[float, float, float], ...] = ()
 
     @classmethod
     def of(cls, dataset: Dataset) -> PublicFigures:
@@ -181,7 +189,12 @@ class PublicFigures:
             for c in dataset.columns
             if not c.numeric
         )
-        return cls(dataset.neighbors, size, k, numeric, dataset.accounting, categorical)
+        grids = tuple(
+            (float(c.lower), float(c.upper), float(c.granularity))
+            for c in dataset.columns
+            if c.numeric and c.lower is not None and c.upper is not None and c.granularity
+        )
+        return cls(dataset.neighbors, size, k, numeric, dataset.accounting, categorical, grids)
 
     def column(self, name: str | None) -> str:
         """The numeric column a query reads: the one named, or the only one (422 else)."""
@@ -196,6 +209,12 @@ class PublicFigures:
             raise invalid("body.column", "is not a numeric column of this dataset")
         return name
 
+    def grid(self, column: str) -> tuple[float, float, float] | None:
+        """A numeric column's public grid (lower, upper, granularity), if known."""
+        if len(self.grids) != len(self.numeric) or column not in self.numeric:
+            return None
+        return self.grids[self.numeric.index(column)]
+
     def row_epsilon(self, epsilon: float) -> float:
         """What one row gets of a unit's ε (the planner's figure; ε/k)."""
         return epsilon / self.rows_per_unit
@@ -203,6 +222,50 @@ class PublicFigures:
     def row_delta(self, delta: float | None) -> float | None:
         """What one row gets of a unit's δ (the planner's figure; δ/k)."""
         return None if delta is None else delta / self.rows_per_unit
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """The service's limits ``auto`` weighs run time with: the cell and value limits that
+    bound a run's public figures and the release time limit (settings)."""
+
+    max_cells: int
+    max_values: int
+    time_limit_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> RunLimits:
+        return cls(settings.max_cells, settings.max_values, settings.run_timeout_s)
+
+    def seconds(
+        self,
+        query: QuantileQuery,
+        figures: PublicFigures,
+        column: str,
+        grouping: grouped.Grouping | None,
+    ) -> Callable[[str], float] | None:
+        """A method's public run-time bound for ``query`` at publish scale 1 (what a worker
+        would publish it at), or None when the column's grid is unknown."""
+        grid = figures.grid(column)
+        if grid is None:
+            return None
+        row: dict[str, Any] = {
+            "lower": grid[0], "upper": grid[1], "granularity": grid[2],
+            "neighbors": figures.neighbors,
+            "public_n": figures.size if figures.neighbors == "swap" else None,
+            "size_hint": figures.size if figures.neighbors != "swap" else None,
+            "quantiles": query.quantiles, "epsilon": float(query.epsilon),
+            "max_rows_per_unit": figures.rows_per_unit,
+            "group_keys": None if grouping is None else grouping.stored_keys(),
+        }  # fmt: skip
+
+        def seconds(method: str) -> float:
+            return schedule.bound_of_claim(
+                {**row, "method": method}, scale=1.0, max_cells=self.max_cells,
+                max_values=self.max_values, cap_s=math.inf,
+            )  # fmt: skip
+
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -233,6 +296,7 @@ def resolve(
     figures: PublicFigures,
     method: str | None = None,
     grouping: grouped.Grouping | None = None,
+    limits: RunLimits | None = None,
 ) -> QuantileQuery:
     """The query with ``method`` (default: the query's, ``auto`` through the planner).
 
@@ -240,6 +304,13 @@ def resolve(
     nothing and is not charged) rather than refused.
     """
     name = method or query.method
+    column = query.column or (figures.numeric[0] if len(figures.numeric) == 1 else "")
+    grid = figures.grid(column)
+    points = None if grid is None else grid_size(*grid)
+    timing: dict[str, Any] = {"grid_points": points}
+    if limits is not None and name == AUTO:
+        timing["seconds"] = limits.seconds(query, figures, column, grouping)
+        timing["time_limit_s"] = limits.time_limit_s
     if name == AUTO and grouping is not None:
         # one method for every group, ranked at the typical group size (public figures)
         name = planner.recommend(
@@ -249,6 +320,7 @@ def resolve(
             None if query.delta is None else float(query.delta) / grouping.chain,
             "add_remove",
             only=grouped.GROUPED_METHODS,
+            **timing,
         )
     elif name == AUTO:
         name = planner.recommend(
@@ -257,6 +329,7 @@ def resolve(
             figures.row_epsilon(float(query.epsilon)),
             figures.row_delta(None if query.delta is None else float(query.delta)),
             figures.neighbors,
+            **timing,
         )
         if figures.accounting == "zcdp" and MECHANISMS[name].zcdp_fn is None:
             name = "jointexp"  # the planner's pick has no zCDP bound: the core method
@@ -305,7 +378,13 @@ def expectation(
     return expected, warnings
 
 
-def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: int) -> Plan:
+def plan_query(
+    query: QuantileQuery,
+    *,
+    figures: PublicFigures,
+    max_quantiles: int,
+    limits: RunLimits | None = None,
+) -> Plan:
     """Resolve, validate and price ``query`` for a dataset's public figures; the one path of
     quotes and reservations (so a quote's cost is the debit of the release that follows).
     Reads no data value: only the dataset's public description (and n under swap)."""
@@ -317,7 +396,7 @@ def plan_query(query: QuantileQuery, *, figures: PublicFigures, max_quantiles: i
         rows_per_unit=figures.rows_per_unit,
         accounting=figures.accounting,
     )
-    resolved = resolve(query, figures=figures, grouping=grouping)
+    resolved = resolve(query, figures=figures, grouping=grouping, limits=limits)
     if grouping is not None:
         grouped.check_method(resolved.method)
         priced = price_query(
@@ -429,6 +508,7 @@ def quote_query(
     dataset_id: uuid.UUID,
     query: QuantileQuery,
     max_quantiles: int,
+    limits: RunLimits | None = None,
 ) -> Quote:
     """What :func:`reserve_release` would debit for ``query`` (same :func:`plan_query`
     path), whether it is affordable, and the expected error of every eligible method.
@@ -473,7 +553,7 @@ def quote_query(
         return QuoteLine(plan.query.method, cost, after, ok, plan.expected, zcdp_table, left,
                          plan.group_error)  # fmt: skip
 
-    plan = plan_query(query, figures=figures, max_quantiles=max_quantiles)
+    plan = plan_query(query, figures=figures, max_quantiles=max_quantiles, limits=limits)
     alternatives: list[QuoteLine] = []
     for name in planner.eligible_methods(
         delta_given=query.delta is not None,

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.core.amounts import AmountPublic, DecimalText
 from app.mechanisms import MECHANISMS
 
-#: ``method: "auto"``: the planner picks the eligible method with the lowest expected error.
+#: ``method: "auto"``: the planner picks the fastest eligible method whose expected error is
+#: within 10 % of the lowest (app.planner.recommend).
 AUTO = "auto"
 #: The method names of the OpenAPI enum: the mechanism registry, whatever it holds, and auto.
 METHOD_NAMES = (*MECHANISMS, AUTO)
@@ -68,10 +69,12 @@ class QuantileQuery(BaseModel):
         min_length=1,
         max_length=64,
         json_schema_extra={"enum": list(METHOD_NAMES)},
-        description="A registered mechanism (GET /v1/methods), or `auto`: the planner picks "
-        "the method with the lowest expected error among those the query allows (pure "
-        "epsilon-DP ones always, approximate ones only when delta is given); the release "
-        "records the method chosen.",
+        description="A registered mechanism (GET /v1/methods), or `auto`: among the methods "
+        "the query allows (pure epsilon-DP ones always, approximate ones only when delta is "
+        "given) whose public run-time bound fits the release time limit, the planner picks "
+        "the fastest whose expected error is within 10 % of the lowest, with jointexp_smooth "
+        "in jointexp's place where the public figures force ties (more records than grid "
+        "points); the release records the method chosen.",
     )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."

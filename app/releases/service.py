@@ -53,7 +53,14 @@ from app.core.pg import HotPool, run_async
 from app.core.principal import Principal
 from app.datasets.service import get_visible
 from app.releases.models import DONE, FAILED, PENDING, Release
-from app.releases.planning import FiguresCache, Plan, PublicFigures, plan_query, price_query
+from app.releases.planning import (
+    FiguresCache,
+    Plan,
+    PublicFigures,
+    RunLimits,
+    plan_query,
+    price_query,
+)
 from app.releases.schemas import AUTO, KeyCap, QuantileQuery
 
 #: Channel on which PostgreSQL announces a runnable release (trigger ``release_notify``,
@@ -238,6 +245,7 @@ async def reserve_release(
     release_id: uuid.UUID | None = None,
     figures: FiguresCache | None = None,
     caps: PendingCaps = PendingCaps(),
+    limits: RunLimits | None = None,
 ) -> Outcome:
     """Reserve and pay for a release in one ``release_reserve()`` call (migration 0008).
 
@@ -268,7 +276,7 @@ async def reserve_release(
             plan = (
                 None
                 if known is None
-                else plan_query(query, figures=known, max_quantiles=max_quantiles)
+                else plan_query(query, figures=known, max_quantiles=max_quantiles, limits=limits)
             )
             params = _reserve_params(
                 plan, known, new_id, dataset_id, principal, idempotency_key, max_runs, caps
@@ -277,12 +285,12 @@ async def reserve_release(
             row = await run_async(pool, functools.partial(_call_reserve, params=params))
             outcome = row["outcome"]
             if outcome == "replan":
-                k, numeric, categorical = await run_async(
+                k, numeric, categorical, grids = await run_async(
                     pool, functools.partial(_table_figures, dataset_id=dataset_id)
                 )
                 known = PublicFigures(
                     row["neighbors"], row["public_size"], k, numeric, row["accounting"],
-                    categorical,
+                    categorical, grids,
                 )  # fmt: skip
                 if figures is not None:
                     figures.put(dataset_id, known)
@@ -302,23 +310,36 @@ async def reserve_release(
 
 async def _table_figures(
     conn: psycopg.AsyncConnection[Any], *, dataset_id: uuid.UUID
-) -> tuple[int, tuple[str, ...], tuple[tuple[str, tuple[str, ...] | None], ...]]:
-    """The dataset's k, its numeric columns' names and its categorical columns (name,
-    declared keys): fixed at creation, so a process may keep them with its figures."""
+) -> tuple[
+    int,
+    tuple[str, ...],
+    tuple[tuple[str, tuple[str, ...] | None], ...],
+    tuple[tuple[float, float, float], ...],
+]:
+    """The dataset's k, its numeric columns' names, its categorical columns (name, declared
+    keys) and its numeric columns' grids: fixed at creation, so a process may keep them with
+    its figures."""
     cursor = await conn.execute(
-        "SELECT d.max_rows_per_unit, c.name, c.type, c.keys FROM dataset d "
+        "SELECT d.max_rows_per_unit, c.name, c.type, c.keys, c.lower, c.upper, c.granularity "
+        "FROM dataset d "
         "LEFT JOIN dataset_column c ON c.dataset_id = d.id WHERE d.id = %s "
         "ORDER BY c.position",
         (dataset_id,),
     )
     rows = await cursor.fetchall()
     if not rows:
-        return 1, (), ()
-    numeric = tuple(r[1] for r in rows if r[1] is not None and r[2] != "categorical")
+        return 1, (), (), ()
+    numeric_rows = [r for r in rows if r[1] is not None and r[2] != "categorical"]
+    numeric = tuple(r[1] for r in numeric_rows)
+    grids = tuple(
+        (float(r[4]), float(r[5]), float(r[6]))
+        for r in numeric_rows
+        if r[4] is not None and r[5] is not None and r[6]
+    )
     categorical = tuple(
         (r[1], None if r[3] is None else tuple(r[3])) for r in rows if r[2] == "categorical"
     )
-    return int(rows[0][0]), numeric, categorical
+    return int(rows[0][0]), numeric, categorical, grids
 
 
 async def _call_reserve(

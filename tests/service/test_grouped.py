@@ -229,6 +229,31 @@ def test_the_quote_gives_the_error_by_group_size_and_auto_picks_a_grouped_method
     assert rel.json()["group_error"] == quote["group_error"]
 
 
+def test_auto_smooths_groups_whose_public_figures_force_ties(api: Api, client: TestClient) -> None:
+    """Ratings 1-5 (grid of 5 points), 4 groups of ~100 rows by the public size hint: ties
+    are forced, so ``auto`` runs jointexp_smooth; the same table with a size hint of 16 rows
+    (4 a group, fewer than 5 points) does not force them, and auto is not the smoothed one."""
+    columns = [
+        {"name": "rating", "type": "numeric", "lower": 1, "upper": 5, "granularity": 1},
+        {"name": "region", "type": "categorical", "keys": REGIONS},
+    ]
+    body = {"quantiles": [0.25, 0.5, 0.75], "epsilon": "1", "method": "auto",
+            "group_by": "region"}  # fmt: skip
+    rows = "rating,region\n" + "".join(f"{1 + i % 5},{REGIONS[i % 4]}\n" for i in range(400))
+    picks = {}
+    for hint in (400, 16):
+        ds = table(api, columns=columns, neighbors="add_remove", size_hint=hint)
+        upload(client, api, ds["id"], rows.encode())
+        q = client.post(f"/v1/datasets/{ds['id']}/quote", json=body, headers=api.admin)
+        assert q.status_code == 200, q.text
+        rel = client.post(f"/v1/datasets/{ds['id']}/quantiles", json=body, headers=api.admin)
+        assert rel.status_code == 201, rel.text
+        assert rel.json()["method"] == q.json()["method"]
+        picks[hint] = q.json()["method"]
+    assert picks[400] == "jointexp_smooth"
+    assert picks[16] != "jointexp_smooth"
+
+
 def test_idempotent_grouped_queries_replay_and_other_keys_conflict(
     api: Api, client: TestClient
 ) -> None:

@@ -82,6 +82,7 @@ def explain_release(
                 dataset_id=dataset.id,
                 query=query,
                 max_quantiles=request.app.state.settings.max_quantiles,
+                limits=planning.RunLimits.of(request.app.state.settings),
             )
             auto_today = quote.chosen.method
             alternatives = [

@@ -238,6 +238,7 @@ async def create_release(
                 caps=service.PendingCaps(
                     settings.max_pending_per_key, settings.max_pending_per_dataset
                 ),
+                limits=planning.RunLimits.of(settings),
             )
         except CommitOutcomeUnknown:
             raise outcome_unknown(idempotency_key is not None) from None
@@ -397,6 +398,7 @@ def quote(
         dataset_id=dataset_id,
         query=body,
         max_quantiles=request.app.state.settings.max_quantiles,
+        limits=planning.RunLimits.of(request.app.state.settings),
     )
     chosen = _figures(result.chosen)
     public = QuotePublic(
