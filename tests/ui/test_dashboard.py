@@ -339,6 +339,7 @@ def test_the_query_form_explains_itself(watched: Watched, seed: Seed) -> None:
     reason.wait_for(timeout=TIMEOUT)
     assert "ε 0.5" in reason.inner_text() and "about 0.5" in reason.inner_text()
     assert page.get_by_test_id("query-submit").is_disabled()
+    screenshot(watched, "unaffordable")
     epsilon.fill("0.2")
     page.wait_for_selector("[data-testid=query-submit]:not([disabled])", timeout=TIMEOUT)
     with page.expect_response(lambda r: r.url.endswith(f"/v1/datasets/{ds['id']}/quantiles")):
@@ -419,6 +420,7 @@ def test_releases_show_expected_error_and_fit_a_phone(browser: Any, live_server:
         assert "pts" in row.locator("td").last.inner_text()
         box = row.locator("td.estimates").bounding_box()
         assert box is not None and box["x"] + box["width"] <= 390 + 1
+        screenshot(w, "phone")
     finally:
         context.close()
 
@@ -435,6 +437,8 @@ def test_a_release_can_be_explained_in_the_dashboard(watched: Watched, seed: See
     text = box.inner_text()
     assert "jointexp" in text and "pure dp under swap" in text
     assert "[0, 100]" in text and "missed points" in text
+    box.scroll_into_view_if_needed()
+    screenshot(watched, "explain")
     watched.assert_clean()
 
 
