@@ -524,3 +524,42 @@ def test_an_analyst_asks_for_medians_by_group_and_sees_a_table_and_small_multipl
     page.wait_for_selector("#groups-title:has-text('2 groups')", timeout=TIMEOUT)
     screenshot(watched, "grouped")
     watched.assert_clean()
+
+
+def test_a_release_of_many_groups_shows_a_bounded_page_and_finds_a_group(
+    watched: Watched, seed: Seed
+) -> None:
+    """300 keys: the table shows 200, the charts 24, and says so; the filter finds a key
+    past the first page (and the charts follow it)."""
+    columns = [
+        {"name": "income", "type": "numeric", "lower": 0, "upper": 100, "granularity": 0.1},
+        {"name": "region", "type": "categorical"},
+    ]
+    made = seed.http.post(
+        "/v1/datasets", json={"name": "ui-many-" + str(random.random())[2:10],
+                              "columns": columns, "epsilon": "3"}
+    )  # fmt: skip
+    assert made.status_code == 201, made.text
+    ds = made.json()
+    rows = [{"income": float(i % 100), "region": f"k-{i % 10}"} for i in range(500)]
+    assert seed.http.put(f"/v1/datasets/{ds['id']}/values", json=rows).status_code == 200
+    keys = [f"k-{i}" for i in range(300)]
+    seed.release(ds["id"], quantiles=[0.5], epsilon="1", method="aq", group_by="region",
+                 keys=keys)  # fmt: skip
+    sign_in(watched, seed.key("viewer", ds["id"]))
+    page = watched.page
+    page.wait_for_selector("#groups-title:has-text('300 groups')", timeout=TIMEOUT)
+    assert page.get_by_test_id("group-row").count() == 200
+    assert page.get_by_test_id("group-cdf").count() == 24
+    shown = page.get_by_test_id("groups-shown").inner_text()
+    assert "300 groups" in shown and "first 200" in shown and "first 24" in shown
+    page.get_by_test_id("groups-filter").fill("k-29")
+    page.wait_for_selector("[data-testid=groups-shown]:has-text('11 of 300')", timeout=TIMEOUT)
+    found = page.get_by_test_id("group-row")
+    assert found.count() == 11  # k-29 and k-290 ... k-299
+    assert {found.nth(i).locator("th").inner_text() for i in range(11)} == {
+        "k-29",
+        *(f"k-29{d}" for d in range(10)),
+    }
+    assert page.get_by_test_id("group-cdf").count() == 11
+    watched.assert_clean()

@@ -60,12 +60,29 @@ export function groupShort(g) {
   return row ? `≈ ${Number(row.mean.toPrecision(2))} pts at 1000 rows` : "unknown";
 }
 
+// A release may answer up to 10^4 groups: the table shows at most TABLE_MAX of them and the
+// small multiples at most MULTIPLES_MAX, in the release's order; the filter finds the others.
+export const TABLE_MAX = 200;
+export const MULTIPLES_MAX = 24;
+let shown = null; // { release, ds } of the grouped release on screen
+
 // A grouped release: a table of estimates and one small step CDF per group.
 export function renderGroups(release, ds) {
   const box = $("groups-view");
   const grouped = release && release.groups && release.groups.some((g) => g.estimates);
   box.hidden = !grouped;
-  if (!grouped) return;
+  if (!grouped) {
+    shown = null;
+    return;
+  }
+  const filter = $("groups-filter");
+  if (!shown || shown.release.id !== release.id) filter.value = "";
+  if (!filter.dataset.wired) {
+    filter.dataset.wired = "1";
+    filter.addEventListener("input", () => shown && drawGroups(shown.release, shown.ds));
+  }
+  shown = { release, ds };
+  filter.parentElement.hidden = release.groups.length <= MULTIPLES_MAX;
   $("groups-title").textContent =
     `${release.groups.length} groups by ${release.group_by} (${release.method}, ε ${release.epsilon} for all)`;
   const head = $("groups-head");
@@ -78,11 +95,26 @@ export function renderGroups(release, ds) {
     tr.append(th);
   }
   head.append(tr);
+  drawGroups(release, ds);
+}
+
+function drawGroups(release, ds) {
+  const needle = $("groups-filter").value.trim().toLowerCase();
+  const matching = needle
+    ? release.groups.filter((g) => String(g.key).toLowerCase().includes(needle))
+    : release.groups;
+  const rows = matching.slice(0, TABLE_MAX);
+  const total = release.groups.length;
+  const what = needle ? `${matching.length} of ${total} groups match` : `${total} groups`;
+  $("groups-shown").textContent = matching.length > TABLE_MAX || matching.length > MULTIPLES_MAX
+    ? `${what}: the table shows the first ${Math.min(TABLE_MAX, matching.length)}, ` +
+      `the charts the first ${Math.min(MULTIPLES_MAX, matching.length)}`
+    : what;
   const body = $("groups-body");
   clearChildren(body);
   const multiples = $("groups-multiples");
   clearChildren(multiples);
-  for (const g of release.groups) {
+  rows.forEach((g, i) => {
     const row = document.createElement("tr");
     row.setAttribute("data-testid", "group-row");
     const key = document.createElement("th");
@@ -96,6 +128,7 @@ export function renderGroups(release, ds) {
       row.append(td);
     }
     body.append(row);
+    if (i >= MULTIPLES_MAX) return;
     const fig = document.createElement("figure");
     fig.className = "multiple";
     const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
@@ -109,5 +142,5 @@ export function renderGroups(release, ds) {
     caption.textContent = g.key;
     fig.append(svg, caption);
     multiples.append(fig);
-  }
+  });
 }
