@@ -7,13 +7,21 @@ from typing import Annotated
 from pydantic import AfterValidator
 
 
-def _storable(value: str) -> str:
+def text_problem(value: str) -> str | None:
+    """Why PostgreSQL could not store ``value`` as text (None: it can)."""
     if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+        return "must not contain NUL characters"
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no unpaired surrogates)") from None
+        return "must be valid Unicode (no unpaired surrogates)"
+    return None
+
+
+def _storable(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 

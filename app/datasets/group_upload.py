@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 
 from app.codec.histogram import HistogramBuilder
 from app.core.errors import DpquantError, invalid
+from app.core.text import text_problem
 from app.datasets.groups import MAX_KEYS
 from app.datasets.histogram_upload import PAIR_BYTES, PairSink
 from app.datasets.upload import blocks
@@ -84,6 +85,8 @@ def read_groups_octet(
             raise _bad(f"key {index}: not UTF-8") from None
         if len(key) > 200:
             raise _bad(f"key {index}: longer than 200 characters")
+        if (problem := text_problem(key)) is not None:
+            raise _bad(f"key {index}: {problem}")
         if key in out:
             raise _bad(f"key {index}: repeats an earlier key")
         if declared is not None and key not in declared:

@@ -13,8 +13,9 @@ release names (public keys, declared or typed by the caller).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 from app.codec.grid import cell_of
 from app.codec.histogram import decode_histogram, encode_histogram, merge_histograms
 from app.core.errors import DpquantError, invalid
+from app.core.text import text_problem
 from app.datasets.models import DatasetColumn, DatasetGroupData
 
 IntArray = NDArray[np.int64]
@@ -33,13 +35,26 @@ MAX_KEYS = 10_000
 MERGE_PAIRS = 1 << 20
 
 
+def refuse_body(problem: str) -> NoReturn:
+    """An upload's key problem as a 422 on ``body`` (the default of :class:`KeyCodes`)."""
+    raise invalid("body", problem)
+
+
 class KeyCodes:
     """Codes 0, 1, ... for one categorical column's keys, in order of first sight (-1: a
-    missing cell, which belongs to no group)."""
+    missing cell, which belongs to no group). A key PostgreSQL cannot store as text (a NUL
+    character, an unpaired surrogate) or one past ``limit`` keys is refused through
+    ``refuse``, by its problem, never by its value."""
 
-    def __init__(self, name: str, limit: int = MAX_KEYS) -> None:
+    def __init__(
+        self,
+        name: str,
+        limit: int = MAX_KEYS,
+        refuse: Callable[[str], NoReturn] = refuse_body,
+    ) -> None:
         self.name = name
         self.limit = limit
+        self.refuse = refuse
         self.codes: dict[str, int] = {}
         self.keys: list[str] = []
 
@@ -50,10 +65,11 @@ class KeyCodes:
         found = self.codes.get(key)
         if found is not None:
             return found
+        problem = text_problem(key)
+        if problem is not None:
+            self.refuse(f"column {self.name!r}: a key {problem}")
         if len(self.keys) >= self.limit:
-            raise invalid(
-                "body", f"column {self.name!r} holds more than {self.limit} distinct keys"
-            )
+            self.refuse(f"column {self.name!r} holds more than {self.limit} distinct keys")
         self.codes[key] = len(self.keys)
         self.keys.append(key)
         return len(self.keys) - 1

@@ -263,7 +263,7 @@ def _spark(
     if group_by is not None and groups_out is not None:
         from app.ingest.groups import spark_key_counts
 
-        groups_out.update(spark_key_counts(kept, xs, grids, "g"))
+        groups_out.update(spark_key_counts(kept, xs, grids, "g", group_by))
     present = int(checks["present"])
     n = int(counted[0].counts.sum()) if counted else 0
     skipped = int(checks["rows"]) - present

@@ -9,12 +9,13 @@ which is the data owner's own (admin) channel, never in a message.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from numpy.typing import NDArray
 
 from app.codec.grid import cell_of
+from app.core.text import text_problem
 from app.datasets.group_upload import encode_groups
 from app.datasets.groups import KeyCodes, PairCounts
 from app.ingest.core import Grid, IngestError, _check
@@ -43,12 +44,17 @@ def batch_codes(array: Any, coder: KeyCodes, path: str) -> IntArray:
     return out
 
 
+def refuse_ingest(problem: str) -> NoReturn:
+    """A key problem as the operator sees it (exit status 2), never with the key itself."""
+    raise IngestError(f"--group-by {problem}")
+
+
 class KeyCounter:
     """(key, cell) counts of every numeric column, for one categorical column."""
 
     def __init__(self, name: str, grids: list[Grid]) -> None:
         self.name = name
-        self.coder = KeyCodes(name)
+        self.coder = KeyCodes(name, refuse=refuse_ingest)
         self.grids = grids
         self.pairs = [PairCounts() for _ in grids]
 
@@ -73,7 +79,9 @@ class KeyCounter:
         return {self.coder.keys[c]: [p[c] for p in per_column] for c in codes}
 
 
-def spark_key_counts(data: Any, xs: list[str], grids: list[Grid], key: str) -> KeyHistograms:
+def spark_key_counts(
+    data: Any, xs: list[str], grids: list[Grid], key: str, name: str | None = None
+) -> KeyHistograms:
     """Per key of string column ``key`` of ``data`` (rows with a null or empty key left
     out), the (cell, count) rows of each double column of ``xs``: one GROUP BY (key,
     column, cell) over the columns stacked by an explode."""
@@ -102,7 +110,10 @@ def spark_key_counts(data: Any, xs: list[str], grids: list[Grid], key: str) -> K
         while end < len(keys) and keys[end] == keys[start]:
             end += 1
         part = slice(start, end)
-        out[str(keys[start])] = [
+        found = str(keys[start])
+        if (problem := text_problem(found)) is not None:
+            refuse_ingest(f"column {name or key!r}: a key {problem}")
+        out[found] = [
             (cells[part][which[part] == i], counts[part][which[part] == i]) for i in range(len(xs))
         ]
         start = end

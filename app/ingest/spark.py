@@ -200,7 +200,7 @@ def _count(
     if group_by is not None and groups_out is not None:
         from app.ingest.groups import spark_key_counts
 
-        groups_out.update(spark_key_counts(data.where(complete), xs, grids, "g"))
+        groups_out.update(spark_key_counts(data.where(complete), xs, grids, "g", group_by))
     present = int(totals["present"] or 0)
     skipped = int(totals["rows"]) - present
     return [Counted(one.cells, one.counts, present, one.n_outside, skipped) for one in counted]

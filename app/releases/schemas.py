@@ -7,9 +7,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from app.core.amounts import AmountPublic, DecimalText
+from app.core.text import StorableText
 from app.mechanisms import MECHANISMS
 
 #: ``method: "auto"``: the planner picks the fastest eligible method whose expected error is
@@ -23,7 +24,20 @@ PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=3
 #: it may hold: the bound that keeps a release readable in one response.
 MAX_GROUP_KEYS = 10_000
 MAX_GROUPED_ESTIMATES = 100_000
-GroupKey = Annotated[str, Field(min_length=1, max_length=200)]
+GroupKey = Annotated[StorableText, Field(min_length=1, max_length=200)]
+
+
+def _keys_kind(value: object) -> str:
+    return "discover" if isinstance(value, str) else "list"
+
+
+#: ``keys``: a list of keys or ``"discover"``; the tag picks the member from the JSON type,
+#: so an error names the problem (``body.keys.list.3: ...``), not every member's failure.
+GroupKeys = Annotated[
+    Annotated[list[GroupKey], Field(min_length=1, max_length=MAX_GROUP_KEYS), Tag("list")]
+    | Annotated[Literal["discover"], Tag("discover")],
+    Discriminator(_keys_kind),
+]
 
 
 class Selection(BaseModel):
@@ -94,11 +108,7 @@ class QuantileQuery(BaseModel):
         "that costs the epsilon asked (the groups are disjoint; docs/mechanisms.md, "
         "'Grouped releases'). The keys answered are `keys`, else the column's declared keys.",
     )
-    keys: (
-        Annotated[list[GroupKey], Field(min_length=1, max_length=MAX_GROUP_KEYS)]
-        | Literal["discover"]
-        | None
-    ) = Field(
+    keys: GroupKeys | None = Field(
         default=None,
         description="With group_by: the keys to answer (public: typed by the caller). Every "
         "key gets an answer, including keys with no rows (then the answer is noise: leaving "

@@ -3,6 +3,7 @@ one release that costs the epsilon asked."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -169,6 +170,39 @@ def test_bad_grouped_queries_are_refused_naming_the_field_and_nothing_is_debited
         text = r.text
         assert field.split(".")[-1] in text and words in text, text
     assert spent(api, ds["id"]) == 0
+
+
+@pytest.mark.parametrize("key", ["north\x00", "\ud800", "a\x00b"])
+def test_a_key_postgresql_cannot_store_is_refused_naming_its_place(
+    api: Api, client: TestClient, key: str
+) -> None:
+    ds = table(api)
+    upload(client, api, ds["id"], rows_csv(200))
+    body = json.dumps({"quantiles": [0.5], "epsilon": "1", "method": "jointexp",
+                       "group_by": "region", "keys": ["south", key]})  # fmt: skip
+    for path in ("quote", "quantiles"):
+        r = client.post(f"/v1/datasets/{ds['id']}/{path}", content=body,
+                        headers={**api.admin, "content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"].startswith("body.keys.list.1: "), r.text
+        assert "NUL" in r.text or "unpaired surrogate" in r.text
+    assert spent(api, ds["id"]) == 0
+
+
+def test_uploads_refuse_keys_postgresql_cannot_store_without_echoing_them(
+    api: Api, client: TestClient
+) -> None:
+    ds = table(api, columns=[COLUMNS[0], {"name": "region", "type": "categorical"}])
+    csv = b"income,region\n5,north\n6,SECRET\x00KEY\n"
+    rows = json.dumps([{"income": 5, "region": "north"}, {"income": 6, "region": "SECRET\u0000"}])
+    for content, kind in ((csv, "text/csv"), (rows.encode(), "application/json")):
+        r = client.put(f"/v1/datasets/{ds['id']}/values", content=content,
+                       headers={**api.admin, "content-type": kind})  # fmt: skip
+        assert r.status_code == 422, r.text
+        assert "column 'region': a key must not contain NUL characters" in r.text
+        assert "SECRET" not in r.text
+    # nothing was stored: the table still has no values
+    assert client.get(f"/v1/datasets/{ds['id']}", headers=api.admin).json()["n"] in (None, 0)
 
 
 def test_a_column_without_declared_keys_needs_keys(api: Api, client: TestClient) -> None:

@@ -788,6 +788,38 @@ def test_ingest_group_by_feeds_grouped_releases(
     assert 0 <= west["estimates"][0] <= 120  # no rows: noise, but answered
 
 
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_ingest_refuses_a_key_postgresql_cannot_store_without_naming_it(
+    engine: str,
+    spark: Any,
+    client: TestClient,
+    tmp_path: Path,
+    in_process: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = [
+        {"name": "x", "type": "numeric", "lower": 0, "upper": 10, "granularity": 1},
+        {"name": "region", "type": "categorical"},
+    ]
+    r = client.post("/v1/datasets", json={"name": f"ingest-nul-{engine}", "columns": columns,
+                                          "epsilon": "1"}, headers=ADMIN)  # fmt: skip
+    assert r.status_code == 201, r.text
+    ds = r.json()["id"]
+    data = tmp_path / "nul.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0, 3.0], "region": ["a", "SECRET\x00", "b"]}), data)
+    sent = len(in_process)
+    argv = ["ingest", "--server", "http://dpquant.invalid", "--dataset", ds, "--engine", engine,
+            "--group-by", "region", str(data)]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "column 'region': a key must not contain NUL characters" in err
+    assert "SECRET" not in err
+    assert not [call for call in in_process[sent:] if call.startswith("PUT")]  # no upload
+
+
 def group_body(groups: dict[str, list[tuple[list[int], list[int]]]]) -> bytes:
     from app.datasets.group_upload import encode_groups
 
@@ -816,6 +848,7 @@ def test_group_histogram_uploads_are_checked(api: Api, client: TestClient) -> No
         (group_body({"a": [([1], [4])]}), "exceed the column's stored values"),
         (group_body({"a": [([3], [1])]}), "exceed the column's stored values"),
         (group_body({"c": [([1], [1])]}), "key 0: not one of the column's declared keys"),
+        (group_body({"a\x00": [([1], [1])]}), "key 0: must not contain NUL characters"),
         (good[:-3], "ends inside"),
         (good + good, "key 2: repeats an earlier key"),
         (group_body({"a": [([11], [1])]}), "cell outside the grid"),
