@@ -35,3 +35,25 @@ def test_a_release_explains_its_method_its_data_and_the_planner_today(
     other = api.dataset(values=SAMPLE)
     outsider = api.key("analyst", other["id"])
     assert client.get(f"/v1/releases/{rel['id']}/explanation", headers=outsider).status_code == 404
+
+
+def test_grouped_releases_are_explained_with_public_keys_and_with_discovered_ones(
+    api: Api, client: TestClient
+) -> None:
+    from .test_grouped import rows_csv, table, upload
+
+    ds = table(api, delta="0.001")
+    upload(client, api, ds["id"], rows_csv(400))
+    public = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp",
+                       group_by="region", keys=["north", "atlantis"])  # fmt: skip
+    found = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp",
+                      group_by="region", keys="discover",
+                      selection={"epsilon": "1", "delta": "0.0001"})  # fmt: skip
+    for rel in (public, found):
+        assert rel.status_code == 201, rel.text
+        r = client.get(f"/v1/releases/{rel.json()['id']}/explanation", headers=api.admin)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["release"]["group_by"] == "region"
+        assert body["auto_today"] in MECHANISMS
+    assert r.json()["release"]["selection"]["max_keys"] == 1000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Literal
 
 from fastapi import APIRouter, Request
 
@@ -16,7 +17,7 @@ from app.datasets.models import Dataset
 from app.mechanisms import MECHANISMS
 from app.releases import planning, service
 from app.releases.models import Release
-from app.releases.schemas import QuantileQuery, ReleaseExplanation
+from app.releases.schemas import QuantileQuery, ReleaseExplanation, Selection
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute)
 
@@ -63,6 +64,13 @@ def explain_release(
         raise DpquantError(404, "not_found", "release not found")
     column = next(c for c in dataset.columns if c.name == release.column_name)
     mech = MECHANISMS[release.method]
+    stored = release.group_keys
+    keys: list[str] | Literal["discover"] | None = None
+    selection = None
+    if isinstance(stored, dict):  # a discovery: stored as its selection's parameters
+        keys, selection = "discover", Selection(**stored["discover"])
+    else:
+        keys = stored
     query = QuantileQuery(
         quantiles=release.quantiles,
         epsilon=release.epsilon,
@@ -70,7 +78,8 @@ def explain_release(
         method="auto",
         column=None if len([c for c in dataset.columns if c.numeric]) == 1 else column.name,
         group_by=release.group_by,
-        keys=release.group_keys,
+        keys=keys,
+        selection=selection,
     )
     alternatives: list[dict[str, object]] = []
     auto_today: str | None = None
