@@ -109,3 +109,6 @@ class Release(Base):
     selected_keys: Mapped[list[str] | None] = mapped_column(JSONB)
     #: The expected error as a function of group size (public figures only), or NULL.
     group_error: Mapped[dict[str, object] | None] = mapped_column(JSONB)
+    #: Error bars in the data's units (migration 0021): one ``{quantile, low, high}`` per
+    #: estimate, set with the estimates (post-processing of public figures), or NULL.
+    intervals: Mapped[list[dict[str, float]] | None] = mapped_column(JSONB)

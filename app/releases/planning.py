@@ -366,7 +366,9 @@ def expectation(
     if err is None:
         return None, [f"expected error unknown: no error model for method {query.method!r}"]
     mean, bound = _figures(err[0]), _figures(err[1])
-    expected = [{"quantile": q, "mean": mean, "bound90": bound} for q in query.quantiles]
+    expected = [
+        {"quantile": q, "mean": mean, "bound90": bound, "size": size} for q in query.quantiles
+    ]
     warnings: list[str] = []
     share = mean / size
     m = len(query.quantiles)

@@ -37,6 +37,7 @@ from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
 from app.mechanisms.grouped import chain_length, run_groups
 from app.mechanisms.partition import select_keys
+from app.planner.intervals import estimate_intervals
 from app.releases.service import PENDING_CHANNEL
 
 Connection = psycopg.Connection[Any]
@@ -184,6 +185,7 @@ _CLAIM = """
               r.quantiles, r.epsilon, r.delta, c.lower, c.upper,
               c.granularity, d.neighbors, d.archived_at, d.size_hint, d.max_rows_per_unit,
               r.column_name, r.trace_parent, r.created_at, r.group_by, r.group_keys,
+              r.expected_error,
               CASE WHEN d.neighbors = 'swap' THEN d.n END AS public_n,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
@@ -406,11 +408,47 @@ def complete_batch(
                 None if keys is None else json.dumps(keys)
                 for keys in (selected or [None] * len(done))
             ],
+            "intervals": [_intervals(claim, estimates) for claim, estimates in done],
         },
     ).fetchall()
     for (method,) in rows:
         RELEASES.labels(method, "done").inc()
     return len(rows)
+
+
+def intervals_of(
+    params: Mapping[str, Any], estimates: Sequence[float]
+) -> list[dict[str, float]] | None:
+    """A done release's error bars (:mod:`app.planner.intervals`) from its claimed
+    parameters (quantiles, the column's grid, the expected error stored at the reservation
+    with the public size it assumed) and its estimates; None for grouped releases and where
+    the expected error or its size is unknown. Public figures and the output only."""
+    expected = params.get("expected_error")
+    if params.get("group_by") is not None or not expected:
+        return None
+    try:
+        size = expected[0].get("size")
+        bound = max(float(row["bound90"]) for row in expected)
+        if size is None:
+            return None
+        quantiles = [float(q) for q in params["quantiles"]]
+        bars = estimate_intervals(
+            quantiles, estimates,
+            lower=float(params["lower"]), upper=float(params["upper"]),
+            granularity=float(params["granularity"]), bound90=bound, size=int(size),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if bars is None:
+        return None
+    return [
+        {"quantile": q, "low": lo, "high": hi} for q, (lo, hi) in zip(quantiles, bars, strict=True)
+    ]
+
+
+def _intervals(claim: Claim, estimates: Sequence[float]) -> str | None:
+    bars = None if claim.row is None else intervals_of(claim.row, estimates)
+    return None if bars is None else json.dumps(bars)
 
 
 def _version(claim: Claim) -> int | None:
@@ -423,13 +461,15 @@ _COMPLETE = """
     UPDATE release AS r
     SET status = 'done', estimates = v.estimates::double precision[],
         data_version = v.version, selected_keys = v.selected::jsonb,
+        intervals = v.intervals::jsonb,
         finished_at = clock_timestamp(), lease_until = NULL,
         published_at = greatest(
             clock_timestamp(),
             coalesce(r.run_started_at, clock_timestamp()) + make_interval(secs => v.bound))
     FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(estimates)s::text[],
-                %(bounds)s::double precision[], %(versions)s::integer[], %(selected)s::text[])
-             AS v(id, token, estimates, bound, version, selected),
+                %(bounds)s::double precision[], %(versions)s::integer[], %(selected)s::text[],
+                %(intervals)s::text[])
+             AS v(id, token, estimates, bound, version, selected, intervals),
          (SELECT set_config('synchronous_commit', 'on', true) AS v) AS cfg
     WHERE r.id = v.id AND r.lease_token = v.token AND r.status = 'pending'
       AND cfg.v IS NOT NULL

@@ -148,6 +148,20 @@ class ExpectedError(BaseModel):
     quantile: float
     mean: float = Field(description="Expected missed points.")
     bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
+    size: int | None = Field(
+        default=None,
+        description="The public size (rows) the figures are computed at: n under swap "
+        "neighbours, the dataset's size hint under add_remove (where n is private).",
+    )
+
+
+class EstimateInterval(BaseModel):
+    """An error bar in the data's units for one estimate: post-processing of public figures
+    and the release's own estimates, no extra budget. An approximation, not a guarantee."""
+
+    quantile: float
+    low: float = Field(description="Lower end (a grid point at or below the estimate).")
+    high: float = Field(description="Upper end (a grid point at or above the estimate).")
 
 
 class SizeError(BaseModel):
@@ -229,6 +243,17 @@ class ReleasePublic(BaseModel):
         default=None,
         description="A-priori expected error of the method (computed at reservation from "
         "public figures); null when unknown (add_remove dataset without a size_hint).",
+    )
+    intervals: list[EstimateInterval] | None = Field(
+        default=None,
+        description="Error bars in the data's units, one per estimate, for 90 % nominal "
+        "coverage: the values between the levels q -/+ bound90/size on the piecewise-linear "
+        "curve through the release's own estimates (continued beyond the outermost ones at "
+        "twice the nearest slope, within the public bounds), widened to the grid. "
+        "Post-processing: no extra budget. An approximation, not a guarantee: it inherits "
+        "the planner's fitted bound and assumes the quantile function is near linear between "
+        "released levels (measured coverage per data shape: docs/experiments.md). Null "
+        "until done, for grouped releases, and where the expected error is unknown.",
     )
     warnings: list[str] = Field(
         default_factory=list,

@@ -110,6 +110,8 @@ class ReleaseRecord:
     group_error: dict[str, Any] | None = None
     #: ``"keys": "discover"``: the keys the selection kept (None until done)
     selected_keys: list[str] | None = None
+    #: Error bars in the data's units (None until done, and where none could be formed)
+    intervals: list[dict[str, float]] | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -526,6 +528,8 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         failure = outcome["failure"]
         version = outcome.get("data_version")
         data_version = None if version is None else int(version)
+        bars = outcome.get("intervals")
+        intervals = None if bars is None else [dict(bar) for bar in bars]
     except (KeyError, TypeError, ValueError):
         return None
     return dataclasses.replace(
@@ -536,6 +540,7 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         estimates=estimates,
         published_at=published_at,
         data_version=data_version,
+        intervals=intervals,
     )
 
 
@@ -562,6 +567,7 @@ def published_view(release: ReleaseRecord, *, admin: bool, now: datetime) -> Rel
             failure=None,
             finished_at=None,
             data_version=None,
+            intervals=None,
         )
     return dataclasses.replace(release, finished_at=published)
 

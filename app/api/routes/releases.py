@@ -100,6 +100,7 @@ def present(
             "created_at": release.created_at,
             "finished_at": release.finished_at,
             "expected_error": release.expected_error,
+            "intervals": release.intervals if release.estimates is not None else None,
             "warnings": release.warnings or [],
             "data_version": release.data_version,
             "group_by": release.group_by,

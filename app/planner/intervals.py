@@ -1,0 +1,120 @@
+"""Error bars in the data's units, by post-processing a release (no budget).
+
+A release gives the estimates ``x_1 .. x_m`` of the quantile levels ``q_1 < .. < q_m`` and the
+planner's 90 % bound ``b`` on each estimate's rank error (missed points, at the public size
+``n``). The estimate of ``q_j`` then sits, in 90 % of runs, at a rank within ``b`` of
+``q_j n``; equivalently the true ``q_j``-quantile lies between the values at the ranks
+``q_j n - b`` and ``q_j n + b``. Those values are unknown, but the release itself is an
+estimate of the quantile function: the interval is read off the piecewise-linear curve
+through ``(q_k, x_k)``, between the levels ``q_j - b/n`` and ``q_j + b/n``.
+
+Beyond the outermost estimates the curve continues with its nearest segment's slope,
+doubled (a distribution's density usually thins towards its tails, so the quantile function
+steepens there), and stops at the public bounds; with one estimate the curve runs from the
+lower bound through it to the upper bound. The interval is widened to the grid points
+around it and always contains the estimate.
+
+This is an approximation, not a guarantee: it inherits the planner's bound (fitted, not
+proven) and assumes the data's quantile function is close to linear between released
+levels. Its coverage is measured per data shape in docs/experiments.md.
+
+Pure: depends on public figures and the release's own output only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+
+import numpy as np
+
+#: The slope factor beyond the outermost estimates (see the module docstring).
+TAIL_STEEPENING = 2.0
+#: The coverage the intervals aim at: the planner's ``bound90``.
+NOMINAL = 0.9
+
+
+def estimate_intervals(
+    quantiles: Sequence[float],
+    estimates: Sequence[float],
+    *,
+    lower: float,
+    upper: float,
+    granularity: float,
+    bound90: float,
+    size: int,
+) -> list[tuple[float, float]] | None:
+    """One ``(low, high)`` per estimate, in the data's units, or None when the figures do not
+    allow one (no public size, a non-finite bound, a shape mismatch).
+
+    Args:
+        quantiles: The release's levels, strictly increasing in (0, 1).
+        estimates: The released values, one per level (sorted first where a method's
+            independent picks cross: the curve is monotone).
+        lower, upper, granularity: The column's public grid.
+        bound90: The planner's 90 % bound on missed points per quantile.
+        size: The public size the bound is computed at (rows).
+    """
+    m = len(quantiles)
+    if (
+        m == 0
+        or len(estimates) != m
+        or size < 1
+        or not math.isfinite(bound90)
+        or bound90 < 0
+        or not upper > lower
+        or not granularity > 0
+    ):
+        return None
+    levels = np.asarray(quantiles, dtype=np.float64)
+    values = np.sort(np.asarray(estimates, dtype=np.float64))
+    if not (np.all(np.isfinite(values)) and np.all(np.diff(levels) > 0)):
+        return None
+    half = min(bound90 / size, 1.0)
+    curve = _curve(levels, values, lower, upper)
+    out: list[tuple[float, float]] = []
+    for q, x in zip(levels.tolist(), estimates, strict=True):
+        lo = _snap(curve(max(q - half, 0.0)), lower, upper, granularity, up=False)
+        hi = _snap(curve(min(q + half, 1.0)), lower, upper, granularity, up=True)
+        out.append((min(lo, float(x)), max(hi, float(x))))
+    return out
+
+
+def _curve(
+    levels: np.ndarray, values: np.ndarray, lower: float, upper: float
+) -> Callable[[float], float]:
+    """The piecewise-linear quantile curve: through the estimates; beyond the outermost ones
+    at :data:`TAIL_STEEPENING` times the nearest segment's slope; within the bounds. With one
+    estimate: from the lower bound through it to the upper bound."""
+    if levels.size == 1:
+        knots_p = np.array([0.0, levels[0], 1.0])
+        knots_v = np.array([lower, values[0], upper])
+        return lambda p: float(np.interp(p, knots_p, knots_v))
+    first, last = float(levels[0]), float(levels[-1])
+    low_slope = TAIL_STEEPENING * (values[1] - values[0]) / (levels[1] - levels[0])
+    high_slope = TAIL_STEEPENING * (values[-1] - values[-2]) / (levels[-1] - levels[-2])
+
+    def curve(p: float) -> float:
+        if p < first:
+            v = float(values[0] - low_slope * (first - p))
+        elif p > last:
+            v = float(values[-1] + high_slope * (p - last))
+        else:
+            v = float(np.interp(p, levels, values))
+        return min(max(v, lower), upper)
+
+    return curve
+
+
+def _snap(value: float, lower: float, upper: float, step: float, up: bool) -> float:
+    """``value`` moved outward (``up``: to the grid point at or above it, else at or below
+    it) to a grid point ``lower + k * step``, evaluated in decimal like the released values,
+    and kept in the bounds."""
+    x = (value - lower) / step
+    k = math.ceil(x - 1e-9) if up else math.floor(x + 1e-9)
+    point = float(Decimal(repr(lower)) + max(k, 0) * Decimal(repr(step)))
+    return min(max(point, lower), upper)
+
+
+__all__ = ["NOMINAL", "TAIL_STEEPENING", "estimate_intervals"]

@@ -1,0 +1,133 @@
+"""Error bars in the data's units (app.planner.intervals): their shape, and their coverage
+where the planner's bound is calibrated."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.codec.grid import cell_of, grid_size, grid_values
+from app.experiments.errormap import LOWER, UPPER, sample_shape
+from app.experiments.runner import evenly_spaced_quantiles, stream
+from app.mechanisms import MECHANISMS
+from app.mechanisms.histogram import GridHistogram
+from app.planner import expected_error
+from app.planner.intervals import TAIL_STEEPENING, estimate_intervals
+
+
+def on_grid(x: float, lower: float, step: float) -> bool:
+    k = (x - lower) / step
+    return abs(k - round(k)) < 1e-6
+
+
+@st.composite
+def releases(draw: st.DrawFn) -> tuple[list[float], list[float], float, float, float]:
+    m = draw(st.integers(1, 30))
+    levels = sorted(set(draw(st.lists(st.integers(1, 999), min_size=m, max_size=m))))
+    quantiles = [k / 1000 for k in levels]
+    lower = draw(st.sampled_from([-100.0, 0.0, 3.5]))
+    step = draw(st.sampled_from([0.001, 0.25, 1.0]))
+    points = draw(st.integers(10, 5000))
+    upper = lower + points * step
+    cells = draw(st.lists(st.integers(0, points), min_size=len(quantiles), max_size=len(quantiles)))
+    estimates = [lower + k * step for k in cells]  # any order: independent picks may cross
+    return quantiles, estimates, lower, upper, step
+
+
+@settings(max_examples=300, deadline=None)
+@given(releases(), st.floats(0, 5000), st.integers(1, 10**7))
+def test_each_interval_holds_its_estimate_on_grid_points_within_the_bounds(
+    release: tuple[list[float], list[float], float, float, float], bound: float, size: int
+) -> None:
+    quantiles, estimates, lower, upper, step = release
+    bars = estimate_intervals(
+        quantiles, estimates, lower=lower, upper=upper, granularity=step, bound90=bound, size=size
+    )
+    assert bars is not None and len(bars) == len(estimates)
+    for (lo, hi), x in zip(bars, estimates, strict=True):
+        assert lower <= lo <= x <= hi <= upper
+        assert on_grid(lo, lower, step) and on_grid(hi, lower, step)
+    # a larger bound never gives a narrower interval
+    wider = estimate_intervals(
+        quantiles, estimates, lower=lower, upper=upper, granularity=step,
+        bound90=2 * bound + 1, size=size,
+    )  # fmt: skip
+    assert wider is not None
+    for (lo, hi), (wlo, whi) in zip(bars, wider, strict=True):
+        assert wlo <= lo and hi <= whi
+
+
+def test_on_a_linear_quantile_function_the_interval_is_the_levels_q_plus_minus_b_over_n() -> None:
+    # data uniform on [0, 100]: the quantile function is 100 q; estimates exactly on it
+    quantiles = [0.2, 0.4, 0.6, 0.8]
+    estimates = [20.0, 40.0, 60.0, 80.0]
+    bars = estimate_intervals(
+        quantiles, estimates, lower=0.0, upper=100.0, granularity=0.01, bound90=50, size=1000
+    )
+    assert bars is not None
+    # half-width 0.05 in level = 5 in value inside; beyond the outermost estimates the slope
+    # is doubled (10 in value) and the curve stops at the bounds
+    assert bars[1] == pytest.approx((35.0, 45.0)) and bars[2] == pytest.approx((55.0, 65.0))
+    assert bars[0] == pytest.approx((20.0 - 0.05 * 100 * TAIL_STEEPENING, 25.0))
+    assert bars[3] == pytest.approx((75.0, 80.0 + 0.05 * 100 * TAIL_STEEPENING))
+    near_edge = estimate_intervals(
+        [0.01, 0.5], [1.0, 50.0], lower=0.0, upper=100.0, granularity=0.01, bound90=50, size=1000
+    )
+    assert near_edge is not None and near_edge[0][0] == 0.0  # stopped at the lower bound
+
+
+def test_one_estimate_runs_the_curve_from_the_lower_bound_through_it_to_the_upper() -> None:
+    bars = estimate_intervals(
+        [0.5], [50.0], lower=0.0, upper=100.0, granularity=0.1, bound90=20, size=1000
+    )
+    assert bars == [(pytest.approx(48.0), pytest.approx(52.0))]
+
+
+def test_no_interval_without_the_figures_it_needs() -> None:
+    good = {"lower": 0.0, "upper": 1.0, "granularity": 0.1, "bound90": 1.0, "size": 10}
+    assert estimate_intervals([0.5], [0.5], **good) is not None
+    assert estimate_intervals([0.5], [0.5], **(good | {"size": 0})) is None
+    assert estimate_intervals([0.5], [0.5], **(good | {"bound90": math.nan})) is None
+    assert estimate_intervals([0.5], [0.5, 0.6], **good) is None
+    assert estimate_intervals([], [], **good) is None
+    assert estimate_intervals([0.5, 0.5], [0.5, 0.6], **good) is None
+
+
+def coverage(shape: str, n: int, m: int, eps: float, trials: int, scale: float = 1.0) -> float:
+    """Share of (trial, quantile) pairs whose interval holds the data's true quantile, for
+    JointExp on the grid as a release runs it, with the planner's bound times ``scale``."""
+    qs = evenly_spaced_quantiles(m)
+    err = expected_error("jointexp", n, list(qs), eps, None, "swap")
+    assert err is not None
+    step = 1e-3
+    hits: list[bool] = []
+    for t in range(trials):
+        data = sample_shape(shape, stream(2026, "cover", t), n)
+        cells, counts = np.unique(cell_of(data, LOWER, UPPER, step), return_counts=True)
+        hist = GridHistogram(cells, counts, grid_size(LOWER, UPPER, step))
+        picked = MECHANISMS["jointexp"].run_grid(
+            hist, qs, epsilon=eps, delta=None, neighbors="swap", rng=stream(2026, "run", t)
+        )
+        est = grid_values(picked, LOWER, step)
+        values = grid_values(np.repeat(cells, counts), LOWER, step)
+        bars = estimate_intervals(
+            list(qs), [float(e) for e in est], lower=LOWER, upper=UPPER, granularity=step,
+            bound90=scale * err[1], size=n,
+        )  # fmt: skip
+        assert bars is not None
+        truth = values[np.maximum(np.ceil(qs * n).astype(int), 1) - 1]
+        hits.extend(lo <= x <= hi for (lo, hi), x in zip(bars, truth, strict=True))
+    return float(np.mean(hits))
+
+
+def test_where_the_bound_is_calibrated_the_intervals_cover_about_90_percent() -> None:
+    # Gaussian data, a cell inside the planner's map (docs/experiments.md has the per-shape
+    # table); 30 trials x 9 quantiles
+    covered = coverage("gaussian", 20_000, 9, 1.0, trials=30)
+    assert 0.8 <= covered <= 0.99
+    # the check can fail: a bound ten times too small covers far less
+    assert coverage("gaussian", 20_000, 9, 1.0, trials=30, scale=0.1) < 0.6
