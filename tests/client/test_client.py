@@ -314,6 +314,13 @@ def test_typed_methods_get_or_create_and_to_pandas(
     assert {"expected_mean", "expected_bound90"} <= set(frame.columns)  # n is public (swap)
     assert release.expected_error is not None and release.expected_error[1].quantile == 0.5
     assert release.expected_error[1].bound90 >= release.expected_error[1].mean > 0
+    assert release.expected_error[1].size == len(VALUES)  # the public n it assumes
+    # error bars in the data's units, typed, and in the frame
+    assert release.intervals is not None and release.estimates is not None
+    for bar, estimate in zip(release.intervals, release.estimates, strict=True):
+        assert bar.low <= estimate <= bar.high
+    assert list(frame["low"]) == [bar.low for bar in release.intervals]
+    assert list(frame["high"]) == [bar.high for bar in release.intervals]
     assert isinstance(release.warnings, list)
     quote = admin.quote(made.id, [0.5], epsilon="0.1")
     assert quote.expected_error is not None and quote.expected_error[0].quantile == 0.5

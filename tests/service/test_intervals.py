@@ -28,7 +28,8 @@ def recomputed(body: dict[str, Any], lower: float, upper: float, step: float) ->
         bound90=max(e["bound90"] for e in body["expected_error"]), size=first["size"],
     )  # fmt: skip
     assert bars is not None
-    return [{"quantile": q, "low": lo, "high": hi} for q, (lo, hi) in zip(body["quantiles"], bars)]
+    pairs = zip(body["quantiles"], bars, strict=True)
+    return [{"quantile": q, "low": lo, "high": hi} for q, (lo, hi) in pairs]
 
 
 def test_a_release_has_error_bars_from_its_own_estimates_and_public_figures(

@@ -143,6 +143,10 @@ def test_analyst_asks_for_quantiles_and_sees_the_release(watched: Watched, seed:
         headers={"Authorization": f"Bearer {analyst}"},
     ).json()
     assert ", ".join(str(e) for e in stored["estimates"]) in newest.inner_text()
+    # the error bars: one per estimate on the chart, and in the data's units under them
+    assert page.locator("#cdf-chart [data-testid=error-bar]").count() == 3
+    bars = ", ".join(f"[{b['low']}, {b['high']}]" for b in stored["intervals"])
+    assert newest.get_by_test_id("release-bars").inner_text() == f"90 % bars: {bars}"
     screenshot(watched, "analyst")
     key_never_leaves_the_header(watched, analyst)
     watched.assert_clean()

@@ -30,6 +30,13 @@ READING = [
     "admin-only, since it depends on the data).",
     "The cost was debited when the release was reserved, whatever its outcome; reading the "
     "release and this explanation is free.",
+    "Error bars (intervals) are in the data's units: for each estimate, the values between "
+    "the levels q - bound90/size and q + bound90/size on the curve through the release's own "
+    "estimates (steeper beyond the outermost ones, within the bounds), widened to the grid. "
+    "They cost nothing (post-processing) and are approximate: they aim at 90 % coverage, "
+    "inherit the expected error's model and assume the data's quantile function is near "
+    "linear between released levels; tied or clamped data and small epsilon can be covered "
+    "less often (measured per data shape in docs/experiments.md).",
 ]
 GROUPED_READING = (
     "A grouped release answers every key with the method run on that key's rows alone; the "

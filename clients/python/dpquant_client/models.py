@@ -87,6 +87,16 @@ class ExpectedError(_Model):
     quantile: float
     mean: float
     bound90: float
+    size: int | None = None  # the public size the figures assume (n, or the size hint)
+
+
+class EstimateInterval(_Model):
+    """An error bar in the data's units for one estimate (90 % nominal; an approximation
+    computed from public figures and the release's own estimates, at no extra budget)."""
+
+    quantile: float
+    low: float
+    high: float
 
 
 class Group(_Model):
@@ -129,6 +139,7 @@ class Release(_Model):
     remaining: Amount | None = None
     rho: dict[str, Decimal] | None = None  # zCDP tables: {"cost", "remaining"}
     expected_error: list[ExpectedError] | None = None
+    intervals: list[EstimateInterval] | None = None
     warnings: list[str] = Field(default_factory=list)
     created_at: datetime
     status: Status = "done"  # servers before asynchronous releases only store done ones
@@ -139,7 +150,8 @@ class Release(_Model):
 
     def to_pandas(self) -> Any:
         """The release as a ``pandas.DataFrame``: one row per quantile (``quantile``,
-        ``estimate`` and, where the server gave them, the expected error's figures), or for
+        ``estimate`` and, where the server gave them, the expected error's figures and the
+        error bar's ``low`` and ``high``), or for
         a grouped release one row per (group, quantile) with the key in a column named
         after ``group_by``. pandas is not a dependency of the client: install it to use
         this."""
@@ -169,6 +181,8 @@ class Release(_Model):
             }
             if i < len(expected):
                 row.update(expected_mean=expected[i].mean, expected_bound90=expected[i].bound90)
+            if self.intervals is not None and i < len(self.intervals):
+                row.update(low=self.intervals[i].low, high=self.intervals[i].high)
             rows.append(row)
         return pd.DataFrame(rows)
 

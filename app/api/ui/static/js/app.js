@@ -379,7 +379,17 @@ function renderReleases() {
     cell(row, r.delta, "num");
     const answer = r.groups && shown(r) ? `${r.groups.length} groups by ${r.group_by} (plot to see them)`
       : r.estimates ? r.estimates.join(", ") : statusOf(r) === "failed" ? "failed (charged)" : "pending…";
-    cell(row, answer, "mono wrap estimates");
+    const answerCell = cell(row, answer, "mono wrap estimates");
+    if (r.estimates && Array.isArray(r.intervals) && r.intervals.length) {
+      // the error bars in the data's units, on a line of their own under the estimates
+      const bars = document.createElement("div");
+      bars.className = "bars small muted";
+      bars.setAttribute("data-testid", "release-bars");
+      bars.textContent = "90 % bars: " + r.intervals.map((b) => `[${b.low}, ${b.high}]`).join(", ");
+      bars.title = "Approximate error bars in the data's units, from the expected error and the "
+        + "release's own estimates (no extra budget); see “explain”";
+      answerCell.appendChild(bars);
+    }
     const expected = cell(row, r.group_error ? groupShort(r.group_error) : expectedShort(r.expected_error), "wrap");
     if (r.warnings && r.warnings.length) {
       expected.textContent += " ⚠";
@@ -410,6 +420,7 @@ function renderReleases() {
     lower: ds ? ds.lower : 0,
     upper: ds ? ds.upper : 1,
     title: plotted ? `Release ${plotted.id} (${plotted.method}, ε ${plotted.epsilon})` : "",
+    intervals: plotted && !plotted.groups ? plotted.intervals : null,
   });
 }
 

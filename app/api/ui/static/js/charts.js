@@ -80,9 +80,10 @@ function axes(svg, f, xs, ys, xScale, yScale, xFmt, yFmt, labels) {
 
 /**
  * The released quantiles as a step CDF: the estimate of quantile q_i is where the curve
- * reaches q_i. x spans the dataset's public bounds.
+ * reaches q_i. x spans the dataset's public bounds. `intervals` (the release's error bars,
+ * [{quantile, low, high}] or null) are drawn as horizontal bars through the points.
  */
-export function drawStepCdf(svg, { quantiles, estimates, lower, upper, title }) {
+export function drawStepCdf(svg, { quantiles, estimates, lower, upper, title, intervals = null }) {
   const W = 480, H = 240;
   if (!estimates || !estimates.length) {
     message(svg, W, H, "Select a finished release to plot it");
@@ -106,12 +107,24 @@ export function drawStepCdf(svg, { quantiles, estimates, lower, upper, title }) 
   });
   d += ` H ${x(hi)}`;
   el("path", { d, class: "cdf" }, svg);
+  const bars = Array.isArray(intervals) && intervals.length === pts.length ? intervals : null;
+  if (bars) {
+    const gb = el("g", { class: "errbars" }, svg);
+    bars.forEach((b, i) => {
+      const py = y(pts[i][1]);
+      const x1 = x(Math.max(lo, b.low)), x2 = x(Math.min(hi, b.high));
+      const bar = el("g", { "data-testid": "error-bar" }, gb);
+      el("line", { x1, x2, y1: py, y2: py }, bar);
+      el("line", { x1, x2: x1, y1: py - 4, y2: py + 4 }, bar);
+      el("line", { x1: x2, x2, y1: py - 4, y2: py + 4 }, bar);
+    });
+  }
   const g = el("g", { class: "points" }, svg);
-  for (const [e, q] of pts) {
+  pts.forEach(([e, q], i) => {
     const c = el("circle", { cx: x(e), cy: y(q), r: 3.5 }, g);
     const t = el("title", {}, c);
-    t.textContent = `q = ${q}: ${e}`;
-  }
+    t.textContent = bars ? `q = ${q}: ${e} (90 % bar ${bars[i].low} to ${bars[i].high})` : `q = ${q}: ${e}`;
+  });
   const desc = el("desc", {}, svg);
   desc.textContent = title || `Step CDF through ${pts.length} released quantiles, last level ${level}`;
 }
