@@ -77,7 +77,7 @@ def test_median_by_region_in_one_release(api: Api, client: TestClient) -> None:
     assert explained.json()["release"]["groups"] == body["groups"]
     assert {a["method"] for a in explained.json()["alternatives"]} <= {
         "jointexp", "aq", "indexp", "jointexp_smooth"}  # fmt: skip
-    assert explained.json()["auto_today"] in {"jointexp", "aq", "indexp"}
+    assert explained.json()["auto_today"] in {"jointexp_smooth", "aq", "indexp"}
     assert any("grouped release" in line for line in explained.json()["reading"])
 
 
@@ -245,7 +245,7 @@ def test_the_quote_gives_the_error_by_group_size_and_auto_picks_a_grouped_method
     q = client.post(f"/v1/datasets/{ds['id']}/quote", json=body, headers=api.admin)
     assert q.status_code == 200, q.text
     quote = q.json()
-    assert quote["method"] in {"jointexp", "aq", "indexp", "appindexp"}
+    assert quote["method"] in {"jointexp_smooth", "aq", "indexp", "appindexp"}
     assert quote["expected_error"] is None
     ladder = quote["group_error"]["by_size"]
     assert [row["size"] for row in ladder] == [10, 100, 1000, 10_000, 100_000, 1_000_000]
@@ -263,10 +263,10 @@ def test_the_quote_gives_the_error_by_group_size_and_auto_picks_a_grouped_method
     assert rel.json()["group_error"] == quote["group_error"]
 
 
-def test_auto_smooths_groups_whose_public_figures_force_ties(api: Api, client: TestClient) -> None:
-    """Ratings 1-5 (grid of 5 points), 4 groups of ~100 rows by the public size hint: ties
-    are forced, so ``auto`` runs jointexp_smooth; the same table with a size hint of 16 rows
-    (4 a group, fewer than 5 points) does not force them, and auto is not the smoothed one."""
+def test_auto_smooths_grouped_releases(api: Api, client: TestClient) -> None:
+    """Ratings 1-5, 4 groups of ~100 rows: ties are private, ``auto`` runs jointexp_smooth
+    for every group (plain JointExp at neither size hint), the quote said so, and the tied
+    groups' medians come out at (or next to) the ratings' median."""
     columns = [
         {"name": "rating", "type": "numeric", "lower": 1, "upper": 5, "granularity": 1},
         {"name": "region", "type": "categorical", "keys": REGIONS},
@@ -284,8 +284,10 @@ def test_auto_smooths_groups_whose_public_figures_force_ties(api: Api, client: T
         assert rel.status_code == 201, rel.text
         assert rel.json()["method"] == q.json()["method"]
         picks[hint] = q.json()["method"]
+        medians = [g["estimates"][1] for g in rel.json()["groups"]]
+        assert sum(abs(m - 3) <= 1 for m in medians) >= 3, medians
     assert picks[400] == "jointexp_smooth"
-    assert picks[16] != "jointexp_smooth"
+    assert picks[16] != "jointexp"  # groups of 4 rows: another method, never plain JointExp
 
 
 def test_idempotent_grouped_queries_replay_and_other_keys_conflict(
