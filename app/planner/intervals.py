@@ -2,11 +2,12 @@
 
 A release gives the estimates ``x_1 .. x_m`` of the quantile levels ``q_1 < .. < q_m`` and the
 planner's 90 % bound ``b`` on each estimate's rank error (missed points, at the public size
-``n``). The estimate of ``q_j`` then sits, in 90 % of runs, at a rank within ``b`` of
-``q_j n``; equivalently the true ``q_j``-quantile lies between the values at the ranks
-``q_j n - b`` and ``q_j n + b``. Those values are unknown, but the release itself is an
-estimate of the quantile function: the interval is read off the piecewise-linear curve
-through ``(q_k, x_k)``, between the levels ``q_j - b/n`` and ``q_j + b/n``.
+``n``). In 90 % of runs at most ``b`` data points lie between the estimate of ``q_j`` and
+the true ``q_j``-quantile, which is itself a data point: the truth is then at most ``b + 1``
+points away, between the values at the ranks ``q_j n - b - 1`` and ``q_j n + b + 1``. Those
+values are unknown, but the release itself is an estimate of the quantile function: the
+interval is read off the piecewise-linear curve through ``(q_k, x_k)``, between the levels
+``q_j -/+ (b + 1)/n``.
 
 Beyond the outermost estimates the curve continues with its nearest segment's slope,
 doubled (a distribution's density usually thins towards its tails, so the quantile function
@@ -71,7 +72,7 @@ def estimate_intervals(
     values = np.sort(np.asarray(estimates, dtype=np.float64))
     if not (np.all(np.isfinite(values)) and np.all(np.diff(levels) > 0)):
         return None
-    half = min(bound90 / size, 1.0)
+    half = min((bound90 + 1.0) / size, 1.0)
     curve = _curve(levels, values, lower, upper)
     out: list[tuple[float, float]] = []
     for q, x in zip(levels.tolist(), estimates, strict=True):

@@ -87,8 +87,8 @@ class QuantileQuery(BaseModel):
         "the query allows (pure epsilon-DP ones always, approximate ones only when delta is "
         "given) whose public run-time bound fits the release time limit, the planner picks "
         "the fastest whose expected error is within 10 % of the lowest, with jointexp_smooth "
-        "in jointexp's place where the public figures force ties (more records than grid "
-        "points); the release records the method chosen.",
+        "in jointexp's place wherever it fits (ties and clamped values are private, and there "
+        "jointexp misses far more points); the release records the method chosen.",
     )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."
@@ -247,7 +247,7 @@ class ReleasePublic(BaseModel):
     intervals: list[EstimateInterval] | None = Field(
         default=None,
         description="Error bars in the data's units, one per estimate, for 90 % nominal "
-        "coverage: the values between the levels q -/+ bound90/size on the piecewise-linear "
+        "coverage: the values between the levels q -/+ (bound90 + 1)/size on the piecewise-linear "
         "curve through the release's own estimates (continued beyond the outermost ones at "
         "twice the nearest slope, within the public bounds), widened to the grid. "
         "Post-processing: no extra budget. An approximation, not a guarantee: it inherits "

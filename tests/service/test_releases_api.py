@@ -65,8 +65,9 @@ def test_release_response_shape(api: Api) -> None:
         "id", "dataset_id", "status", "method", "quantiles", "estimates", "failure", "epsilon",
         "delta", "cost", "remaining", "created_at", "finished_at", "expected_error", "warnings",
         "column", "data_version", "rho", "group_by", "groups", "group_error",
-        "selection",
+        "selection", "intervals",
     }  # fmt: skip
+    assert len(rel["intervals"]) == 3  # error bars: one per estimate
     assert rel["group_by"] is None and rel["groups"] is None and rel["group_error"] is None
     assert rel["column"] == "value" and rel["data_version"] == 1
     assert rel["rho"] is None  # a pure table

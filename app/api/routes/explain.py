@@ -31,7 +31,7 @@ READING = [
     "The cost was debited when the release was reserved, whatever its outcome; reading the "
     "release and this explanation is free.",
     "Error bars (intervals) are in the data's units: for each estimate, the values between "
-    "the levels q - bound90/size and q + bound90/size on the curve through the release's own "
+    "the levels q -/+ (bound90 + 1)/size on the curve through the release's own "
     "estimates (steeper beyond the outermost ones, within the bounds), widened to the grid. "
     "They cost nothing (post-processing) and are approximate: they aim at 90 % coverage, "
     "inherit the expected error's model and assume the data's quantile function is near "
