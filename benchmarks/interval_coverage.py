@@ -11,8 +11,10 @@ the public bounds [-100, 100] and the service's default grid step for them, 10^-
 the integer-valued shape) is checked, as a release runs (``run_grid`` on the data's grid
 histogram), against the data's true quantile (the ``ceil(q n)``-th smallest value). Prints,
 per shape and overall: the share of (trial, quantile) pairs covered (nominal 90 %), the share
-of cells whose own coverage is within 85-95 %, and the median interval width as a share of
-the data's interquartile range.
+of cells whose own coverage is within 85-95 %, the median interval width as a share of
+the data's interquartile range; and how honest the quote is: the share of trials whose mean
+missed points per quantile stayed within the quoted ``bound90``, and of cells whose measured
+mean is within 1.5x of the quoted mean (both on (error + 1), so cells near 0 count).
 """
 
 from __future__ import annotations
@@ -56,9 +58,12 @@ def run(cells: int, trials: int, seed: int) -> int:
     covered: dict[str, list[float]] = defaultdict(list)
     cell_ok: dict[str, list[bool]] = defaultdict(list)
     widths: dict[str, list[float]] = defaultdict(list)
+    held: dict[str, list[bool]] = defaultdict(list)  # a trial's mean missed <= bound90
+    honest: dict[str, list[bool]] = defaultdict(list)  # quoted mean within 1.5x of measured
     start = time.perf_counter()
     print(
-        f"{'shape':<10} {'n':>7} {'m':>3} {'eps':>6} {'method':<16} {'cover':>6} {'width/IQR':>9}"
+        f"{'shape':<10} {'n':>7} {'m':>3} {'eps':>6} {'method':<16} {'cover':>6} {'width/IQR':>9} "
+        f"{'quoted':>8} {'measured':>8}"
     )
     for shape, n, m, eps in draw_cells(cells, seed):
         qs = evenly_spaced_quantiles(m)
@@ -68,6 +73,7 @@ def run(cells: int, trials: int, seed: int) -> int:
         assert err is not None
         mech = MECHANISMS[method]
         hits: list[bool] = []
+        missed: list[float] = []
         for t in range(trials):
             data = sample_shape(shape, stream(seed, f"{shape}-{n}-{m}-{eps}-{t}"), n)
             step = STEPS.get(shape, STEP)
@@ -84,22 +90,33 @@ def run(cells: int, trials: int, seed: int) -> int:
                 granularity=step, bound90=err[1], size=n,
             )  # fmt: skip
             assert bars is not None
+            target = np.asarray(qs) * n
+            below = np.searchsorted(data, est, "left")
+            above = np.searchsorted(data, est, "right")
+            miss = np.maximum(np.maximum(below - target, target - above), 0.0)
+            missed.append(float(miss.mean()))
+            held[shape].append(missed[-1] <= err[1])
             iqr = float(np.quantile(data, 0.75) - np.quantile(data, 0.25)) or 1.0
             for q, (lo, hi) in zip(qs, bars, strict=True):
                 truth = float(data[max(math.ceil(q * n), 1) - 1])
                 hits.append(lo <= truth <= hi)
                 widths[shape].append((hi - lo) / iqr)
         share = float(np.mean(hits))
+        measured = float(np.mean(missed))
+        honest[shape].append(1 / 1.5 <= (err[0] + 1) / (measured + 1) <= 1.5)
         covered[shape].extend(float(h) for h in hits)
         cell_ok[shape].append(0.85 <= share <= 0.95)
         width = float(np.median(widths[shape][-len(hits) :]))
-        print(f"{shape:<10} {n:>7} {m:>3} {eps:>6.3g} {method:<16} {share:>6.1%} {width:>9.3f}")
+        print(
+            f"{shape:<10} {n:>7} {m:>3} {eps:>6.3g} {method:<16} {share:>6.1%} {width:>9.3f} "
+            f"{err[0]:>8.3g} {measured:>8.3g}"
+        )
     print()
     print(
         "| shape | cells | estimates | covered (nominal 90 %) | cells within 85-95 % "
-        "| median width / IQR |"
+        "| median width / IQR | trials within bound90 | quoted mean within 1.5x |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     every: list[float] = []
     for shape in SHAPES:
         if not covered[shape]:
@@ -108,12 +125,15 @@ def run(cells: int, trials: int, seed: int) -> int:
         print(
             f"| {shape} | {len(cell_ok[shape])} | {len(covered[shape])} | "
             f"{np.mean(covered[shape]):.1%} | {sum(cell_ok[shape])} of {len(cell_ok[shape])} | "
-            f"{np.median(widths[shape]):.3f} |"
+            f"{np.median(widths[shape]):.3f} | {np.mean(held[shape]):.1%} | "
+            f"{sum(honest[shape])} of {len(honest[shape])} |"
         )
     total_ok = sum(sum(v) for v in cell_ok.values())
     print(
         f"| all | {cells} | {len(every)} | {np.mean(every):.1%} | {total_ok} of {cells} | "
-        f"{np.median([w for v in widths.values() for w in v]):.3f} |"
+        f"{np.median([w for v in widths.values() for w in v]):.3f} | "
+        f"{np.mean([h for v in held.values() for h in v]):.1%} | "
+        f"{sum(sum(v) for v in honest.values())} of {cells} |"
     )
     print(f"\n{time.perf_counter() - start:.0f} s; seed {seed}, {trials} trials per cell")
     return 0

@@ -57,6 +57,9 @@ def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object
             "fit_cells": len(rows),
             "rms_log_residual": round(float(np.sqrt(np.mean((x @ beta - y) ** 2))), 4),
         }
+    for method, (rms, _, _) in cross_validate(map_dir, shapes).items():
+        if method in methods:
+            methods[method]["cv_rms_log_residual"] = round(rms, 4)  # type: ignore[index]
     return {"source": str(map_dir), "shapes": list(shapes), "methods": methods}
 
 

@@ -23,8 +23,9 @@ and then softly capped at the error of an answer that ignores the data (n/4 miss
 
 β is fitted per method by least squares on the committed error map (``python -m
 app.planner.fit``); the 90 % bound is the mean times the 90th percentile of
-(trial mean / cell mean) pooled per m over the same map, widened by the fit's own residual
-(:meth:`MethodModel.ratio90`). Both live in ``coefficients.json``.
+(trial mean / cell mean) pooled per m over the same map, widened by the model's held-out
+error (leave-one-level-out, :func:`app.planner.fit.cross_validate`;
+:meth:`MethodModel.ratio90`). Both live in ``coefficients.json``.
 The model sees only public figures: method, n (or the size hint), m, ε, δ.
 """
 
@@ -59,8 +60,11 @@ class MethodModel:
     r90_ms: tuple[float, ...]
     r90: tuple[float, ...]
     fit_cells: int
-    #: RMS residual of the fit in log(1 + E): the model's own uncertainty.
+    #: RMS residual of the fit in log(1 + E), in sample.
     sigma: float = 0.0
+    #: RMS log error on map levels left out of the fit (``app.planner.fit --cv``): the
+    #: model's uncertainty on cells it has not seen, which is what a quote is asked about.
+    cv_sigma: float = 0.0
 
     def mean(self, n: float, m: int, epsilon: float) -> float:
         raw = math.exp(float(np.dot(np.asarray(self.beta), features(n, m, epsilon)))) - 1.0
@@ -71,9 +75,10 @@ class MethodModel:
     def ratio90(self, m: int) -> float:
         """bound90 / mean: the randomness of one release (the pooled 90th percentile of
         trial / cell mean at this m) combined in log space with the model's uncertainty
-        (1.2816 σ, the 90 % point of a normal residual)."""
+        (1.2816 σ, the 90 % point of a normal residual), σ the held-out error where known
+        (else the in-sample one)."""
         spread = math.log(float(np.interp(math.log(m), np.log(self.r90_ms), self.r90)))
-        return math.exp(math.hypot(spread, Z90 * self.sigma))
+        return math.exp(math.hypot(spread, Z90 * max(self.sigma, self.cv_sigma)))
 
 
 @cache
@@ -88,6 +93,7 @@ def load_models() -> dict[str, MethodModel]:
             r90=tuple(float(x) for x in entry["r90"]),
             fit_cells=int(entry["fit_cells"]),
             sigma=float(entry.get("rms_log_residual", 0.0)),
+            cv_sigma=float(entry.get("cv_rms_log_residual", 0.0)),
         )
         for name, entry in raw["methods"].items()
     }

@@ -177,3 +177,21 @@ def test_held_out_validation_of_the_committed_map() -> None:
     for method in ("jointexp", "jointexp_smooth", "aq", "indexp", "appindexp"):
         rms, within, cells = report[method]
         assert cells > 400 and 0.0 < rms < 0.65 and within > 0.5, (method, report[method])
+
+
+def test_the_90_percent_bound_is_widened_by_the_held_out_error() -> None:
+    """bound90 / mean combines the trials' spread with 1.28 sigma, sigma the larger of the
+    in-sample and the held-out RMS log error (the committed coefficients carry both)."""
+    import dataclasses
+    import math
+
+    from app.planner.model import Z90, load_models
+
+    model = load_models()["jointexp"]
+    assert model.cv_sigma > model.sigma > 0
+    in_sample = dataclasses.replace(model, cv_sigma=0.0)
+    for m in (1, 9, 99):
+        spread = math.log(in_sample.ratio90(m)) ** 2 - (Z90 * model.sigma) ** 2
+        expected = math.exp(math.sqrt(spread + (Z90 * model.cv_sigma) ** 2))
+        assert math.isclose(model.ratio90(m), expected, rel_tol=1e-12)
+        assert model.ratio90(m) > in_sample.ratio90(m)
