@@ -68,7 +68,8 @@ def run(cells: int, trials: int, seed: int) -> int:
     for shape, n, m, eps in draw_cells(cells, seed):
         qs = evenly_spaced_quantiles(m)
         step = STEPS.get(shape, STEP)
-        method = recommend(n, list(qs), eps, None, "swap")
+        points = grid_size(LOWER, UPPER, step)
+        method = recommend(n, list(qs), eps, None, "swap", grid_points=points)
         err = expected_error(method, n, list(qs), eps, None, "swap")
         assert err is not None
         mech = MECHANISMS[method]

@@ -73,6 +73,11 @@ def eligible_methods(*, delta_given: bool, neighbors: str) -> list[str]:
 NEAR = 1.10
 
 
+def ties_forced(n: int, grid_points: int | None) -> bool:
+    """Whether the public figures force tied values: more records than grid points."""
+    return grid_points is not None and n > grid_points
+
+
 def recommend(
     n: int | None,
     quantiles: Sequence[float],
@@ -81,6 +86,7 @@ def recommend(
     neighbors: str,
     only: Collection[str] | None = None,
     *,
+    grid_points: int | None = None,
     seconds: Callable[[str], float] | None = None,
     time_limit_s: float | None = None,
 ) -> str:
@@ -97,7 +103,10 @@ def recommend(
     clamped at a bound) are private, so the planner cannot see them, and there JointExp
     misses 4-30x more points on the committed map (median; 100x and more at n = 10^5), while
     on continuous data JointExp is ahead by 5 % at the median (90th percentile 1.6x;
-    docs/experiments.md §10). Without ``seconds``, the registry's order breaks near-ties.
+    docs/experiments.md §10). Where the public figures force ties (``n`` above
+    ``grid_points``) every other model, fitted on distinct values, fails: the other methods
+    miss 10-1,000x more points there (§10.1), and ``jointexp_smooth`` is taken outright.
+    Without ``seconds``, the registry's order breaks near-ties.
     If nothing is left, the registry's first eligible method.
     """
     size = NOMINAL_N if n is None else n
@@ -120,6 +129,8 @@ def recommend(
         scored = in_time or [min(scored, key=lambda s: (s[1], s[2]))]
     if {"jointexp", "jointexp_smooth"} <= {s[3] for s in scored}:
         scored = [s for s in scored if s[3] != "jointexp"]
+    if ties_forced(size, grid_points) and "jointexp_smooth" in {s[3] for s in scored}:
+        return "jointexp_smooth"
     best = min(s[0] for s in scored)
     near = [s for s in scored if s[0] <= NEAR * best]
     return min(near, key=lambda s: (s[1], s[2]))[3]
@@ -136,4 +147,4 @@ def _costs_what_was_asked(name: str, epsilon: float, delta: float | None) -> boo
     return eps_cost <= epsilon * (1 + 1e-9) and delta_cost <= (delta or 0.0) * (1 + 1e-9)
 
 
-__all__ = ["NEAR", "NOMINAL_N", "eligible_methods", "expected_error", "recommend"]
+__all__ = ["NEAR", "NOMINAL_N", "eligible_methods", "expected_error", "recommend", "ties_forced"]

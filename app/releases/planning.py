@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from app import planner
 from app.auth.models import ApiKey
+from app.codec.grid import grid_size
 from app.core.amounts import Amount, Budget
 from app.core.config import Settings
 from app.core.errors import DpquantError, invalid, not_found
@@ -304,7 +305,8 @@ def resolve(
     """
     name = method or query.method
     column = query.column or (figures.numeric[0] if len(figures.numeric) == 1 else "")
-    timing: dict[str, Any] = {}
+    grid = figures.grid(column)
+    timing: dict[str, Any] = {"grid_points": None if grid is None else grid_size(*grid)}
     if limits is not None and name == AUTO:
         timing["seconds"] = limits.seconds(query, figures, column, grouping)
         timing["time_limit_s"] = limits.time_limit_s

@@ -88,7 +88,8 @@ class QuantileQuery(BaseModel):
         "given) whose public run-time bound fits the release time limit, the planner picks "
         "the fastest whose expected error is within 10 % of the lowest, with jointexp_smooth "
         "in jointexp's place wherever it fits (ties and clamped values are private, and there "
-        "jointexp misses far more points); the release records the method chosen.",
+        "jointexp misses far more points) and outright where the public figures force ties "
+        "(more records than grid points); the release records the method chosen.",
     )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."

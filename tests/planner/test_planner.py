@@ -133,6 +133,33 @@ def test_the_smoothed_jointexp_takes_jointexp_s_place_wherever_it_fits(
     assert pick(10_000, QS9, 1.0, None, "swap", seconds=took) == "aq"
 
 
+def test_forced_ties_take_the_smoothed_jointexp_outright(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More records than grid points (public figures) force ties, where every other
+    method's model (fitted on distinct values) fails: jointexp_smooth is taken even where
+    another method's expected error is lower, unless it is not allowed or not in time."""
+    import app.planner as planner
+
+    errors = {"jointexp": 1.0, "jointexp_smooth": 1.05, "aq": 0.3, "indexp": 0.3}
+    monkeypatch.setattr(
+        planner,
+        "expected_error",
+        lambda method, *a, **k: (errors[method], errors[method]) if method in errors else None,
+    )
+    took = {"jointexp": 1.0, "jointexp_smooth": 3.0, "aq": 0.1, "indexp": 0.2}.__getitem__
+    pick = planner.recommend
+    assert pick(10_000, QS9, 1.0, None, "swap", seconds=took) == "aq"  # no ties forced
+    assert pick(10_000, QS9, 1.0, None, "swap", seconds=took, grid_points=10_000) == "aq"
+    assert pick(10_001, QS9, 1.0, None, "swap", seconds=took, grid_points=10_000) == (
+        "jointexp_smooth"
+    )
+    assert pick(None, QS9, 1.0, None, "add_remove", grid_points=5) == "jointexp_smooth"
+    assert pick(10_001, QS9, 1.0, None, "swap", seconds=took, grid_points=10_000,
+                time_limit_s=2.0) == "aq"  # fmt: skip
+    assert pick(10_001, QS9, 1.0, None, "swap", only={"jointexp", "aq"}, grid_points=5) == "aq"
+    assert planner.ties_forced(6, 5) and not planner.ties_forced(5, 5)
+    assert not planner.ties_forced(10**9, None)
+
+
 def test_error_map_picks_up_every_registered_method(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -131,6 +131,17 @@ def test_auto_runs_the_smoothed_jointexp_on_tied_and_continuous_data_alike(
         # on ties the smoothed method's answers are the ratings' quartiles, or next to them
         assert all(abs(e - t) <= 1 for e, t in zip(r.json()["estimates"], [2, 3, 4], strict=True))
     assert picks == {1.0: "jointexp_smooth", 0.0001: "jointexp_smooth"}
+    # one quantile: on the fine grid the planner's pick is another method, while 500 records
+    # on 5 grid points force ties and take the smoothed JointExp outright
+    single: dict[float, str] = {}
+    for step in (1.0, 0.0001):
+        ds = api.dataset(values=ratings, lower=1.0, upper=5.0, granularity=step, epsilon="5")
+        r = api.query(ds["id"], method="auto", quantiles=[0.5], epsilon="1")
+        assert r.status_code == 201, r.text
+        single[step] = r.json()["method"]
+        if step == 1.0:
+            assert r.json()["estimates"] == [3.0]  # the median rating, not noise
+    assert single[1.0] == "jointexp_smooth" and single[0.0001] != "jointexp_smooth"
 
 
 def test_expected_error_under_add_remove_needs_a_size_hint(api: Api, client: TestClient) -> None:
