@@ -5,8 +5,8 @@
 Cells are drawn at random with the fixed seed (log-uniform n in [10^3, 10^5], m in [1, 99],
 epsilon in [0.05, 10]; shapes cycled over the error map's five, ``app.experiments.errormap``);
 none of them is tuned on. Each cell runs the method ``auto`` picks (the planner, as a release
-does) ``trials`` times on fresh samples; each estimate's interval
-(:func:`app.planner.intervals.estimate_intervals`, from the planner's ``bound90`` at the true n,
+does) ``trials`` times on fresh samples; each estimate's interval (the release worker's
+``intervals_of`` over ``app.planner.intervals``, from the planner's ``bound90`` at the true n,
 the public bounds [-100, 100] and the service's default grid step for them, 10^-4, or 1 for
 the integer-valued shape) is checked, as a release runs (``run_grid`` on the data's grid
 histogram), against the data's true quantile (the ``ceil(q n)``-th smallest value). Prints,
@@ -33,7 +33,7 @@ from app.experiments.runner import evenly_spaced_quantiles, stream
 from app.mechanisms import MECHANISMS
 from app.mechanisms.histogram import GridHistogram
 from app.planner import expected_error, recommend
-from app.planner.intervals import estimate_intervals
+from app.releases.runner import intervals_of
 
 #: The service's default grid step for the bounds [-100, 100]; integer-valued data are
 #: declared with step 1 (as an analyst would: docs/analysts.md).
@@ -86,9 +86,10 @@ def run(cells: int, trials: int, seed: int) -> int:
             )  # fmt: skip
             est = grid_values(picked, LOWER, step)
             data = grid_values(np.repeat(cells_, counts), LOWER, step)
-            bars = estimate_intervals(
-                list(qs), [float(e) for e in est], lower=LOWER, upper=UPPER,
-                granularity=step, bound90=err[1], size=n,
+            bars = intervals_of(
+                {"quantiles": list(qs), "lower": LOWER, "upper": UPPER, "granularity": step,
+                 "expected_error": [{"bound90": err[1], "size": n}]},
+                [float(e) for e in est],
             )  # fmt: skip
             assert bars is not None
             target = np.asarray(qs) * n
@@ -98,7 +99,8 @@ def run(cells: int, trials: int, seed: int) -> int:
             missed.append(float(miss.mean()))
             held[shape].append(missed[-1] <= err[1])
             iqr = float(np.quantile(data, 0.75) - np.quantile(data, 0.25)) or 1.0
-            for q, (lo, hi) in zip(qs, bars, strict=True):
+            for q, bar in zip(qs, bars, strict=True):
+                lo, hi = bar["low"], bar["high"]
                 truth = float(data[max(math.ceil(q * n), 1) - 1])
                 hits.append(lo <= truth <= hi)
                 widths[shape].append((hi - lo) / iqr)

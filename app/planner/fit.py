@@ -24,18 +24,36 @@ FIT_SHAPES = ("gaussian", "lognormal", "bimodal")
 OUT = Path(__file__).with_name("coefficients.json")
 
 
+Cell = tuple[int, int, float, float]  # (n, m, epsilon, mean missed points)
+
+
+def _map_cells(map_dir: Path, shapes: tuple[str, ...]) -> list[tuple[str, str, Cell]]:
+    """(method, shape, cell) of every measured cell of ``map.csv`` on ``shapes``."""
+    with (map_dir / "map.csv").open(encoding="utf-8") as fh:
+        return [
+            (r["method"], r["shape"],
+             (int(r["n"]), int(r["m"]), float(r["epsilon"]), float(r["missed_mean"])))
+            for r in csv.DictReader(fh)
+            if r["status"] == "ok" and r["shape"] in shapes
+        ]  # fmt: skip
+
+
+def _least_squares(rows: list[Cell]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(β, features, log(1 + mean)) of the model fitted on ``rows``."""
+    x = np.array([features(n, m, e) for n, m, e, _ in rows])
+    y = np.log1p(np.array([mean for *_, mean in rows]))
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return beta, x, y
+
+
 def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object]:
     """Coefficients per method (see :mod:`app.planner.model`)."""
-    cells: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
+    cells: dict[str, list[Cell]] = defaultdict(list)
     cell_mean: dict[tuple[str, str, int, int, float], float] = {}
-    with (map_dir / "map.csv").open(encoding="utf-8") as fh:
-        for r in csv.DictReader(fh):
-            if r["status"] != "ok" or r["shape"] not in shapes:
-                continue
-            n, m, e, mean = int(r["n"]), int(r["m"]), float(r["epsilon"]), float(r["missed_mean"])
-            cell_mean[(r["method"], r["shape"], n, m, e)] = mean
-            if mean < n / 8:
-                cells[r["method"]].append((n, m, e, mean))
+    for method, shape, (n, m, e, mean) in _map_cells(map_dir, shapes):
+        cell_mean[(method, shape, n, m, e)] = mean
+        if mean < n / 8:
+            cells[method].append((n, m, e, mean))
     ratios: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     with (map_dir / "trials.csv").open(encoding="utf-8") as fh:
         for r in csv.DictReader(fh):
@@ -45,9 +63,7 @@ def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object
                 ratios[r["method"]][key[3]].append(float(r["missed_mean"]) / cm)
     methods: dict[str, object] = {}
     for method, rows in sorted(cells.items()):
-        x = np.array([features(n, m, e) for n, m, e, _ in rows])
-        y = np.log1p(np.array([mean for *_, mean in rows]))
-        beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+        beta, x, y = _least_squares(rows)
         ms = sorted(ratios[method])
         r90 = [max(1.0, float(np.quantile(ratios[method][m], 0.9))) for m in ms]
         methods[method] = {
@@ -72,13 +88,9 @@ def cross_validate(
     held-out cells within 1.5x, cells)`` per method."""
     from app.planner.model import MethodModel
 
-    cells: dict[str, list[tuple[int, int, float, float]]] = defaultdict(list)
-    with (map_dir / "map.csv").open(encoding="utf-8") as fh:
-        for r in csv.DictReader(fh):
-            if r["status"] == "ok" and r["shape"] in shapes:
-                cells[r["method"]].append(
-                    (int(r["n"]), int(r["m"]), float(r["epsilon"]), float(r["missed_mean"]))
-                )
+    cells: dict[str, list[Cell]] = defaultdict(list)
+    for method, _, cell in _map_cells(map_dir, shapes):
+        cells[method].append(cell)
     out: dict[str, tuple[float, float, int]] = {}
     for method, rows in sorted(cells.items()):
         errors: list[float] = []
@@ -88,9 +100,7 @@ def cross_validate(
                 test = [row for row in rows if row[axis] == level]
                 if len(train) < 8:
                     continue
-                x = np.array([features(n, m, e) for n, m, e, _ in train])
-                y = np.log1p(np.array([row[3] for row in train]))
-                beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+                beta, _, _ = _least_squares(train)
                 model = MethodModel(tuple(float(b) for b in beta), (1.0,), (1.0,), len(train))
                 errors += [
                     float(np.log((model.mean(n, m, e) + 1) / (mean + 1))) for n, m, e, mean in test

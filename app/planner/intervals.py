@@ -15,6 +15,11 @@ steepens there), and stops at the public bounds; with one estimate the curve run
 lower bound through it to the upper bound. The interval is widened to the grid points
 around it and always contains the estimate.
 
+Everything here is in grid indices (``0 .. steps``): a value is ``lower + k * granularity``,
+an affine map, so the curve and the levels are the same in either unit; the caller turns
+the indices into values with the codec that made the estimates
+(:func:`app.codec.grid.grid_values`), so the ends are the same doubles as released values.
+
 This is an approximation, not a guarantee: it inherits the planner's bound (fitted, not
 proven) and assumes the data's quantile function is close to linear between released
 levels. Its coverage is measured per data shape in docs/experiments.md.
@@ -26,71 +31,62 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from decimal import Decimal
 
 import numpy as np
 
 #: The slope factor beyond the outermost estimates (see the module docstring).
 TAIL_STEEPENING = 2.0
-#: The coverage the intervals aim at: the planner's ``bound90``.
-NOMINAL = 0.9
 
 
-def estimate_intervals(
+def interval_cells(
     quantiles: Sequence[float],
-    estimates: Sequence[float],
+    cells: Sequence[int],
     *,
-    lower: float,
-    upper: float,
-    granularity: float,
+    steps: int,
     bound90: float,
     size: int,
-) -> list[tuple[float, float]] | None:
-    """One ``(low, high)`` per estimate, in the data's units, or None when the figures do not
-    allow one (no public size, a non-finite bound, a shape mismatch).
+) -> list[tuple[int, int]] | None:
+    """One ``(low, high)`` pair of grid indices per estimate, or None when the figures do
+    not allow one (no public size, a non-finite bound, a shape mismatch).
 
     Args:
         quantiles: The release's levels, strictly increasing in (0, 1).
-        estimates: The released values, one per level (sorted first where a method's
-            independent picks cross: the curve is monotone).
-        lower, upper, granularity: The column's public grid.
+        cells: The released estimates' grid indices, one per level (sorted first where a
+            method's independent picks cross: the curve is monotone).
+        steps: The grid's last index (``grid_size - 1``).
         bound90: The planner's 90 % bound on missed points per quantile.
         size: The public size the bound is computed at (rows).
     """
     m = len(quantiles)
     if (
         m == 0
-        or len(estimates) != m
+        or len(cells) != m
         or size < 1
         or not math.isfinite(bound90)
         or bound90 < 0
-        or not upper > lower
-        or not granularity > 0
+        or steps < 1
     ):
         return None
     levels = np.asarray(quantiles, dtype=np.float64)
-    values = np.sort(np.asarray(estimates, dtype=np.float64))
-    if not (np.all(np.isfinite(values)) and np.all(np.diff(levels) > 0)):
+    if not np.all(np.diff(levels) > 0):
         return None
     half = min((bound90 + 1.0) / size, 1.0)
-    curve = _curve(levels, values, lower, upper)
-    out: list[tuple[float, float]] = []
-    for q, x in zip(levels.tolist(), estimates, strict=True):
-        lo = _snap(curve(max(q - half, 0.0)), lower, upper, granularity, up=False)
-        hi = _snap(curve(min(q + half, 1.0)), lower, upper, granularity, up=True)
-        out.append((min(lo, float(x)), max(hi, float(x))))
+    curve = _curve(levels, np.sort(np.asarray(cells, dtype=np.float64)), float(steps))
+    out: list[tuple[int, int]] = []
+    for q, k in zip(levels.tolist(), cells, strict=True):
+        lo = math.floor(curve(max(q - half, 0.0)) + 1e-9)
+        hi = math.ceil(curve(min(q + half, 1.0)) - 1e-9)
+        out.append((max(0, min(lo, int(k))), min(steps, max(hi, int(k)))))
     return out
 
 
-def _curve(
-    levels: np.ndarray, values: np.ndarray, lower: float, upper: float
-) -> Callable[[float], float]:
-    """The piecewise-linear quantile curve: through the estimates; beyond the outermost ones
-    at :data:`TAIL_STEEPENING` times the nearest segment's slope; within the bounds. With one
-    estimate: from the lower bound through it to the upper bound."""
+def _curve(levels: np.ndarray, values: np.ndarray, top: float) -> Callable[[float], float]:
+    """The piecewise-linear quantile curve on [0, top]: through the estimates; beyond the
+    outermost ones at :data:`TAIL_STEEPENING` times the nearest segment's slope; within the
+    bounds. With one estimate: from the lower bound through it to the upper bound."""
     if levels.size == 1:
         knots_p = np.array([0.0, levels[0], 1.0])
-        knots_v = np.array([lower, values[0], upper])
+        knots_v = np.array([0.0, values[0], top])
         return lambda p: float(np.interp(p, knots_p, knots_v))
     first, last = float(levels[0]), float(levels[-1])
     low_slope = TAIL_STEEPENING * (values[1] - values[0]) / (levels[1] - levels[0])
@@ -103,19 +99,9 @@ def _curve(
             v = float(values[-1] + high_slope * (p - last))
         else:
             v = float(np.interp(p, levels, values))
-        return min(max(v, lower), upper)
+        return min(max(v, 0.0), top)
 
     return curve
 
 
-def _snap(value: float, lower: float, upper: float, step: float, up: bool) -> float:
-    """``value`` moved outward (``up``: to the grid point at or above it, else at or below
-    it) to a grid point ``lower + k * step``, evaluated in decimal like the released values,
-    and kept in the bounds."""
-    x = (value - lower) / step
-    k = math.ceil(x - 1e-9) if up else math.floor(x + 1e-9)
-    point = float(Decimal(repr(lower)) + max(k, 0) * Decimal(repr(step)))
-    return min(max(point, lower), upper)
-
-
-__all__ = ["NOMINAL", "TAIL_STEEPENING", "estimate_intervals"]
+__all__ = ["TAIL_STEEPENING", "interval_cells"]

@@ -29,7 +29,7 @@ import psycopg
 from numpy.typing import NDArray
 from psycopg.rows import dict_row
 
-from app.codec.grid import grid_size, grid_values
+from app.codec.grid import cell_of, grid_size, grid_values
 from app.core.metrics import RELEASES
 from app.datasets.group_values import load_groups
 from app.datasets.service import load_histogram
@@ -37,7 +37,7 @@ from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
 from app.mechanisms.grouped import chain_length, run_groups
 from app.mechanisms.partition import select_keys
-from app.planner.intervals import estimate_intervals
+from app.planner.intervals import interval_cells
 from app.releases.service import PENDING_CHANNEL
 
 Connection = psycopg.Connection[Any]
@@ -421,8 +421,9 @@ def intervals_of(
 ) -> list[dict[str, float]] | None:
     """A done release's error bars (:mod:`app.planner.intervals`) from its claimed
     parameters (quantiles, the column's grid, the expected error stored at the reservation
-    with the public size it assumed) and its estimates; None for grouped releases and where
-    the expected error or its size is unknown. Public figures and the output only."""
+    with the public size it assumed) and its estimates, as grid values like the estimates;
+    None for grouped releases and where the expected error or its size is unknown. Public
+    figures and the output only."""
     expected = params.get("expected_error")
     if params.get("group_by") is not None or not expected:
         return None
@@ -432,17 +433,21 @@ def intervals_of(
         if size is None:
             return None
         quantiles = [float(q) for q in params["quantiles"]]
-        bars = estimate_intervals(
-            quantiles, estimates,
-            lower=float(params["lower"]), upper=float(params["upper"]),
-            granularity=float(params["granularity"]), bound90=bound, size=int(size),
+        lower, upper = float(params["lower"]), float(params["upper"])
+        step = float(params["granularity"])
+        bars = interval_cells(
+            quantiles, cell_of(estimates, lower, upper, step).tolist(),
+            steps=grid_size(lower, upper, step) - 1, bound90=bound, size=int(size),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if bars is None:
         return None
+    lows = grid_values([lo for lo, _ in bars], lower, step).tolist()
+    highs = grid_values([hi for _, hi in bars], lower, step).tolist()
     return [
-        {"quantile": q, "low": lo, "high": hi} for q, (lo, hi) in zip(quantiles, bars, strict=True)
+        {"quantile": q, "low": lo, "high": hi}
+        for q, lo, hi in zip(quantiles, lows, highs, strict=True)
     ]
 
 

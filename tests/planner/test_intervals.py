@@ -1,5 +1,6 @@
-"""Error bars in the data's units (app.planner.intervals): their shape, and their coverage
-where the planner's bound is calibrated."""
+"""Error bars in the data's units (app.planner.intervals, turned into values by the worker's
+``intervals_of`` as a release stores them): their shape, and their coverage where the
+planner's bound is calibrated."""
 
 from __future__ import annotations
 
@@ -16,7 +17,28 @@ from app.experiments.runner import evenly_spaced_quantiles, stream
 from app.mechanisms import MECHANISMS
 from app.mechanisms.histogram import GridHistogram
 from app.planner import expected_error
-from app.planner.intervals import TAIL_STEEPENING, estimate_intervals
+from app.planner.intervals import TAIL_STEEPENING
+from app.releases.runner import intervals_of
+
+
+def estimate_intervals(
+    quantiles: list[float],
+    estimates: list[float],
+    *,
+    lower: float,
+    upper: float,
+    granularity: float,
+    bound90: float,
+    size: int,
+) -> list[tuple[float, float]] | None:
+    """The (low, high) values a release with these figures stores."""
+    params = {
+        "quantiles": quantiles, "lower": lower, "upper": upper, "granularity": granularity,
+        "expected_error": [{"quantile": q, "bound90": bound90, "size": size} for q in quantiles]
+        or [{"bound90": bound90, "size": size}],
+    }  # fmt: skip
+    bars = intervals_of(params, estimates)
+    return None if bars is None else [(bar["low"], bar["high"]) for bar in bars]
 
 
 def on_grid(x: float, lower: float, step: float) -> bool:
@@ -34,7 +56,8 @@ def releases(draw: st.DrawFn) -> tuple[list[float], list[float], float, float, f
     points = draw(st.integers(10, 5000))
     upper = lower + points * step
     cells = draw(st.lists(st.integers(0, points), min_size=len(quantiles), max_size=len(quantiles)))
-    estimates = [lower + k * step for k in cells]  # any order: independent picks may cross
+    # released values are the codec's grid points, in any order (independent picks may cross)
+    estimates = grid_values(cells, lower, step).tolist()
     return quantiles, estimates, lower, upper, step
 
 

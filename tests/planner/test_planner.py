@@ -84,15 +84,23 @@ def test_recommend_takes_the_fastest_within_ten_percent_of_the_lowest_error() ->
                 assert recommend(n, QS9, eps, None, "swap", seconds=took.__getitem__) == fastest
 
 
-def test_auto_never_picks_a_method_past_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_errors(monkeypatch: pytest.MonkeyPatch, errors: dict[str, float]) -> None:
+    """The planner's expected error replaced by ``errors`` (read at each call, so a test may
+    change it); methods not in it have no model."""
     import app.planner as planner
 
-    errors = {"jointexp": 1.0, "aq": 3.0, "indexp": 9.0}
     monkeypatch.setattr(
         planner,
         "expected_error",
         lambda method, *a, **k: (errors[method], errors[method]) if method in errors else None,
     )
+
+
+def test_auto_never_picks_a_method_past_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.planner as planner
+
+    errors = {"jointexp": 1.0, "aq": 3.0, "indexp": 9.0}
+    fake_errors(monkeypatch, errors)
     took = {"jointexp": 100.0, "aq": 1.0, "indexp": 0.1}.__getitem__
     # no limit: the lowest error, however slow (the others are not within 10 %)
     assert planner.recommend(10_000, QS9, 1.0, None, "swap", seconds=took) == "jointexp"
@@ -114,11 +122,7 @@ def test_the_smoothed_jointexp_takes_jointexp_s_place_wherever_it_fits(
     import app.planner as planner
 
     errors = {"jointexp": 1.0, "jointexp_smooth": 1.05, "aq": 5.0, "indexp": 9.0}
-    monkeypatch.setattr(
-        planner,
-        "expected_error",
-        lambda method, *a, **k: (errors[method], errors[method]) if method in errors else None,
-    )
+    fake_errors(monkeypatch, errors)
     took = {"jointexp": 1.0, "jointexp_smooth": 3.0, "aq": 0.1, "indexp": 0.1}.__getitem__
     pick = planner.recommend
     for n in (10, 10_000, 10**7, None):
@@ -140,11 +144,7 @@ def test_forced_ties_take_the_smoothed_jointexp_outright(monkeypatch: pytest.Mon
     import app.planner as planner
 
     errors = {"jointexp": 1.0, "jointexp_smooth": 1.05, "aq": 0.3, "indexp": 0.3}
-    monkeypatch.setattr(
-        planner,
-        "expected_error",
-        lambda method, *a, **k: (errors[method], errors[method]) if method in errors else None,
-    )
+    fake_errors(monkeypatch, errors)
     took = {"jointexp": 1.0, "jointexp_smooth": 3.0, "aq": 0.1, "indexp": 0.2}.__getitem__
     pick = planner.recommend
     assert pick(10_000, QS9, 1.0, None, "swap", seconds=took) == "aq"  # no ties forced

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
-from app.planner.intervals import estimate_intervals
+from app.codec.grid import cell_of, grid_size, grid_values
+from app.planner.intervals import interval_cells
 
 from .conftest import ADMIN, Api
 from .test_grouped import rows_csv, table, upload
@@ -21,15 +22,19 @@ def values(n: int, seed: int = 5) -> list[float]:
 
 
 def recomputed(body: dict[str, Any], lower: float, upper: float, step: float) -> list[Any]:
-    """The intervals from the release's public fields alone."""
+    """The intervals from the release's public fields alone: the planner's grid indices,
+    turned into values by the codec that made the estimates."""
     (first, *_) = body["expected_error"]
-    bars = estimate_intervals(
-        body["quantiles"], body["estimates"], lower=lower, upper=upper, granularity=step,
+    bars = interval_cells(
+        body["quantiles"], cell_of(body["estimates"], lower, upper, step).tolist(),
+        steps=grid_size(lower, upper, step) - 1,
         bound90=max(e["bound90"] for e in body["expected_error"]), size=first["size"],
     )  # fmt: skip
     assert bars is not None
-    pairs = zip(body["quantiles"], bars, strict=True)
-    return [{"quantile": q, "low": lo, "high": hi} for q, (lo, hi) in pairs]
+    lows = grid_values([lo for lo, _ in bars], lower, step).tolist()
+    highs = grid_values([hi for _, hi in bars], lower, step).tolist()
+    rows = zip(body["quantiles"], lows, highs, strict=True)
+    return [{"quantile": q, "low": lo, "high": hi} for q, lo, hi in rows]
 
 
 def test_a_release_has_error_bars_from_its_own_estimates_and_public_figures(
