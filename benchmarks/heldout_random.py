@@ -1,0 +1,243 @@
+"""Held-out evaluation of the planner on random cells: ``python -m benchmarks.heldout_random``.
+
+``--cells`` cells (default 60) are drawn from a seed (default :data:`SEED`, fixed before any
+result of it was seen and never tuned on): n log-uniform on [10², 10⁶], m log-uniform on
+[1, 999] (at most n / 2), ε log-uniform on [0.01, 10] (three significant digits), the shape
+uniform over the error map's five (Gaussian, log-normal, bimodal, integer-valued, clamped),
+δ = 10⁻⁶ on half of the cells (approximate methods eligible) and none on the others, swap
+neighbours, public bounds [−100, 100]. The planner was fitted on the map's continuous shapes
+at fixed levels of n, m and ε; none of these cells is a map point.
+
+Each cell runs ``--trials`` times (default 20) with every eligible method on the same sample
+per trial (the raw registry calls of the error map). A method whose public run-time bound
+(:func:`app.releases.schedule.run_bound_s` on n distinct values, ~3x above measured run
+times) exceeds ``--max-seconds`` is not run on that cell and is out of the comparison;
+``auto`` (:func:`app.planner.recommend`) is given these bounds and the same limit, as the
+service gives it its public run-time bounds and its release time limit, and the
+integer-valued shape's public grid (step 1, :data:`INTEGER_GRID_POINTS` points), as the
+service gives it a column's grid.
+
+Reported per cell: ``auto``'s pick, its measured mean missed points per quantile and quote
+(mean, bound90), the best measured method; overall: the share of cells with ``auto`` within
+1.25x of the best (never worse than 2x), the share with the quoted mean within 1.5x of the
+measured one, and the share of trials within the quoted bound90 (all per shape too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.experiments.errormap import SHAPES, run_cell, sample_shape
+from app.experiments.runner import evenly_spaced_quantiles, single_threaded_env, stream, warm_up
+from app.releases.schedule import run_bound_s
+
+#: The public grid of the integer-valued shape: a column declared integer gets step 1, so on
+#: the bounds [-100, 100] it has 201 points (the service passes a column's grid to ``auto``).
+INTEGER_GRID_POINTS = 201
+
+#: The evaluation's seed, chosen and committed before the evaluation was run.
+SEED = 20261208
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One random query."""
+
+    index: int
+    shape: str
+    n: int
+    m: int
+    epsilon: float
+    delta: float | None
+
+
+def draw_cells(count: int, seed: int = SEED) -> list[Cell]:
+    """``count`` cells drawn as the module docstring says."""
+    rng = np.random.default_rng(seed)
+    shapes = sorted(SHAPES)
+    cells = []
+    for i in range(count):
+        n = round(10 ** rng.uniform(2.0, 6.0))
+        m = max(1, min(round(10 ** rng.uniform(0.0, 3.0)), n // 2))
+        epsilon = float(f"{10 ** rng.uniform(-2.0, 1.0):.3g}")
+        shape = shapes[int(rng.integers(len(shapes)))]
+        delta = 1e-6 if rng.random() < 0.5 else None
+        cells.append(Cell(i, shape, n, m, epsilon, delta))
+    return cells
+
+
+def evaluate(cell: Cell, trials: int, max_seconds: float, seed: int) -> dict[str, Any]:
+    """Every eligible method on ``trials`` shared samples of ``cell``; auto's pick and quotes."""
+    from app.planner import eligible_methods, expected_error, recommend
+
+    qs = evenly_spaced_quantiles(cell.m)
+    delta = cell.delta or 1e-6
+    methods = eligible_methods(delta_given=cell.delta is not None, neighbors="swap")
+    # the service's public run-time bound at publish scale 1 (a raw call: n distinct cells)
+    seconds = {
+        name: run_bound_s(
+            m=cell.m, cells=cell.n, scale=1.0, cap_s=math.inf, method=name,
+            epsilon=cell.epsilon, size=cell.n,
+        )
+        for name in methods
+    }  # fmt: skip
+    missed: dict[str, list[float]] = {m: [] for m in methods if seconds[m] <= max_seconds}
+    errors: dict[str, str] = {}
+    for trial in range(trials):
+        data = sample_shape(cell.shape, stream(seed, "cell", cell.index, trial), cell.n)
+        for method in list(missed):
+            rng = stream(seed, "cell", cell.index, trial, method)
+            try:
+                value, _ = run_cell(method, data, qs, epsilon=cell.epsilon, delta=delta, rng=rng)
+            except Exception as exc:  # recorded: the method is out of this cell
+                errors[method] = f"{type(exc).__name__}: {exc}"[:200]
+                del missed[method]
+                continue
+            missed[method].append(value)
+    ran = list(missed)
+    auto = recommend(
+        cell.n,
+        list(qs),
+        cell.epsilon,
+        cell.delta,
+        "swap",
+        seconds=seconds.__getitem__,
+        time_limit_s=max_seconds,
+        grid_points=INTEGER_GRID_POINTS if cell.shape == "integer" else None,
+    )
+    rows: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        quote = expected_error(method, cell.n, list(qs), cell.epsilon, cell.delta, "swap")
+        vals = np.asarray(missed.get(method, []))
+        rows[method] = {
+            "ran": method in ran,
+            "error": errors.get(method),
+            "bound_seconds": round(seconds[method], 4),
+            "quoted_mean": None if quote is None else round(quote[0], 3),
+            "bound90": None if quote is None else round(quote[1], 3),
+            "measured": round(float(vals.mean()), 3) if method in ran else None,
+            "within_bound90": (
+                round(float(np.mean(vals <= quote[1])), 3)
+                if method in ran and quote is not None
+                else None
+            ),
+        }
+    best = min(ran, key=lambda m: float(rows[m]["measured"])) if ran else None
+    a = rows[auto]
+    b = rows[best]["measured"] if best is not None else None
+    if a["measured"] is None or b is None:
+        ratio = math.inf
+    elif a["measured"] <= b:
+        ratio = 1.0
+    else:
+        ratio = a["measured"] / b if b > 0 else math.inf
+    q, meas = a["quoted_mean"], a["measured"]
+    return {
+        "cell": asdict(cell),
+        "auto": auto,
+        "best": best,
+        "auto_vs_best": round(ratio, 3) if math.isfinite(ratio) else math.inf,
+        "quote_over_measured": (
+            None if q is None or meas is None else round(q / max(meas, 1e-9), 3)
+        ),
+        "methods": rows,
+    }
+
+
+def _init() -> None:
+    try:
+        import numba
+
+        numba.set_num_threads(1)
+    except Exception:
+        pass
+    from app.mechanisms import MECHANISMS
+
+    warm_up(tuple(MECHANISMS))
+
+
+def _honest(ratio: float | None) -> bool:
+    return ratio is not None and 1 / 1.5 <= ratio <= 1.5
+
+
+def summary(results: list[dict[str, Any]], trials: int, seed: int) -> str:
+    """The markdown report."""
+    lines = [
+        f"Held-out random cells: {len(results)} cells, seed {seed}, {trials} trials each "
+        "(missed points per quantile, mean over trials)",
+        "",
+        "| # | shape | n | m | ε | δ | auto | auto measured | quoted | bound90 | trials ≤ bound90 "
+        "| best (measured) | auto/best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        c, a = r["cell"], r["methods"][r["auto"]]
+        lines.append(
+            f"| {c['index']} | {c['shape']} | {c['n']} | {c['m']} | {c['epsilon']:g} | "
+            f"{c['delta'] or '—'} | {r['auto']} | {a['measured']} | {a['quoted_mean']} | "
+            f"{a['bound90']} | {a['within_bound90']} | {r['best']} "
+            f"({r['methods'][r['best']]['measured'] if r['best'] else '—'}) | {r['auto_vs_best']} |"
+        )
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        groups[r["cell"]["shape"]].append(r)
+    lines += ["", "| shapes | cells | auto ≤ 1.25x best | auto ≤ 2x best | quote within 1.5x "
+              "| auto's trials ≤ bound90 |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, rs in [*sorted(groups.items()), ("all", results)]:
+        within = [r["methods"][r["auto"]]["within_bound90"] for r in rs]
+        cover = float(np.mean([w for w in within if w is not None])) if within else math.nan
+        lines.append(
+            f"| {name} | {len(rs)} | {sum(r['auto_vs_best'] <= 1.25 for r in rs)} | "
+            f"{sum(r['auto_vs_best'] <= 2.0 for r in rs)} | "
+            f"{sum(_honest(r['quote_over_measured']) for r in rs)} | "
+            f"{100 * cover:.1f} % |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Draw the cells, run them (``--workers`` processes), print and write the report."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.heldout_random")
+    p.add_argument("--cells", type=int, default=60)
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--max-seconds", type=float, default=10.0, help="run-time bound limit")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None, help="write results JSON + markdown here")
+    args = p.parse_args(argv)
+    cells = draw_cells(args.cells, args.seed)
+    start = time.perf_counter()
+    with (
+        single_threaded_env(),
+        ProcessPoolExecutor(
+            args.workers, mp_context=get_context("spawn"), initializer=_init
+        ) as pool,
+    ):
+        futures = [
+            pool.submit(evaluate, c, args.trials, args.max_seconds, args.seed) for c in cells
+        ]
+        results = [f.result() for f in futures]
+    text = summary(results, args.trials, args.seed)
+    text += f"\nwall time {time.perf_counter() - start:.0f} s, --max-seconds {args.max_seconds}\n"
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = f"heldout_random_seed{args.seed}"
+        (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+        (args.out / f"{stem}.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
