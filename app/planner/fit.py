@@ -18,10 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from app.planner.model import features
+from app.planner.model import OFFSET, MethodModel, features
 
 FIT_SHAPES = ("gaussian", "lognormal", "bimodal")
 OUT = Path(__file__).with_name("coefficients.json")
+#: The noise-adding methods take the ``value`` feature form; every other method (the
+#: exponential-mechanism family, and methods registered later) the ``rank`` form.
+VALUE_FORM = frozenset({"smooth", "csmooth"})
+#: The knees k tried for the ``rank`` form's hinge softplus(k − log g); the one with the
+#: lowest held-out error is kept.
+KNEES = tuple(0.5 * i for i in range(13))
 
 
 Cell = tuple[int, int, float, float]  # (n, m, epsilon, mean missed points)
@@ -38,12 +44,49 @@ def _map_cells(map_dir: Path, shapes: tuple[str, ...]) -> list[tuple[str, str, C
         ]  # fmt: skip
 
 
-def _least_squares(rows: list[Cell]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(β, features, log(1 + mean)) of the model fitted on ``rows``."""
-    x = np.array([features(n, m, e) for n, m, e, _ in rows])
-    y = np.log1p(np.array([mean for *_, mean in rows]))
+def _model(rows: list[Cell], form: str, knee: float) -> MethodModel:
+    """The model of ``form`` / ``knee`` fitted by least squares on ``rows`` (no bounds)."""
+    x = np.array([features(n, m, e, form, knee) for n, m, e, _ in rows])
+    # the model's soft cap undone (rows hold unsaturated cells, mean < n/8), so the
+    # features fit the law the cap is then applied to
+    y = np.log(OFFSET + np.array([_uncapped(mean, n) for n, _, _, mean in rows]))
     beta, *_ = np.linalg.lstsq(x, y, rcond=None)
-    return beta, x, y
+    return MethodModel(tuple(float(b) for b in beta), (1.0,), (1.0,), len(rows), form, knee)
+
+
+def _uncapped(mean: float, n: int) -> float:
+    """The raw E whose soft cap at n/4 is ``mean`` (:meth:`MethodModel.mean`)."""
+    return mean if mean <= 0 else float((mean**-2 - (n / 4.0) ** -2) ** -0.5)
+
+
+def _log_errors(model: MethodModel, rows: list[Cell]) -> list[float]:
+    return [float(np.log((model.mean(n, m, e) + 1) / (mean + 1))) for n, m, e, mean in rows]
+
+
+def _held_out(rows: list[Cell], form: str, knee: float) -> list[float]:
+    """Log errors on each level of n, m and ε left out in turn (edges included, so half
+    the folds extrapolate), the model fitted on the rest's unsaturated cells."""
+    errors: list[float] = []
+    for axis in range(3):
+        for level in sorted({row[axis] for row in rows}):
+            train = [row for row in rows if row[axis] != level and row[3] < row[0] / 8]
+            if len(train) >= 8:
+                model = _model(train, form, knee)
+                errors += _log_errors(model, [row for row in rows if row[axis] == level])
+    return errors
+
+
+def _choose(method: str, rows: list[Cell]) -> tuple[str, float, list[float]]:
+    """(form, knee, held-out log errors) of the method: its form, the knee with the lowest
+    held-out RMS."""
+    if method in VALUE_FORM:
+        return "value", 0.0, _held_out(rows, "value", 0.0)
+    scored = []
+    for knee in KNEES:
+        errors = _held_out(rows, "rank", knee)
+        scored.append((float(np.mean(np.square(errors))), knee, errors))
+    _, knee, errors = min(scored, key=lambda s: s[:2])
+    return "rank", knee, errors
 
 
 def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object]:
@@ -61,22 +104,30 @@ def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object
             cm = cell_mean.get(key)
             if cm is not None and 0 < cm < key[2] / 8:
                 ratios[r["method"]][key[3]].append(float(r["missed_mean"]) / cm)
+    every: dict[str, list[Cell]] = defaultdict(list)
+    for method, _, cell in _map_cells(map_dir, shapes):
+        every[method].append(cell)
     methods: dict[str, object] = {}
     for method, rows in sorted(cells.items()):
-        beta, x, y = _least_squares(rows)
+        form, knee, held_out = _choose(method, every[method])
+        model = _model(rows, form, knee)
         ms = sorted(ratios[method])
         r90 = [max(1.0, float(np.quantile(ratios[method][m], 0.9))) for m in ms]
         methods[method] = {
-            "beta": [round(float(b), 6) for b in beta],
+            "form": form,
+            "knee": knee,
+            "beta": [round(float(b), 6) for b in model.beta],
             "r90_ms": ms,
             "r90": [round(v, 4) for v in r90],
             "fit_cells": len(rows),
-            "rms_log_residual": round(float(np.sqrt(np.mean((x @ beta - y) ** 2))), 4),
+            "rms_log_residual": round(_rms(_log_errors(model, rows)), 4),
+            "cv_rms_log_residual": round(_rms(held_out), 4),
         }
-    for method, (rms, _, _) in cross_validate(map_dir, shapes).items():
-        if method in methods:
-            methods[method]["cv_rms_log_residual"] = round(rms, 4)  # type: ignore[index]
     return {"source": str(map_dir), "shapes": list(shapes), "methods": methods}
+
+
+def _rms(errors: list[float]) -> float:
+    return float(np.sqrt(np.mean(np.square(errors))))
 
 
 def cross_validate(
@@ -85,30 +136,16 @@ def cross_validate(
     """Held-out error of the model per method: leave out one level of n, of m or of ε at a
     time (edges included, so half the folds extrapolate), fit on the rest as :func:`fit`
     does, predict the held-out cells. Returns ``(RMS of log((pred + 1)/(meas + 1)), share of
-    held-out cells within 1.5x, cells)`` per method."""
-    from app.planner.model import MethodModel
-
+    held-out cells within 1.5x, cells)`` per method (the knee is the one :func:`fit` picks)."""
     cells: dict[str, list[Cell]] = defaultdict(list)
     for method, _, cell in _map_cells(map_dir, shapes):
         cells[method].append(cell)
     out: dict[str, tuple[float, float, int]] = {}
     for method, rows in sorted(cells.items()):
-        errors: list[float] = []
-        for axis in range(3):
-            for level in sorted({row[axis] for row in rows}):
-                train = [row for row in rows if row[axis] != level and row[3] < row[0] / 8]
-                test = [row for row in rows if row[axis] == level]
-                if len(train) < 8:
-                    continue
-                beta, _, _ = _least_squares(train)
-                model = MethodModel(tuple(float(b) for b in beta), (1.0,), (1.0,), len(train))
-                errors += [
-                    float(np.log((model.mean(n, m, e) + 1) / (mean + 1))) for n, m, e, mean in test
-                ]
-        err = np.array(errors)
+        errors = _choose(method, rows)[2]
         out[method] = (
-            float(np.sqrt(np.mean(err**2))),
-            float(np.mean(np.abs(err) < np.log(1.5))),
+            _rms(errors),
+            float(np.mean(np.abs(errors) < np.log(1.5))),
             len(errors),
         )
     return out

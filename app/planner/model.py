@@ -3,29 +3,36 @@
 For a method, the mean missed points per quantile (the paper's metric, averaged over the m
 quantiles and over the mechanism's randomness) is modelled as
 
-    log(1 + E) = β · φ(n, m, ε),   φ = (1, ℓ, ℓ², log ε, log n, log ε · log n),  ℓ = log(m + 1)
+    log(E + 1/4) = β · φ(n, m, ε)
 
 and then softly capped at the error of an answer that ignores the data (n/4 missed points):
-``E' = (E⁻² + (n/4)⁻²)^(-1/2)``. The form is chosen from the analysis of the methods:
+``E' = (E⁻² + (n/4)⁻²)^(-1/2)``. Two feature forms, from the analysis of the methods:
 
-* an exponential-mechanism quantile at privacy ε' misses O(1/ε') points in expectation (its
-  output is a two-sided geometric of rate ε'/2 in rank around the target, plus a tail term
-  logarithmic in the grid), so IndExp (ε' = ε/m) is ≈ c·m/ε, AppIndExp (advanced
-  composition, ε' ≈ ε/√(m log 1/δ)) ≈ c·√m/ε and ApproximateQuantiles (ε split over
-  log₂(m+1) levels) ≈ c·log(m+1)/ε: all linear in log ε and polynomial/logarithmic in m,
-  hence ℓ and ℓ²;
-* JointExp's error per quantile (Gillenwater et al., Thm 3) grows with m and 1/ε and depends
-  on the gaps n/(m+1) between target ranks: captured by ℓ, ℓ², log n;
-* the noise-adding methods (Smooth, CSmooth) add noise in value space, so their missed
-  points grow with n (the density of points at the quantile) and the noise scale shrinks
-  with ε at a rate that itself depends on n (smooth sensitivity): hence log n and
-  log ε · log n.
+* **rank** (the exponential-mechanism methods: JointExp and its smoothed variant, IndExp,
+  AppIndExp, ApproximateQuantiles): φ = (1, ℓ, ℓ², log ε, log g, softplus(k − log g)) with
+  ℓ = log(m + 1) and g = ε·n/(m + 1), the gap between target ranks in units of 1/ε. An
+  exponential-mechanism quantile at privacy ε' misses O(1/ε') points (its output is a
+  two-sided geometric of rate ε'/2 in rank around the target, plus a tail term logarithmic
+  in the spread of the data): IndExp (ε' = ε/m) ≈ c·m/ε, AppIndExp (advanced composition,
+  ε' ≈ ε/√(m log 1/δ)) ≈ c·√m/ε, ApproximateQuantiles (ε split over log₂(m + 1) levels)
+  ≈ c·log(m + 1)/ε: linear in log ε, polynomial or logarithmic in m, hence ℓ and ℓ². JointExp
+  (Gillenwater et al., Thm 3) pays O(log(·)/ε) per quantile while the gaps are wide
+  (g large) and breaks down when neighbouring quantiles' kernels overlap (g of order one):
+  the hinge softplus(k − log g), with the knee k chosen per method by held-out error, is
+  zero for wide gaps and grows like −log g when they close. The other methods feel the
+  same crowding when the error approaches the gap;
+* **value** (the noise-adding methods, Smooth and CSmooth): φ = (1, ℓ, ℓ², log ε, log n,
+  log ε · log n). They add noise in value space, so their missed points grow with n (the
+  density of points at the quantile), and the noise scale shrinks with ε at a rate that
+  itself depends on n (smooth sensitivity).
 
-β is fitted per method by least squares on the committed error map (``python -m
+The offset 1/4 (rather than 1) keeps the 1/ε law visible at small errors (at ε = 10 most
+methods miss well under one point) without letting exact zeros dominate the fit.
+β and k are fitted per method by least squares on the committed error map (``python -m
 app.planner.fit``); the 90 % bound is the mean times the 90th percentile of
 (trial mean / cell mean) pooled per m over the same map, widened by the model's held-out
-error (leave-one-level-out, :func:`app.planner.fit.cross_validate`;
-:meth:`MethodModel.ratio90`). Both live in ``coefficients.json``.
+error (leave out a whole level of n, m or ε, :func:`app.planner.fit.cross_validate`;
+:meth:`MethodModel.ratio90`). All of it lives in ``coefficients.json``.
 The model sees only public figures: method, n (or the size hint), m, ε, δ.
 """
 
@@ -45,11 +52,22 @@ FloatArray = NDArray[np.float64]
 Z90 = 1.2816
 
 
-def features(n: float, m: float, epsilon: float) -> FloatArray:
-    """φ(n, m, ε) of the module docstring."""
+#: log(E + OFFSET) is what the features predict.
+OFFSET = 0.25
+FORMS = ("rank", "value")
+
+
+def features(
+    n: float, m: float, epsilon: float, form: str = "rank", knee: float = 0.0
+) -> FloatArray:
+    """φ(n, m, ε) of the module docstring, in ``form`` (``rank`` with its ``knee`` k)."""
     ell = math.log(m + 1.0)
     le, ln = math.log(epsilon), math.log(n)
-    return np.array([1.0, ell, ell * ell, le, ln, le * ln], dtype=np.float64)
+    if form == "value":
+        return np.array([1.0, ell, ell * ell, le, ln, le * ln], dtype=np.float64)
+    lg = le + ln - ell
+    hinge = float(np.logaddexp(0.0, knee - lg))
+    return np.array([1.0, ell, ell * ell, le, lg, hinge], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -60,15 +78,17 @@ class MethodModel:
     r90_ms: tuple[float, ...]
     r90: tuple[float, ...]
     fit_cells: int
-    #: RMS residual of the fit in log(1 + E), in sample.
+    form: str = "rank"
+    knee: float = 0.0
+    #: RMS of log((prediction + 1) / (measured + 1)) over the fitted cells, in sample.
     sigma: float = 0.0
     #: RMS log error on map levels left out of the fit (``app.planner.fit --cv``): the
     #: model's uncertainty on cells it has not seen, which is what a quote is asked about.
     cv_sigma: float = 0.0
 
     def mean(self, n: float, m: int, epsilon: float) -> float:
-        raw = math.exp(float(np.dot(np.asarray(self.beta), features(n, m, epsilon)))) - 1.0
-        raw = max(raw, 1e-3)
+        phi = features(n, m, epsilon, self.form, self.knee)
+        raw = max(math.exp(float(np.dot(np.asarray(self.beta), phi))) - OFFSET, 1e-3)
         cap = n / 4.0
         return float((raw**-2 + cap**-2) ** -0.5)
 
@@ -92,6 +112,8 @@ def load_models() -> dict[str, MethodModel]:
             r90_ms=tuple(float(x) for x in entry["r90_ms"]),
             r90=tuple(float(x) for x in entry["r90"]),
             fit_cells=int(entry["fit_cells"]),
+            form=str(entry.get("form", "rank")),
+            knee=float(entry.get("knee", 0.0)),
             sigma=float(entry.get("rms_log_residual", 0.0)),
             cv_sigma=float(entry.get("cv_rms_log_residual", 0.0)),
         )

@@ -54,7 +54,7 @@ def releases(draw: st.DrawFn) -> tuple[list[float], list[float], float, float, f
     lower = draw(st.sampled_from([-100.0, 0.0, 3.5]))
     step = draw(st.sampled_from([0.001, 0.25, 1.0]))
     points = draw(st.integers(10, 5000))
-    upper = lower + points * step
+    upper = float(grid_values([points], lower, step)[0])  # the grid's own top point, exactly
     cells = draw(st.lists(st.integers(0, points), min_size=len(quantiles), max_size=len(quantiles)))
     # released values are the codec's grid points, in any order (independent picks may cross)
     estimates = grid_values(cells, lower, step).tolist()

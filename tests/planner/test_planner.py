@@ -222,3 +222,69 @@ def test_the_90_percent_bound_is_widened_by_the_held_out_error() -> None:
         expected = math.exp(math.sqrt(spread + (Z90 * model.cv_sigma) ** 2))
         assert math.isclose(model.ratio90(m), expected, rel_tol=1e-12)
         assert model.ratio90(m) > in_sample.ratio90(m)
+
+
+def test_the_rank_form_bends_where_the_gaps_between_target_ranks_close() -> None:
+    """The hinge softplus(k - log g), g = ε·n/(m + 1): zero for wide gaps, growing like
+    -log g as they close; the value form has no hinge and keeps log n."""
+    import math
+
+    from app.planner.model import features
+
+    wide = features(1e7, 9, 10.0, "rank", 2.0)
+    assert wide[-1] < 1e-6  # g = 10^7: no crowding
+    narrow = features(1e3, 99, 0.01, "rank", 2.0)
+    g = 0.01 * 1e3 / 100
+    assert math.isclose(narrow[-1], 2.0 - math.log(g), rel_tol=0.05)
+    assert math.isclose(narrow[4], math.log(g))
+    value = features(1e3, 99, 0.01, "value")
+    assert math.isclose(value[4], math.log(1e3)) and math.isclose(
+        value[5], math.log(0.01) * value[4]
+    )
+
+
+def test_the_fit_keeps_the_knee_with_the_lowest_held_out_error(tmp_path: Path) -> None:
+    """On a synthetic map whose errors follow a rank-form law with knee 3, the fit recovers
+    that knee and the law (and the noise-adding methods take the value form)."""
+    import math
+
+    import numpy as np
+
+    from app.planner import fit as fit_mod
+    from app.planner.model import OFFSET, MethodModel, features
+
+    truth = np.array([0.5, 0.8, 0.05, -1.0, -0.1, 1.5])
+    rows, trials = [], []
+    for n in (300, 1000, 10_000, 100_000):
+        for m in (1, 3, 9, 49, 99):
+            for eps in (0.03, 0.3, 1.0, 10.0):
+                raw = math.exp(float(truth @ features(n, m, eps, "rank", 3.0))) - OFFSET
+                if raw < 0.05:  # below the offset the law is not a mean error
+                    continue
+                mean = (raw**-2 + (n / 4) ** -2) ** -0.5  # the model's soft cap
+                for method in ("jointexp", "smooth"):
+                    rows.append(
+                        {
+                            "shape": "gaussian",
+                            "n": n,
+                            "m": m,
+                            "epsilon": eps,
+                            "method": method,
+                            "missed_mean": mean,
+                            "status": "ok",
+                        }
+                    )
+                    trials += [{**rows[-1], "missed_mean": mean * f} for f in (0.8, 1.2)]
+    for name, table in (("map.csv", rows), ("trials.csv", trials)):
+        with (tmp_path / name).open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(table[0]))
+            writer.writeheader()
+            writer.writerows(table)
+    out = fit_mod.fit(tmp_path)["methods"]
+    je, smooth = out["jointexp"], out["smooth"]  # type: ignore[index]
+    assert je["form"] == "rank" and je["knee"] == 3.0
+    assert smooth["form"] == "value"
+    model = MethodModel(tuple(je["beta"]), (1.0,), (1.0,), 1, "rank", 3.0)
+    raw = math.exp(float(truth @ features(5_000, 19, 0.5, "rank", 3.0))) - OFFSET
+    assert math.isclose(model.mean(5_000, 19, 0.5), (raw**-2 + 1250**-2) ** -0.5, rel_tol=1e-3)
+    assert je["cv_rms_log_residual"] < 0.01
