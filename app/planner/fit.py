@@ -1,4 +1,4 @@
-"""Fit the planner's coefficients from an error map: ``python -m app.planner.fit MAP_DIR``.
+"""Fit the planner's coefficients from an error map: ``python -m app.planner.fit [MAP_DIR]``.
 
 Reads ``MAP_DIR/map.csv`` and ``MAP_DIR/trials.csv`` (written by ``dpquant experiments
 map``) and writes ``app/planner/coefficients.json``. Only the continuous shapes
@@ -22,6 +22,8 @@ from app.planner.model import OFFSET, MethodModel, features
 
 FIT_SHAPES = ("gaussian", "lognormal", "bimodal")
 OUT = Path(__file__).with_name("coefficients.json")
+#: The committed map the coefficients are fitted on (docs/experiments.md §10.3).
+DEFAULT_MAP = "docs/results/errormap_dense"
 #: The noise-adding methods take the ``value`` feature form; every other method (the
 #: exponential-mechanism family, and methods registered later) the ``rank`` form.
 VALUE_FORM = frozenset({"smooth", "csmooth"})
@@ -152,17 +154,17 @@ def cross_validate(
 
 
 def main(argv: list[str]) -> int:
-    """Write the coefficients fitted on ``argv[0]`` (default docs/results/errormap); with
+    """Write the coefficients fitted on ``argv[0]`` (default :data:`DEFAULT_MAP`); with
     ``--cv``, print the held-out validation (:func:`cross_validate`) instead."""
     if argv and argv[0] == "--cv":
-        map_dir = Path(argv[1]) if len(argv) > 1 else Path("docs/results/errormap")
+        map_dir = Path(argv[1]) if len(argv) > 1 else Path(DEFAULT_MAP)
         for name, (rms, within, count) in cross_validate(map_dir).items():
             sys.stdout.write(
                 f"{name:16s} held-out cells={count:3d} rms(log)={rms:.3f} "
                 f"within 1.5x={100 * within:.0f} %\n"
             )
         return 0
-    map_dir = Path(argv[0]) if argv else Path("docs/results/errormap")
+    map_dir = Path(argv[0]) if argv else Path(DEFAULT_MAP)
     out = fit(map_dir)
     OUT.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     for name, entry in out["methods"].items():  # type: ignore[attr-defined]
