@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 
 from app.experiments.errormap import SHAPES, run_cell, sample_shape
-from app.experiments.runner import evenly_spaced_quantiles, single_threaded_env, stream, warm_up
+from app.experiments.errormap import _init as init_worker  # one thread, warmed up
+from app.experiments.runner import evenly_spaced_quantiles, single_threaded_env, stream
+from app.mechanisms import MECHANISMS
 from app.releases.schedule import run_bound_s
 
 #: The public grid of the integer-valued shape: a column declared integer gets step 1, so on
@@ -170,18 +172,6 @@ def evaluate(cell: Cell, trials: int, max_seconds: float, seed: int) -> dict[str
     }
 
 
-def _init() -> None:
-    try:
-        import numba
-
-        numba.set_num_threads(1)
-    except Exception:
-        pass
-    from app.mechanisms import MECHANISMS
-
-    warm_up(tuple(MECHANISMS))
-
-
 def _honest(ratio: float | None) -> bool:
     return ratio is not None and 1 / 1.5 <= ratio <= 1.5
 
@@ -237,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     with (
         single_threaded_env(),
         ProcessPoolExecutor(
-            args.workers, mp_context=get_context("spawn"), initializer=_init
+            args.workers,
+            mp_context=get_context("spawn"),
+            initializer=init_worker,
+            initargs=(tuple(MECHANISMS),),
         ) as pool,
     ):
         futures = [

@@ -93,10 +93,12 @@ def _choose(method: str, rows: list[Cell]) -> tuple[str, float, list[float]]:
 
 def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object]:
     """Coefficients per method (see :mod:`app.planner.model`)."""
-    cells: dict[str, list[Cell]] = defaultdict(list)
+    cells: dict[str, list[Cell]] = defaultdict(list)  # unsaturated: the least-squares rows
+    every: dict[str, list[Cell]] = defaultdict(list)  # all: the held-out check's rows
     cell_mean: dict[tuple[str, str, int, int, float], float] = {}
     for method, shape, (n, m, e, mean) in _map_cells(map_dir, shapes):
         cell_mean[(method, shape, n, m, e)] = mean
+        every[method].append((n, m, e, mean))
         if mean < n / 8:
             cells[method].append((n, m, e, mean))
     ratios: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -106,9 +108,6 @@ def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object
             cm = cell_mean.get(key)
             if cm is not None and 0 < cm < key[2] / 8:
                 ratios[r["method"]][key[3]].append(float(r["missed_mean"]) / cm)
-    every: dict[str, list[Cell]] = defaultdict(list)
-    for method, _, cell in _map_cells(map_dir, shapes):
-        every[method].append(cell)
     methods: dict[str, object] = {}
     for method, rows in sorted(cells.items()):
         form, knee, held_out = _choose(method, every[method])

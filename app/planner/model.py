@@ -54,7 +54,6 @@ Z90 = 1.2816
 
 #: log(E + OFFSET) is what the features predict.
 OFFSET = 0.25
-FORMS = ("rank", "value")
 
 
 def features(
