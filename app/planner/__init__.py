@@ -11,17 +11,24 @@ described in :mod:`app.planner.model` and docs/experiments.md.
 * :func:`eligible_methods`: the methods a query may resolve to: the dataset's neighbour
   relation must be covered, pure ε-DP methods are always allowed, approximate ones only when
   the query gives δ.
-* :func:`recommend`: the method ``auto`` runs: the fastest of the eligible methods whose
-  expected error is within 10 % of the lowest, within the release time limit, with
-  ``jointexp_smooth`` in JointExp's place (robust to ties the planner cannot see).
+* :func:`recommend`: the method ``auto`` runs: the eligible method (within the release time
+  limit) least behind the best *in every regime the public figures leave open* (distinct
+  values, ties, a clamped share), the fastest of those within 10 %.
+
+Three model sets (:mod:`app.planner.model`): ``continuous`` (fitted on distinct values),
+``tied`` (integer-valued data, every quantile on a run of ties) and ``clamped`` (a share
+clamped at a bound). Ties are private, so the planner cannot tell which one a data set
+follows, except that more records than grid points force some (:func:`ties_forced`);
+quotes then come from the tied set, else from the continuous one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 
 from app.mechanisms import MECHANISMS, MechanismInputError
-from app.planner.model import load_models
+from app.planner.model import OFFSET, REGIMES, load_models
 
 #: ``n`` used to rank methods for ``auto`` when no public size is known (add_remove without
 #: a size hint): a fixed, public figure, so the choice still depends on public inputs only.
@@ -35,6 +42,9 @@ def expected_error(
     epsilon: float,
     delta: float | None,
     neighbors: str,
+    *,
+    grid_points: int | None = None,
+    regime: str | None = None,
 ) -> tuple[float, float] | None:
     """Predicted mean missed points per quantile and its 90 % bound, from public figures.
 
@@ -45,12 +55,18 @@ def expected_error(
         epsilon: The query's ε for the whole release.
         delta: The query's δ (the model was fitted at δ = 10⁻⁶; not otherwise used).
         neighbors: ``swap`` or ``add_remove`` (the model was fitted under swap).
+        grid_points: The column's grid size, if any: with more records than grid points
+            (:func:`ties_forced`) the tied model set answers.
+        regime: A model set by name (``continuous`` or ``tied``), overriding the choice
+            from ``grid_points``.
 
     Returns:
         ``(mean, bound90)``, or ``None`` when the method has no fitted model.
     """
     del delta, neighbors  # see the docstring: fitted at δ = 1e-6 under swap
-    model = load_models().get(method)
+    if regime is None:
+        regime = "tied" if ties_forced(n, grid_points) else "continuous"
+    model = load_models(regime).get(method)
     if model is None or n < 1 or epsilon <= 0 or not quantiles:
         return None
     m = len(quantiles)
@@ -73,6 +89,12 @@ def eligible_methods(*, delta_given: bool, neighbors: str) -> list[str]:
 NEAR = 1.10
 
 
+#: How far behind the best a method may be, in a regime the public figures leave open but
+#: data rarely follow (ties, a share clamped at a bound), before ``auto`` holds it against
+#: the method: chosen on the committed maps (docs/experiments.md §10.5).
+TOLERANCE = 3.0
+
+
 def ties_forced(n: int, grid_points: int | None) -> bool:
     """Whether the public figures force tied values: more records than grid points."""
     return grid_points is not None and n > grid_points
@@ -91,37 +113,57 @@ def recommend(
     time_limit_s: float | None = None,
 ) -> str:
     """The method ``auto`` runs: among the eligible methods (with ``only``, among those),
-    the fastest whose expected error is within :data:`NEAR` of the lowest.
+    the one least behind the best in every regime the public figures leave open.
+
+    Ties and atoms (integer-valued or rounded data, values clamped at a bound) are private,
+    so the planner never knows which of its model sets (:data:`REGIMES`: continuous, tied,
+    clamped) a data set follows. A method's *regret* is the largest factor, over the open
+    regimes (:func:`open_regimes`), by which its expected error exceeds the lowest of the
+    methods left, ``(E + 1/4) / (E_best + 1/4)``, divided by the regime's tolerance (1 for
+    distinct values, :data:`TOLERANCE` for ties and a clamped share; never below 1).
+    ``auto`` takes the fastest of the methods whose regret is within :data:`NEAR` of the
+    lowest (without ``seconds``, the first in registry order). So AQ, best on distinct
+    values at many quantiles but hundreds of times behind where a clamped atom holds some
+    of them, gives way to a method close to the best on both (docs/experiments.md §10.5).
+
+    ``jointexp_smooth`` (the same mechanism on jittered records) takes JointExp's place
+    wherever both are left: JointExp's utility goes flat on atoms heavier than the gaps
+    between target ranks (ratings 1-5: 100x more missed points), which no model fitted on
+    one tied shape can foresee, while on distinct values it is ahead by 5 % at the median
+    (§10.1). Where the public figures force ties (more records than grid points), the
+    smoothed one is taken unless the continuous models put it more than
+    :data:`TOLERANCE` behind the best (many quantiles at small ε, where each quantile's
+    noise dwarfs the atoms and AQ is 3-5x ahead; the tied model of the smoothed method
+    itself is the least accurate of all, §10.5); then the tied models rank the others.
 
     ``n=None`` (no public size) ranks at :data:`NOMINAL_N`. Never recommended: methods
     without a model; methods whose declared cost at these parameters exceeds the requested
     (ε, δ) (a method proven in another notion and not calibrated to the request: ``auto``
     never spends more than was asked); methods whose run time (``seconds(name)``, the
     service's public bound) exceeds ``time_limit_s``, unless every method's does (then the
-    fastest). ``jointexp_smooth`` (the same mechanism on jittered records) takes JointExp's
-    place wherever both are left: ties and atoms (integer-valued or rounded data, values
-    clamped at a bound) are private, so the planner cannot see them, and there JointExp
-    misses 4-30x more points on the committed map (median; 100x and more at n = 10^5), while
-    on continuous data JointExp is ahead by 5 % at the median (90th percentile 1.6x;
-    docs/experiments.md §10). Where the public figures force ties (``n`` above
-    ``grid_points``) every other model, fitted on distinct values, fails: the other methods
-    miss 10-1,000x more points there (§10.1), and ``jointexp_smooth`` is taken outright.
-    Without ``seconds``, the registry's order breaks near-ties.
-    If nothing is left, the registry's first eligible method.
+    fastest). If nothing is left, the registry's first eligible method.
     """
     size = NOMINAL_N if n is None else n
     candidates = eligible_methods(delta_given=delta is not None, neighbors=neighbors)
     if only is not None:
         candidates = [name for name in candidates if name in only]
     order = {name: i for i, name in enumerate(MECHANISMS)}
-    scored: list[tuple[float, float, int, str]] = []
+    regimes = open_regimes(size, grid_points)
+    names = [r for r, _ in regimes]
+    if "continuous" not in names:
+        names.append("continuous")  # for the forced-ties rule below
+    # (errors per regime name, seconds, registry order, name)
+    scored: list[tuple[dict[str, float], float, int, str]] = []
     for name in candidates:
         if not _costs_what_was_asked(name, epsilon, delta):
             continue
-        err = expected_error(name, size, quantiles, epsilon, delta, neighbors)
-        if err is not None:
+        errs = {}
+        for regime in names:
+            err = expected_error(name, size, quantiles, epsilon, delta, neighbors, regime=regime)
+            errs[regime] = math.nan if err is None else err[0]
+        if not math.isnan(errs["continuous"]):  # a method without a model is never picked
             took = 0.0 if seconds is None else float(seconds(name))
-            scored.append((err[0], took, order[name], name))
+            scored.append((errs, took, order[name], name))
     if not scored:
         return candidates[0]
     if time_limit_s is not None:
@@ -129,11 +171,43 @@ def recommend(
         scored = in_time or [min(scored, key=lambda s: (s[1], s[2]))]
     if {"jointexp", "jointexp_smooth"} <= {s[3] for s in scored}:
         scored = [s for s in scored if s[3] != "jointexp"]
-    if ties_forced(size, grid_points) and "jointexp_smooth" in {s[3] for s in scored}:
-        return "jointexp_smooth"
-    best = min(s[0] for s in scored)
-    near = [s for s in scored if s[0] <= NEAR * best]
+    smooth = [s for s in scored if s[3] == "jointexp_smooth"]
+    if ties_forced(size, grid_points) and smooth and len(scored) > 1:
+        lowest_c = min(s[0]["continuous"] for s in scored)
+        if (smooth[0][0]["continuous"] + OFFSET) / (lowest_c + OFFSET) <= TOLERANCE:
+            return "jointexp_smooth"
+        scored = [s for s in scored if s[3] != "jointexp_smooth"]
+    best = {
+        r: min((s[0][r] for s in scored if not math.isnan(s[0][r])), default=math.nan)
+        for r, _ in regimes
+    }
+
+    def regret(errs: dict[str, float]) -> float:
+        """The largest factor, over the open regimes, by which the method's expected error
+        exceeds the lowest, beyond the regime's tolerance (a regime without a model for
+        the method counts for nothing)."""
+        return max(
+            (
+                max(1.0, (errs[r] + OFFSET) / (best[r] + OFFSET) / tol)
+                for r, tol in regimes
+                if not math.isnan(errs[r])
+            ),
+            default=1.0,
+        )
+
+    lowest = min(regret(s[0]) for s in scored)
+    near = [s for s in scored if regret(s[0]) <= NEAR * lowest]
     return min(near, key=lambda s: (s[1], s[2]))[3]
+
+
+def open_regimes(n: int, grid_points: int | None) -> list[tuple[str, float]]:
+    """The model sets a data set of public size ``n`` on a grid of ``grid_points`` may
+    follow, each with the factor by which ``auto`` lets a method trail the best there
+    before that counts: with ties forced (:func:`ties_forced`) the tied set alone; else
+    the continuous set, and the tied and clamped ones at :data:`TOLERANCE`."""
+    if ties_forced(n, grid_points):
+        return [("tied", 1.0)]
+    return [("continuous", 1.0), ("tied", TOLERANCE), ("clamped", TOLERANCE)]
 
 
 def _costs_what_was_asked(name: str, epsilon: float, delta: float | None) -> bool:
@@ -147,4 +221,14 @@ def _costs_what_was_asked(name: str, epsilon: float, delta: float | None) -> boo
     return eps_cost <= epsilon * (1 + 1e-9) and delta_cost <= (delta or 0.0) * (1 + 1e-9)
 
 
-__all__ = ["NEAR", "NOMINAL_N", "eligible_methods", "expected_error", "recommend", "ties_forced"]
+__all__ = [
+    "NEAR",
+    "NOMINAL_N",
+    "REGIMES",
+    "TOLERANCE",
+    "eligible_methods",
+    "expected_error",
+    "open_regimes",
+    "recommend",
+    "ties_forced",
+]

@@ -1,9 +1,13 @@
-"""Fit the planner's coefficients from an error map: ``python -m app.planner.fit [MAP_DIR]``.
+"""Fit the planner's coefficients from error maps: ``python -m app.planner.fit``.
 
-Reads ``MAP_DIR/map.csv`` and ``MAP_DIR/trials.csv`` (written by ``dpquant experiments
-map``) and writes ``app/planner/coefficients.json``. Only the continuous shapes
-(:data:`FIT_SHAPES`) are used: the planner cannot see ties (it never looks at the data),
-and on heavily tied data every method's missed-point count is dominated by the tie runs.
+Reads ``map.csv`` and ``trials.csv`` (written by ``dpquant experiments map``) of the
+committed maps and writes ``app/planner/coefficients.json``: three model sets
+(:data:`SETS`). The *continuous* one (shapes :data:`FIT_SHAPES`) is fitted on distinct
+values; the *tied* one on integer-valued data (every quantile on a long run of ties), the
+*clamped* one on data with about 16 % of the points clamped at the upper bound (one heavy
+atom). On ties and atoms each method's missed points follow another law (JointExp's
+utility goes flat on atoms, the smoothed variant's jitter restores it, AQ's splits land
+inside the atom). The planner never sees which one a data set follows (app.planner).
 Cells where a method is saturated (mean ≥ n/8: the answer carries almost no information)
 are left out of the least-squares fit; the model's soft cap covers them.
 """
@@ -14,16 +18,34 @@ import csv
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from app.planner.model import OFFSET, MethodModel, features
 
 FIT_SHAPES = ("gaussian", "lognormal", "bimodal")
+TIED_SHAPES = ("integer",)
+CLAMPED_SHAPES = ("clamped",)
 OUT = Path(__file__).with_name("coefficients.json")
-#: The committed map the coefficients are fitted on (docs/experiments.md §10.3).
-DEFAULT_MAP = "docs/results/errormap_dense"
+#: The committed maps the continuous models are fitted on (docs/experiments.md §10.3).
+DEFAULT_MAPS = (
+    "docs/results/errormap_dense",
+    "docs/results/errormap_eps001",
+    "docs/results/errormap_m499",
+    "docs/results/errormap_large",
+)
+DEFAULT_MAP = DEFAULT_MAPS[0]
+#: The committed map the tied and clamped models are fitted on (docs/experiments.md §10.5).
+TIED_MAPS = ("docs/results/errormap_ties",)
+#: Each model set (app.planner.model.REGIMES): the maps and shapes it is fitted on.
+SETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "continuous": (DEFAULT_MAPS, FIT_SHAPES),
+    "tied": (TIED_MAPS, TIED_SHAPES),
+    "clamped": (TIED_MAPS, CLAMPED_SHAPES),
+}
 #: The noise-adding methods take the ``value`` feature form; every other method (the
 #: exponential-mechanism family, and methods registered later) the ``rank`` form.
 VALUE_FORM = frozenset({"smooth", "csmooth"})
@@ -35,15 +57,27 @@ KNEES = tuple(0.5 * i for i in range(13))
 Cell = tuple[int, int, float, float]  # (n, m, epsilon, mean missed points)
 
 
-def _map_cells(map_dir: Path, shapes: tuple[str, ...]) -> list[tuple[str, str, Cell]]:
-    """(method, shape, cell) of every measured cell of ``map.csv`` on ``shapes``."""
-    with (map_dir / "map.csv").open(encoding="utf-8") as fh:
-        return [
-            (r["method"], r["shape"],
-             (int(r["n"]), int(r["m"]), float(r["epsilon"]), float(r["missed_mean"])))
-            for r in csv.DictReader(fh)
-            if r["status"] == "ok" and r["shape"] in shapes
-        ]  # fmt: skip
+MapDirs = Path | Sequence[Path]
+
+
+def _dirs(map_dirs: MapDirs) -> list[Path]:
+    return [map_dirs] if isinstance(map_dirs, Path) else [Path(d) for d in map_dirs]
+
+
+def _rows(map_dirs: MapDirs, name: str) -> Iterator[dict[str, str]]:
+    for map_dir in _dirs(map_dirs):
+        with (map_dir / name).open(encoding="utf-8") as fh:
+            yield from csv.DictReader(fh)
+
+
+def _map_cells(map_dirs: MapDirs, shapes: tuple[str, ...]) -> list[tuple[str, str, Cell]]:
+    """(method, shape, cell) of every measured cell of the maps' ``map.csv`` on ``shapes``."""
+    return [
+        (r["method"], r["shape"],
+         (int(r["n"]), int(r["m"]), float(r["epsilon"]), float(r["missed_mean"])))
+        for r in _rows(map_dirs, "map.csv")
+        if r["status"] == "ok" and r["shape"] in shapes
+    ]  # fmt: skip
 
 
 def _model(rows: list[Cell], form: str, knee: float) -> MethodModel:
@@ -91,23 +125,22 @@ def _choose(method: str, rows: list[Cell]) -> tuple[str, float, list[float]]:
     return "rank", knee, errors
 
 
-def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object]:
-    """Coefficients per method (see :mod:`app.planner.model`)."""
+def fit(map_dirs: MapDirs, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object]:
+    """Coefficients per method (see :mod:`app.planner.model`) on the maps' ``shapes``."""
     cells: dict[str, list[Cell]] = defaultdict(list)  # unsaturated: the least-squares rows
     every: dict[str, list[Cell]] = defaultdict(list)  # all: the held-out check's rows
     cell_mean: dict[tuple[str, str, int, int, float], float] = {}
-    for method, shape, (n, m, e, mean) in _map_cells(map_dir, shapes):
+    for method, shape, (n, m, e, mean) in _map_cells(map_dirs, shapes):
         cell_mean[(method, shape, n, m, e)] = mean
         every[method].append((n, m, e, mean))
         if mean < n / 8:
             cells[method].append((n, m, e, mean))
     ratios: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    with (map_dir / "trials.csv").open(encoding="utf-8") as fh:
-        for r in csv.DictReader(fh):
-            key = (r["method"], r["shape"], int(r["n"]), int(r["m"]), float(r["epsilon"]))
-            cm = cell_mean.get(key)
-            if cm is not None and 0 < cm < key[2] / 8:
-                ratios[r["method"]][key[3]].append(float(r["missed_mean"]) / cm)
+    for r in _rows(map_dirs, "trials.csv"):
+        key = (r["method"], r["shape"], int(r["n"]), int(r["m"]), float(r["epsilon"]))
+        cm = cell_mean.get(key)
+        if cm is not None and 0 < cm < key[2] / 8:
+            ratios[r["method"]][key[3]].append(float(r["missed_mean"]) / cm)
     methods: dict[str, object] = {}
     for method, rows in sorted(cells.items()):
         form, knee, held_out = _choose(method, every[method])
@@ -124,7 +157,8 @@ def fit(map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES) -> dict[str, object
             "rms_log_residual": round(_rms(_log_errors(model, rows)), 4),
             "cv_rms_log_residual": round(_rms(held_out), 4),
         }
-    return {"source": str(map_dir), "shapes": list(shapes), "methods": methods}
+    sources = [str(d) for d in _dirs(map_dirs)]
+    return {"source": sources, "shapes": list(shapes), "methods": methods}
 
 
 def _rms(errors: list[float]) -> float:
@@ -132,14 +166,14 @@ def _rms(errors: list[float]) -> float:
 
 
 def cross_validate(
-    map_dir: Path, shapes: tuple[str, ...] = FIT_SHAPES
+    map_dirs: MapDirs, shapes: tuple[str, ...] = FIT_SHAPES
 ) -> dict[str, tuple[float, float, int]]:
     """Held-out error of the model per method: leave out one level of n, of m or of ε at a
     time (edges included, so half the folds extrapolate), fit on the rest as :func:`fit`
     does, predict the held-out cells. Returns ``(RMS of log((pred + 1)/(meas + 1)), share of
     held-out cells within 1.5x, cells)`` per method (the knee is the one :func:`fit` picks)."""
     cells: dict[str, list[Cell]] = defaultdict(list)
-    for method, _, cell in _map_cells(map_dir, shapes):
+    for method, _, cell in _map_cells(map_dirs, shapes):
         cells[method].append(cell)
     out: dict[str, tuple[float, float, int]] = {}
     for method, rows in sorted(cells.items()):
@@ -153,24 +187,34 @@ def cross_validate(
 
 
 def main(argv: list[str]) -> int:
-    """Write the coefficients fitted on ``argv[0]`` (default :data:`DEFAULT_MAP`); with
-    ``--cv``, print the held-out validation (:func:`cross_validate`) instead."""
+    """Write every model set (:data:`SETS`) fitted on the committed maps; with ``--cv``,
+    print their held-out validation (:func:`cross_validate`) instead."""
     if argv and argv[0] == "--cv":
-        map_dir = Path(argv[1]) if len(argv) > 1 else Path(DEFAULT_MAP)
-        for name, (rms, within, count) in cross_validate(map_dir).items():
-            sys.stdout.write(
-                f"{name:16s} held-out cells={count:3d} rms(log)={rms:.3f} "
-                f"within 1.5x={100 * within:.0f} %\n"
-            )
+        for label, (maps, shapes) in SETS.items():
+            sys.stdout.write(f"{label} ({', '.join(shapes)}):\n")
+            for name, (rms, within, count) in cross_validate(_paths(maps), shapes).items():
+                sys.stdout.write(
+                    f"  {name:16s} held-out cells={count:4d} rms(log)={rms:.3f} "
+                    f"within 1.5x={100 * within:.0f} %\n"
+                )
         return 0
-    map_dir = Path(argv[0]) if argv else Path(DEFAULT_MAP)
-    out = fit(map_dir)
+    parts = {label: fit(_paths(maps), shapes) for label, (maps, shapes) in SETS.items()}
+    out = {**parts["continuous"], "regimes": {k: v for k, v in parts.items() if k != "continuous"}}
     OUT.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    for name, entry in out["methods"].items():  # type: ignore[attr-defined]
-        sys.stdout.write(
-            f"{name:10s} cells={entry['fit_cells']:3d} rms(log)={entry['rms_log_residual']}\n"
-        )
+    for label, part in parts.items():
+        methods: dict[str, dict[str, Any]] = part["methods"]  # type: ignore[assignment]
+        for name, entry in methods.items():
+            sys.stdout.write(
+                f"{label:10s} {name:16s} cells={entry['fit_cells']:3d} "
+                f"rms(log)={entry['rms_log_residual']} cv={entry['cv_rms_log_residual']}\n"
+            )
     return 0
+
+
+def _paths(maps: Sequence[str]) -> list[Path]:
+    """The committed maps, relative to the repository root."""
+    root = Path(__file__).resolve().parents[2]
+    return [root / d for d in maps]
 
 
 if __name__ == "__main__":

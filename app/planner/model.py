@@ -100,11 +100,22 @@ class MethodModel:
         return math.exp(math.hypot(spread, Z90 * max(self.sigma, self.cv_sigma)))
 
 
+#: The model sets: ``continuous`` fitted on distinct values, ``tied`` on integer-valued data
+#: (every quantile on a long run of ties), ``clamped`` on data with a share clamped at a
+#: bound (one heavy atom); :mod:`app.planner.fit`.
+REGIMES = ("continuous", "tied", "clamped")
+
+
 @cache
-def load_models() -> dict[str, MethodModel]:
-    """The committed coefficients (``app/planner/coefficients.json``), read once."""
+def load_models(regime: str = "continuous") -> dict[str, MethodModel]:
+    """The committed coefficients (``app/planner/coefficients.json``) of one model set, read
+    once: ``continuous`` (the file's top-level ``methods``) or another of :data:`REGIMES`
+    (``regimes.<name>.methods``)."""
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}")
     text = resources.files("app.planner").joinpath("coefficients.json").read_text("utf-8")
     raw = json.loads(text)
+    part = raw if regime == "continuous" else raw["regimes"][regime]
     return {
         name: MethodModel(
             beta=tuple(float(b) for b in entry["beta"]),
@@ -116,5 +127,5 @@ def load_models() -> dict[str, MethodModel]:
             sigma=float(entry.get("rms_log_residual", 0.0)),
             cv_sigma=float(entry.get("cv_rms_log_residual", 0.0)),
         )
-        for name, entry in raw["methods"].items()
+        for name, entry in part["methods"].items()
     }

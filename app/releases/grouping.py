@@ -157,21 +157,25 @@ def group_size(public_size: int | None, keys: int) -> int | None:
     return None if public_size is None else max(1, public_size // max(1, keys))
 
 
-def expectation(query: QuantileQuery, grouping: Grouping) -> tuple[dict[str, Any], list[str]]:
-    """The expected error by group size (public figures only) and warnings."""
+def expectation(
+    query: QuantileQuery, grouping: Grouping, *, grid_points: int | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """The expected error by group size (public figures only) and warnings; sizes above
+    ``grid_points`` (the column's grid) are quoted from the tied model set."""
     epsilon = float(query.epsilon) / grouping.chain
     delta = None if query.delta is None else float(query.delta) / grouping.chain
     rows: list[dict[str, float | int]] = []
     for size in SIZE_LADDER:
         err = planner.expected_error(
-            query.method, size, query.quantiles, epsilon, delta, "add_remove"
-        )
+            query.method, size, query.quantiles, epsilon, delta, "add_remove",
+            grid_points=grid_points,
+        )  # fmt: skip
         if err is None:
             return {"by_size": None, "min_size": None}, [
                 f"expected error unknown: no error model for method {query.method!r}"
             ]
         rows.append({"size": size, "mean": _figures(err[0]), "bound90": _figures(err[1])})
-    min_size = noise_floor(query, epsilon, delta)
+    min_size = noise_floor(query, epsilon, delta, grid_points=grid_points)
     warnings = []
     if min_size is not None:
         warnings.append(
@@ -181,14 +185,17 @@ def expectation(query: QuantileQuery, grouping: Grouping) -> tuple[dict[str, Any
     return {"by_size": rows, "min_size": min_size}, warnings
 
 
-def noise_floor(query: QuantileQuery, epsilon: float, delta: float | None) -> int | None:
+def noise_floor(
+    query: QuantileQuery, epsilon: float, delta: float | None, *, grid_points: int | None = None
+) -> int | None:
     """The smallest size (on a ladder of 10^(1/8) steps, rounded to 2 figures) whose expected
     error is below :data:`NOISE_SHARE` of the ranks; None if none up to 10^9 is."""
     for step in range(8, 73):
         size = int(float(f"{10 ** (step / 8):.2g}"))
         err = planner.expected_error(
-            query.method, size, query.quantiles, epsilon, delta, "add_remove"
-        )
+            query.method, size, query.quantiles, epsilon, delta, "add_remove",
+            grid_points=grid_points,
+        )  # fmt: skip
         if err is None:
             return None
         if err[0] < NOISE_SHARE * size:

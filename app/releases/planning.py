@@ -305,8 +305,7 @@ def resolve(
     """
     name = method or query.method
     column = query.column or (figures.numeric[0] if len(figures.numeric) == 1 else "")
-    grid = figures.grid(column)
-    timing: dict[str, Any] = {"grid_points": None if grid is None else grid_size(*grid)}
+    timing: dict[str, Any] = {"grid_points": grid_points(query, figures)}
     if limits is not None and name == AUTO:
         timing["seconds"] = limits.seconds(query, figures, column, grouping)
         timing["time_limit_s"] = limits.time_limit_s
@@ -339,6 +338,12 @@ def resolve(
     return query.model_copy(update={"method": name, "delta": delta})
 
 
+def grid_points(query: QuantileQuery, figures: PublicFigures) -> int | None:
+    """The size of the public grid of the column ``query`` reads, if known."""
+    grid = figures.grid(query.column or (figures.numeric[0] if len(figures.numeric) == 1 else ""))
+    return None if grid is None else grid_size(*grid)
+
+
 def _figures(value: float) -> float:
     return float(f"{value:.4g}")
 
@@ -361,6 +366,7 @@ def expectation(
         figures.row_epsilon(float(query.epsilon)),
         figures.row_delta(None if query.delta is None else float(query.delta)),
         figures.neighbors,
+        grid_points=grid_points(query, figures),
     )
     if err is None:
         return None, [f"expected error unknown: no error model for method {query.method!r}"]
@@ -409,7 +415,9 @@ def plan_query(
         if grouping.selection is not None:
             total = priced.cost.plus(grouped.selection_cost(grouping))
             priced = Priced(priced.mechanism, total)
-        group_error, warnings = grouped.expectation(resolved, grouping)
+        group_error, warnings = grouped.expectation(
+            resolved, grouping, grid_points=grid_points(resolved, figures)
+        )
         return Plan(resolved, priced, request_fingerprint(query), None, warnings, column,
                     grouping, group_error)  # fmt: skip
     priced = price_query(

@@ -86,10 +86,11 @@ class QuantileQuery(BaseModel):
         description="A registered mechanism (GET /v1/methods), or `auto`: among the methods "
         "the query allows (pure epsilon-DP ones always, approximate ones only when delta is "
         "given) whose public run-time bound fits the release time limit, the planner picks "
-        "the fastest whose expected error is within 10 % of the lowest, with jointexp_smooth "
-        "in jointexp's place wherever it fits (ties and clamped values are private, and there "
-        "jointexp misses far more points) and outright where the public figures force ties "
-        "(more records than grid points); the release records the method chosen.",
+        "the one least behind the best in every regime it cannot see (distinct values, "
+        "ties, a clamped share; ties may cost up to 3x before they count), the fastest of "
+        "those within 10 %, with jointexp_smooth in jointexp's place; where the public "
+        "figures force ties (more records than grid points) jointexp_smooth unless it is "
+        "expected to be 3x behind; the release records the method chosen.",
     )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."
