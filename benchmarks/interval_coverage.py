@@ -70,7 +70,7 @@ def run(cells: int, trials: int, seed: int) -> int:
         step = STEPS.get(shape, STEP)
         points = grid_size(LOWER, UPPER, step)
         method = recommend(n, list(qs), eps, None, "swap", grid_points=points)
-        err = expected_error(method, n, list(qs), eps, None, "swap")
+        err = expected_error(method, n, list(qs), eps, None, "swap", grid_points=points)
         assert err is not None
         mech = MECHANISMS[method]
         hits: list[bool] = []
