@@ -57,8 +57,8 @@ def expected_error(
         neighbors: ``swap`` or ``add_remove`` (the model was fitted under swap).
         grid_points: The column's grid size, if any: with more records than grid points
             (:func:`ties_forced`) the tied model set answers.
-        regime: A model set by name (``continuous`` or ``tied``), overriding the choice
-            from ``grid_points``.
+        regime: A model set by name (one of :data:`REGIMES`), overriding the choice from
+            ``grid_points``.
 
     Returns:
         ``(mean, bound90)``, or ``None`` when the method has no fitted model.
@@ -149,16 +149,13 @@ def recommend(
         candidates = [name for name in candidates if name in only]
     order = {name: i for i, name in enumerate(MECHANISMS)}
     regimes = open_regimes(size, grid_points)
-    names = [r for r, _ in regimes]
-    if "continuous" not in names:
-        names.append("continuous")  # for the forced-ties rule below
-    # (errors per regime name, seconds, registry order, name)
+    # (errors per model set, seconds, registry order, name)
     scored: list[tuple[dict[str, float], float, int, str]] = []
     for name in candidates:
         if not _costs_what_was_asked(name, epsilon, delta):
             continue
         errs = {}
-        for regime in names:
+        for regime in REGIMES:
             err = expected_error(name, size, quantiles, epsilon, delta, neighbors, regime=regime)
             errs[regime] = math.nan if err is None else err[0]
         if not math.isnan(errs["continuous"]):  # a method without a model is never picked
@@ -172,7 +169,7 @@ def recommend(
     if {"jointexp", "jointexp_smooth"} <= {s[3] for s in scored}:
         scored = [s for s in scored if s[3] != "jointexp"]
     smooth = [s for s in scored if s[3] == "jointexp_smooth"]
-    if ties_forced(size, grid_points) and smooth and len(scored) > 1:
+    if ties_forced(size, grid_points) and smooth:
         lowest_c = min(s[0]["continuous"] for s in scored)
         if (smooth[0][0]["continuous"] + OFFSET) / (lowest_c + OFFSET) <= TOLERANCE:
             return "jointexp_smooth"

@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -100,6 +101,14 @@ class MethodModel:
         return math.exp(math.hypot(spread, Z90 * max(self.sigma, self.cv_sigma)))
 
 
+@cache
+def _coefficients() -> dict[str, Any]:
+    """``app/planner/coefficients.json``, read once for every model set."""
+    text = resources.files("app.planner").joinpath("coefficients.json").read_text("utf-8")
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
 #: The model sets: ``continuous`` fitted on distinct values, ``tied`` on integer-valued data
 #: (every quantile on a long run of ties), ``clamped`` on data with a share clamped at a
 #: bound (one heavy atom); :mod:`app.planner.fit`.
@@ -113,8 +122,7 @@ def load_models(regime: str = "continuous") -> dict[str, MethodModel]:
     (``regimes.<name>.methods``)."""
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}")
-    text = resources.files("app.planner").joinpath("coefficients.json").read_text("utf-8")
-    raw = json.loads(text)
+    raw = _coefficients()
     part = raw if regime == "continuous" else raw["regimes"][regime]
     return {
         name: MethodModel(
