@@ -37,7 +37,6 @@ DEFAULT_MAPS = (
     "docs/results/errormap_m499",
     "docs/results/errormap_large",
 )
-DEFAULT_MAP = DEFAULT_MAPS[0]
 #: The committed map the tied and clamped models are fitted on (docs/experiments.md §10.5).
 TIED_MAPS = ("docs/results/errormap_ties",)
 #: Each model set (app.planner.model.REGIMES): the maps and shapes it is fitted on.
