@@ -9,13 +9,16 @@ neighbours, public bounds [−100, 100]. The planner was fitted on the map's con
 at fixed levels of n, m and ε; none of these cells is a map point.
 
 Each cell runs ``--trials`` times (default 20) with every eligible method on the same sample
-per trial (the raw registry calls of the error map). A method whose public run-time bound
+per trial, as a release runs (:func:`app.experiments.errormap.run_cell` on the grid
+histogram of the sample snapped to the shape's public grid: step 1 for the integer-valued
+shape, a column declared integer; the service's default step 10⁻⁴ for the others). Until
+seed 20261210 the cells ran on the raw values, where an estimate can never be a tied value
+itself and misses its whole run of ties; a release never does. A method whose public run-time bound
 (:func:`app.releases.schedule.run_bound_s` on n distinct values, ~3x above measured run
 times) exceeds ``--max-seconds`` is not run on that cell and is out of the comparison;
 ``auto`` (:func:`app.planner.recommend`) is given these bounds and the same limit, as the
-service gives it its public run-time bounds and its release time limit, and the
-integer-valued shape's public grid (step 1, :data:`INTEGER_GRID_POINTS` points), as the
-service gives it a column's grid.
+service gives it its public run-time bounds and its release time limit, and the shape's
+public grid size, as the service gives it a column's grid.
 
 Reported per cell: ``auto``'s pick, its measured mean missed points per quantile and quote
 (mean, bound90), the best measured method; overall: the share of cells with ``auto`` within
@@ -38,20 +41,27 @@ from typing import Any
 
 import numpy as np
 
-from app.experiments.errormap import SHAPES, run_cell, sample_shape
+from app.codec.grid import grid_size
+from app.experiments.errormap import (
+    LOWER,
+    SHAPES,
+    UPPER,
+    grid_step,
+    on_grid,
+    run_cell,
+    sample_shape,
+)
 from app.experiments.errormap import _init as init_worker  # one thread, warmed up
 from app.experiments.runner import evenly_spaced_quantiles, single_threaded_env, stream
 from app.mechanisms import MECHANISMS
 from app.releases.schedule import run_bound_s
 
-#: The public grid of the integer-valued shape: a column declared integer gets step 1, so on
-#: the bounds [-100, 100] it has 201 points (the service passes a column's grid to ``auto``).
-INTEGER_GRID_POINTS = 201
-
 #: The evaluation's seed, chosen and committed before the evaluation was run. Each seed is
 #: reported once and never tuned on: 20261208 for the rank-form model
-#: (docs/experiments.md §10.4), 20261210 for the three model sets and the regret rule (§10.6).
-SEED = 20261210
+#: (docs/experiments.md §10.4), 20261210 for the three model sets and the regret rule (§10.6),
+#: 20261213 for every cell run as a release runs, on its grid, and the tied models fitted on
+#: the grid path (§10.7).
+SEED = 20261213
 
 
 @dataclass(frozen=True)
@@ -115,17 +125,20 @@ def evaluate(cell: Cell, trials: int, max_seconds: float, seed: int) -> dict[str
     errors: dict[str, str] = {}
     for trial in range(trials):
         data = _sample(cell.shape, stream(seed, "cell", cell.index, trial), cell.n)
+        gridded = on_grid(data, grid_step(cell.shape))
         for method in list(missed):
             rng = stream(seed, "cell", cell.index, trial, method)
             try:
-                value, _ = run_cell(method, data, qs, epsilon=cell.epsilon, delta=delta, rng=rng)
+                value, _ = run_cell(
+                    method, data, qs, epsilon=cell.epsilon, delta=delta, rng=rng, grid=gridded
+                )
             except Exception as exc:  # recorded: the method is out of this cell
                 errors[method] = f"{type(exc).__name__}: {exc}"[:200]
                 del missed[method]
                 continue
             missed[method].append(value)
     ran = list(missed)
-    grid = INTEGER_GRID_POINTS if cell.shape == "integer" else None
+    grid = grid_size(LOWER, UPPER, grid_step(cell.shape))
     auto = recommend(
         cell.n,
         list(qs),

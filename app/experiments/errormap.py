@@ -15,6 +15,10 @@ mean missed points per quantile, the 90th percentile over trials, mean seconds, 
 per-trial means behind ``map.csv``), ``run.json`` and the
 plots ``best_method.png`` / ``margin.png``.
 
+``--path grid`` runs every call as a release does (:data:`GRID_STEPS`): on the grid histogram
+of the data snapped to the shape's public grid, where a tied value is itself a possible
+output; the default ``--path raw`` calls the mechanisms on the raw values.
+
 A call that would take too long is not made: once a method's measured time at some n
 projects past ``--max-seconds`` for the next n of the same (shape, m, ε), the larger sizes
 are recorded as ``skipped`` for that method.
@@ -84,6 +88,22 @@ SHAPES: dict[str, tuple[str, Callable[[np.random.Generator, int], FloatArray]]] 
     "clamped": ("partly clamped N(80, 20²) at 100", _clamped),
 }
 
+#: ``--path grid`` runs each shape on the public grid a release of it would use, through the
+#: service's path (``run_grid`` on the grid histogram of the snapped data): step 1 for the
+#: integer-valued shape (a column declared integer), else the service's default step for the
+#: bounds [-100, 100] (the largest power of ten <= their range / 10^6). On a grid a value
+#: held by many records is itself a possible output; on the raw path (``--path raw``, the
+#: default) an estimate inside an atom's gap misses the whole atom.
+GRID_STEPS = {"integer": 1.0}
+DEFAULT_GRID_STEP = 1e-4
+PATHS = ("raw", "grid")
+
+
+def grid_step(shape: str) -> float:
+    """The public grid step a release of ``shape`` runs on (see :data:`GRID_STEPS`)."""
+    return GRID_STEPS.get(shape, DEFAULT_GRID_STEP)
+
+
 FULL_NS = (1_000, 10_000, 100_000, 1_000_000)
 FULL_MS = (1, 3, 9, 19, 49, 99)
 FULL_EPSILONS = (0.1, 1.0, 10.0)
@@ -129,6 +149,7 @@ class MapConfig:
     seed: int = 0
     max_seconds: float = 30.0
     workers: int = 1
+    path: str = "raw"
 
 
 @dataclass(frozen=True)
@@ -145,6 +166,26 @@ def sample_shape(shape: str, rng: np.random.Generator, n: int) -> FloatArray:
     return np.sort(np.clip(SHAPES[shape][1](rng, n), LOWER, UPPER))
 
 
+@dataclass(frozen=True)
+class Gridded:
+    """Sorted data as a release of it sees them: snapped to a public grid of ``step`` within
+    the bounds, as the grid histogram the mechanisms run on and as the snapped values."""
+
+    hist: Any  # app.mechanisms.histogram.GridHistogram
+    snapped: FloatArray
+    step: float
+
+
+def on_grid(data: FloatArray, step: float) -> Gridded:
+    """``data`` (sorted, within the bounds) on the grid of ``step`` (:class:`Gridded`)."""
+    from app.codec.grid import cell_of, grid_size, grid_values
+    from app.mechanisms.histogram import GridHistogram
+
+    cells, counts = np.unique(cell_of(data, LOWER, UPPER, step), return_counts=True)
+    hist = GridHistogram(cells, counts, grid_size(LOWER, UPPER, step))
+    return Gridded(hist, grid_values(np.repeat(cells, counts), LOWER, step), step)
+
+
 def run_cell(
     method: str,
     data: FloatArray,
@@ -153,11 +194,26 @@ def run_cell(
     epsilon: float,
     delta: float,
     rng: np.random.Generator,
+    grid: Gridded | None = None,
 ) -> tuple[float, float]:
-    """(mean missed points per quantile, seconds) of one call of ``method`` on sorted data."""
+    """(mean missed points per quantile, seconds) of one call of ``method`` on sorted data:
+    on the raw values, or, given ``grid`` (:func:`on_grid` of ``data``), as a release runs:
+    on the grid histogram, missed points counted on the snapped data (the data a release
+    sees; seconds: the mechanism's call only)."""
     from app.mechanisms import MECHANISMS
 
     mech = MECHANISMS[method]
+    if grid is not None:
+        from app.codec.grid import grid_values
+
+        start = time.perf_counter()
+        picked = mech.run_grid(
+            grid.hist, qs, epsilon=epsilon, delta=delta if mech.uses_delta else None,
+            neighbors="swap", rng=rng,
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
+        est = grid_values(picked, LOWER, grid.step)
+        return float(missed_points(grid.snapped, qs, est).mean()), seconds
     start = time.perf_counter()
     est = mech.run(
         data,
@@ -178,6 +234,7 @@ def run_map_task(task: MapTask, cfg: MapConfig) -> list[dict[str, Any]]:
     from app.mechanisms import MECHANISMS
 
     qs = evenly_spaced_quantiles(task.m)
+    step = grid_step(task.shape) if cfg.path == "grid" else None
     rows: list[dict[str, Any]] = []
     last_time: dict[str, tuple[int, float]] = {}
     skipped: dict[str, str] = {}
@@ -187,7 +244,10 @@ def run_map_task(task: MapTask, cfg: MapConfig) -> list[dict[str, Any]]:
     warm = sample_shape(task.shape, stream(cfg.seed, "map-warm", task.shape, task.m), 200)
     for method in cfg.methods:
         with contextlib.suppress(Exception):
-            run_cell(method, warm, qs, epsilon=task.epsilon, delta=cfg.delta, rng=stream(0, "w"))
+            run_cell(
+                method, warm, qs, epsilon=task.epsilon, delta=cfg.delta, rng=stream(0, "w"),
+                grid=None if step is None else on_grid(warm, step),
+            )  # fmt: skip
     for n in sorted(cfg.ns):
         per: dict[str, list[float]] = {m: [] for m in cfg.methods}
         secs: dict[str, list[float]] = {m: [] for m in cfg.methods}
@@ -205,14 +265,16 @@ def run_map_task(task: MapTask, cfg: MapConfig) -> list[dict[str, Any]]:
             data = sample_shape(
                 task.shape, stream(cfg.seed, "map", task.shape, n, task.m, task.epsilon, trial), n
             )
+            gridded = None if step is None else on_grid(data, step)
             for method in cfg.methods:
                 if status[method] != "ok":
                     continue
                 rng = stream(cfg.seed, "map", task.shape, n, task.m, task.epsilon, trial, method)
                 try:
                     missed, seconds = run_cell(
-                        method, data, qs, epsilon=task.epsilon, delta=cfg.delta, rng=rng
-                    )
+                        method, data, qs, epsilon=task.epsilon, delta=cfg.delta, rng=rng,
+                        grid=gridded,
+                    )  # fmt: skip
                 except Exception as exc:  # recorded, never silently dropped
                     status[method] = f"error: {type(exc).__name__}: {exc}"[:200]
                     continue
@@ -435,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, default=30.0, help="skip slower calls")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--path", choices=PATHS, default="raw",
+        help="raw: the mechanisms on the raw values (default); grid: as a release runs, on "
+        "the grid histogram of each shape's public grid (step 1 for the integer shape)",
+    )  # fmt: skip
     return p
 
 
@@ -458,6 +525,7 @@ def main(argv: Sequence[str]) -> int:
         seed=args.seed,
         max_seconds=args.max_seconds,
         workers=max(1, args.workers),
+        path=args.path,
     )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -26,11 +26,12 @@ def test_each_cell_is_scored_by_auto_s_pick_against_the_best(tmp_path: Path) -> 
     cells = load([tmp_path])
     assert set(cells) == {("gaussian", 5000, 9, 0.1), ("integer", 5000, 9, 0.1)}
     assert "appindexp" not in cells[("gaussian", 5000, 9, 0.1)]  # skipped: not measured
+    assert set(load([tmp_path], ("integer",))) == {("integer", 5000, 9, 0.1)}
     scored = ratios(cells, None)
     assert len(scored) == 2
     qs = list(evenly_spaced_quantiles(9))
     for ratio, cell, pick, best in scored:
-        grid = 201 if cell[0] == "integer" else None
+        grid = 201 if cell[0] == "integer" else 2_000_001  # steps 1 and 10^-4 on [-100, 100]
         assert pick == recommend(5000, qs, 0.1, None, "swap", only=list(measured),
                                  grid_points=grid)  # fmt: skip
         assert best == "aq"
