@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,9 @@ def sample_shape(shape: str, rng: np.random.Generator, n: int) -> FloatArray:
 @dataclass(frozen=True)
 class Gridded:
     """Sorted data as a release of it sees them: snapped to a public grid of ``step`` within
-    the bounds, as the grid histogram the mechanisms run on and as the snapped values."""
+    the bounds, as the grid histogram the mechanisms run on and as the snapped values' grid
+    indices (missed points are counted in index space: the grid's map to values is
+    increasing, so the counts are the same)."""
 
     hist: Any  # app.mechanisms.histogram.GridHistogram
     snapped: FloatArray
@@ -177,13 +180,18 @@ class Gridded:
 
 
 def on_grid(data: FloatArray, step: float) -> Gridded:
-    """``data`` (sorted, within the bounds) on the grid of ``step`` (:class:`Gridded`)."""
-    from app.codec.grid import cell_of, grid_size, grid_values
+    """``data`` (sorted, within the bounds) on the grid of ``step`` (:class:`Gridded`):
+    each value to its nearest grid point ``LOWER + k step``, as the service snaps uploads
+    (app.codec, which this pure package does not import: half-way values round up, the
+    last index is taken in decimal)."""
     from app.mechanisms.histogram import GridHistogram
 
-    cells, counts = np.unique(cell_of(data, LOWER, UPPER, step), return_counts=True)
-    hist = GridHistogram(cells, counts, grid_size(LOWER, UPPER, step))
-    return Gridded(hist, grid_values(np.repeat(cells, counts), LOWER, step), step)
+    # the last grid index, in decimal as the service takes it (repr: the shortest decimals)
+    last = int((Decimal(repr(UPPER)) - Decimal(repr(LOWER))) / Decimal(repr(step)))
+    index = np.clip(np.floor((np.asarray(data) - LOWER) / step + 0.5), 0, last).astype(np.int64)
+    cells, counts = np.unique(index, return_counts=True)
+    hist = GridHistogram(cells, counts, last + 1)
+    return Gridded(hist, np.repeat(cells, counts).astype(np.float64), step)
 
 
 def run_cell(
@@ -204,15 +212,13 @@ def run_cell(
 
     mech = MECHANISMS[method]
     if grid is not None:
-        from app.codec.grid import grid_values
-
         start = time.perf_counter()
         picked = mech.run_grid(
             grid.hist, qs, epsilon=epsilon, delta=delta if mech.uses_delta else None,
             neighbors="swap", rng=rng,
         )  # fmt: skip
         seconds = time.perf_counter() - start
-        est = grid_values(picked, LOWER, grid.step)
+        est = np.asarray(picked, dtype=np.float64)
         return float(missed_points(grid.snapped, qs, est).mean()), seconds
     start = time.perf_counter()
     est = mech.run(

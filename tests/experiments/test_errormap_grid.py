@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.codec.grid import grid_size
+from app.codec.grid import cell_of, grid_size
 from app.datasets.service import default_granularity
 from app.experiments import errormap
 from app.experiments.errormap import LOWER, UPPER, grid_step, on_grid, run_cell, sample_shape
@@ -24,7 +24,7 @@ def test_each_shape_runs_on_the_grid_a_release_of_it_would_use() -> None:
     g = on_grid(data, 1.0)
     assert g.hist.grid_points == grid_size(LOWER, UPPER, 1.0) == 201
     assert int(np.sum(g.hist.counts)) == data.size
-    assert np.array_equal(g.snapped, data)  # integer values are grid points already
+    assert np.array_equal(g.snapped, data + 100)  # grid indices: integers are grid points
 
 
 def test_on_a_grid_a_tied_value_is_itself_an_answer() -> None:
@@ -40,10 +40,13 @@ def test_on_a_grid_a_tied_value_is_itself_an_answer() -> None:
         for seed in range(10)
     ]  # fmt: skip
     assert max(on) == 0.0
-    # off-grid data are counted as snapped: 0.4 and 0.6 are the grid's 0 and 1
-    shifted = np.sort(np.concatenate([np.full(100, 0.4), np.full(101, 0.6)]))
-    snapped = on_grid(shifted, 1.0).snapped
-    assert np.array_equal(snapped, np.concatenate([np.zeros(100), np.ones(101)]))
+    # off-grid data are counted as snapped, as the service snaps them (app.codec.grid)
+    shifted = np.sort(np.concatenate([np.full(100, 0.4), np.full(101, 0.6), [-250.0, 99.7]]))
+    for step in (1.0, 0.3, 1e-4):
+        want = cell_of(np.clip(shifted, LOWER, UPPER), LOWER, UPPER, step)
+        got = on_grid(np.clip(shifted, LOWER, UPPER), step)
+        assert np.array_equal(got.snapped, np.sort(want))
+        assert got.hist.grid_points == grid_size(LOWER, UPPER, step)
 
 
 def test_on_distinct_values_the_grid_and_raw_paths_agree() -> None:
