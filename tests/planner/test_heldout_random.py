@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
-from benchmarks.heldout_random import SEED, Cell, draw_cells, evaluate, summary
+from benchmarks.heldout_random import SEED, Cell, draw_cells, evaluate, main, summary
 
 
 def test_cells_are_drawn_from_the_seed_within_the_stated_ranges() -> None:
@@ -36,3 +39,30 @@ def test_a_cell_compares_auto_with_every_method_that_ran() -> None:
     # a limit below every bound runs nothing, and auto's pick is then out of the comparison
     starved = evaluate(cell, trials=1, max_seconds=1e-9, seed=5)
     assert starved["best"] is None and starved["auto_vs_best"] == math.inf
+
+
+def test_quotes_are_judged_as_plain_ratios_and_on_the_model_s_offset(tmp_path: Path) -> None:
+    """A cell measured at 0 missed points: a quote of 0.05 is never within 1.5x as a plain
+    ratio, and is on (error + 1/4); a quote of 0.5 is on neither."""
+
+    def result(quote: float, measured: float) -> dict[str, Any]:
+        row = {"ran": True, "error": None, "bound_seconds": 0.1, "quoted_mean": quote,
+               "bound90": 3 * quote, "measured": measured, "within_bound90": 1.0}  # fmt: skip
+        cell = {"index": 0, "shape": "integer", "n": 1000, "m": 3, "epsilon": 1.0, "delta": None}
+        return {
+            "cell": cell,
+            "auto": "jointexp_smooth",
+            "best": "jointexp_smooth",
+            "auto_vs_best": 1.0,
+            "quote_over_measured": round(quote / max(measured, 1e-9), 3),
+            "methods": {"jointexp_smooth": row},
+        }
+
+    rows = [result(0.05, 0.0), result(0.5, 0.0), result(10.0, 12.0)]
+    text = summary(rows, 20, 1)
+    line = next(x for x in text.splitlines() if x.startswith("| all |"))
+    cells = [x.strip() for x in line.split("|")[1:-1]]
+    assert cells[:7] == ["all", "3", "3", "3", "1", "2", "100.0 %"]
+    path = tmp_path / "done.json"
+    path.write_text(json.dumps(rows), encoding="utf-8")
+    assert main(["--summarize", str(path), "--trials", "20", "--seed", "1"]) == 0
