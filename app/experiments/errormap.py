@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from app.experiments.runner import (
     stream,
     warm_up,
 )
+
+if TYPE_CHECKING:  # the registry is imported lazily, as run_cell does
+    from app.mechanisms.histogram import GridHistogram
 
 FloatArray = np.ndarray
 LOWER, UPPER = -100.0, 100.0
@@ -174,9 +177,8 @@ class Gridded:
     indices (missed points are counted in index space: the grid's map to values is
     increasing, so the counts are the same)."""
 
-    hist: Any  # app.mechanisms.histogram.GridHistogram
+    hist: GridHistogram
     snapped: FloatArray
-    step: float
 
 
 def on_grid(data: FloatArray, step: float) -> Gridded:
@@ -191,7 +193,7 @@ def on_grid(data: FloatArray, step: float) -> Gridded:
     index = np.clip(np.floor((np.asarray(data) - LOWER) / step + 0.5), 0, last).astype(np.int64)
     cells, counts = np.unique(index, return_counts=True)
     hist = GridHistogram(cells, counts, last + 1)
-    return Gridded(hist, np.repeat(cells, counts).astype(np.float64), step)
+    return Gridded(hist, np.repeat(cells, counts).astype(np.float64))
 
 
 def run_cell(
@@ -248,11 +250,12 @@ def run_map_task(task: MapTask, cfg: MapConfig) -> list[dict[str, Any]]:
     # (ε, m) (CSmooth's tuning of t, AppIndExp's composition solve) and JIT compilation are
     # not what a size projection should extrapolate.
     warm = sample_shape(task.shape, stream(cfg.seed, "map-warm", task.shape, task.m), 200)
+    warm_grid = None if step is None else on_grid(warm, step)
     for method in cfg.methods:
         with contextlib.suppress(Exception):
             run_cell(
                 method, warm, qs, epsilon=task.epsilon, delta=cfg.delta, rng=stream(0, "w"),
-                grid=None if step is None else on_grid(warm, step),
+                grid=warm_grid,
             )  # fmt: skip
     for n in sorted(cfg.ns):
         per: dict[str, list[float]] = {m: [] for m in cfg.methods}
