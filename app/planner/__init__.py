@@ -143,7 +143,8 @@ def recommend(
     (ε, δ) (a method proven in another notion and not calibrated to the request: ``auto``
     never spends more than was asked); methods whose run time (``seconds(name)``, the
     service's public bound) exceeds ``time_limit_s``, unless every method's does (then the
-    fastest). If nothing is left, the registry's first eligible method.
+    fastest, the least behind of equally fast ones). If nothing is left, the registry's first
+    eligible method.
     """
     size = NOMINAL_N if n is None else n
     candidates = eligible_methods(delta_given=delta is not None, neighbors=neighbors)
@@ -167,7 +168,10 @@ def recommend(
         return candidates[0]
     if time_limit_s is not None:
         in_time = [s for s in scored if s[1] <= time_limit_s]
-        scored = in_time or [min(scored, key=lambda s: (s[1], s[2]))]
+        # none in time: the fastest, and among equally fast ones the least behind (the
+        # bounds of methods that share a run-time model tie: AQ and IndExp)
+        fastest = min(s[1] for s in scored)
+        scored = in_time or [s for s in scored if s[1] == fastest]
     if {"jointexp", "jointexp_smooth"} <= {s[3] for s in scored}:
         scored = [s for s in scored if s[3] != "jointexp"]
     smooth = [s for s in scored if s[3] == "jointexp_smooth"]

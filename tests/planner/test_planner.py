@@ -168,6 +168,15 @@ def test_auto_never_picks_a_method_past_the_time_limit(monkeypatch: pytest.Monke
     # every method past the limit: the fastest
     assert planner.recommend(10_000, QS9, 1.0, None, "swap", seconds=took,
                              time_limit_s=0.01) == "indexp"  # fmt: skip
+    # ... and of equally fast ones the least behind, whatever the registry's order (AQ and
+    # IndExp share a run-time bound: held-out cell #41 of seed 20261216 named IndExp at 14x
+    # AQ's expected error)
+    tied_bounds = {"jointexp": 100.0, "aq": 0.1, "indexp": 0.1}.__getitem__
+    assert planner.recommend(10_000, QS9, 1.0, None, "swap", seconds=tied_bounds,
+                             time_limit_s=0.01) == "aq"  # fmt: skip
+    errors["aq"] = 20.0
+    assert planner.recommend(10_000, QS9, 1.0, None, "swap", seconds=tied_bounds,
+                             time_limit_s=0.01) == "indexp"  # fmt: skip
 
 
 def test_a_method_that_fails_on_ties_loses_to_one_close_to_the_best_in_both_regimes(
