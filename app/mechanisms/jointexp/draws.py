@@ -133,9 +133,10 @@ def draw_block(
     # The sound bound on the weights' total error (error_bound) must be 2^-52 m below
     # the largest weight, and so must the median-width rule's (range_ok: the rule the
     # forward rows were built to; it only ever asks for more range). Tilted passes are
-    # held to the median-width rule alone: the bound's rates are limited by c - mu there
+    # held to the median-width rule at every draw and to the certificate of the mass they
+    # dropped at the last one (certificate): the bound's rates are limited by c - mu there
     # and it asks several times more range than they have on clamped data (see
-    # docs/mechanisms.md, "Range rule").
+    # docs/mechanisms.md, "The certificate of a tilted pass").
     short = row.peak + j * fwd.log_growth - (g_rel - fwd.headroom)
     sound = -math.inf
     if not fwd.mu and (fwd.log_space or short <= 0.0):  # (a linear pass trips anyway)
@@ -143,6 +144,12 @@ def draw_block(
         # pass dropped, the release's δ (range_rule.last_headroom)
         room = fwd.last_headroom if j == fwd.m else fwd.headroom
         sound = fwd.error_at_draw(j, pos_ref - nj, i_end) - (g_draw - room)
+    elif fwd.mu and j == fwd.m and short <= 0.0:
+        # a tilted pass: the certificate of the mass it dropped (certificate), held to the
+        # same headroom below the last draw's largest weight; where it cannot be certified
+        # the retry is the log pass
+        target = g_draw - fwd.last_headroom
+        sound = fwd.certified_error(target) - target
     if short > 0.0 or sound > 0.0:
         if not fwd.log_space:
             # the sound bound alone rejected it: the median rule, which tilted passes

@@ -52,9 +52,10 @@ bound either way. The bound is linear in the
 floors' ``e^{t_l}``: a log pass that widens ``keep`` by ``s`` e-folds lowers it by ``s``.
 
 JointExp holds its untilted passes (linear and log) to this bound at every draw; tilted
-linear passes are held to the median-width rule alone, because with rates limited by
-``c - mu`` the bound asks more range than tilted rows have on clamped data (measured in
-docs/mechanisms.md).
+linear passes are held to the certificate of :mod:`~app.mechanisms.jointexp.certificate` at
+their last draw, because with rates limited by ``c - mu`` the bound asks more range than
+tilted rows have on clamped data (measured in docs/mechanisms.md); the certificate uses this
+bound only for what lies far below its own error passes.
 
 What it does not cover (bounded elsewhere, docs/mechanisms.md): repeat levels pruned below
 2^-60 of level 1 (a relative loss at the same interval), the rows' relative rounding, and

@@ -28,6 +28,7 @@ import numpy as np
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import kernels_scaled as KS
+from app.mechanisms.jointexp.certificate import Certificate, Spans, Stream
 from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.jointexp.profile import Profile
 from app.mechanisms.jointexp.range_rule import (
@@ -131,6 +132,10 @@ class Forward:
         self.floors = np.full(self.m + 1, -math.inf)
         self._errors: ErrorBound | None = None
         self._norms: FloatArray | None = None
+        # tilted linear passes: the rows' spans, for the certificate of their dropped mass
+        self.spans = Spans(self.m) if tilt else None
+        self._stream: Stream | None = None
+        self._certified: float | None = None
         # the rows' maxima, modes and profiles, for choosing a tilt (speed only)
         self.profile = Profile(self.m)
         # decay tables: near part (rate c - mu) and far part (rate c + mu; the same untilted)
@@ -206,6 +211,33 @@ class Forward:
             )
             self._norms = self._errors.norms(self.floors)
         return self._errors.at_draw(self._norms[j], j, t, i_end)
+
+    def _certificate(self) -> Certificate:
+        return Certificate(
+            self.logw,
+            self.pos,
+            self.w,
+            self.gaps,
+            self.c,
+            self.mu,
+            self.pw,
+            self.pwf,
+            self.linear_floor,
+            self.inputs.width_blocks,
+        )
+
+    def certified_error(self, target: float) -> float:
+        """Tilted linear passes: log of a certified upper bound on the mass of the sequences
+        through an entry the pass dropped, on the pass's common scale
+        (:mod:`~app.mechanisms.jointexp.certificate`; its first error pass ran beside the
+        forward rows, further ones are added while the bound is above ``target``).
+        Computed once per pass."""
+        if self._certified is None:
+            if self.spans is None or self._stream is None:
+                raise ValueError("only a tilted linear pass that has run has a certificate")
+            first = self._stream.join()
+            self._certified = first.cert.log_bound(self.spans, target, first)
+        return self._certified
 
     def step(self, prev: Row, j: int) -> Row:
         """Row j (1-based, j >= 2) from row j - 1."""
@@ -408,21 +440,33 @@ class Forward:
         measurement for :func:`choose_tilt`."""
         row = self.first()
         self.store.store(1, row)
-        for j in range(2, self.m + 1):
-            try:
-                nxt = self.step(row, j)
-            except LinearGuardTripped:
-                if not probe_on_trip or self.log_space or self.mu:
-                    raise
-                self.probing = True
-                self.store.clear()
-                nxt = self.step(row, j)
-            if self.probing:
+        spans = self.spans
+        if spans is not None:  # a tilted pass: its certificate's first error pass alongside
+            spans.record(1, row.lo, row.lo + row.levels.shape[1], row.gmax, self.floors[1])
+            self._stream = self._certificate().stream(spans, self.g0)
+        try:
+            for j in range(2, self.m + 1):
+                try:
+                    nxt = self.step(row, j)
+                except LinearGuardTripped:
+                    if not probe_on_trip or self.log_space or self.mu:
+                        raise
+                    self.probing = True
+                    self.store.clear()
+                    nxt = self.step(row, j)
+                if self.probing:
+                    row = nxt
+                    continue
+                self.store.served(j - 1, row, not self.log_space)
+                self.store.store(j, nxt)
+                if spans is not None and self._stream is not None:
+                    # row j dropped nothing left of row j - 1's first entry
+                    spans.record(j, row.lo, nxt.lo + nxt.levels.shape[1], nxt.gmax, self.floors[j])
+                    self._stream.push(j)
                 row = nxt
-                continue
-            self.store.served(j - 1, row, not self.log_space)
-            self.store.store(j, nxt)
-            row = nxt
+        finally:
+            if self._stream is not None:
+                self._stream.close()
         if self.probing:
             raise LinearGuardTripped
         if self.needed_keep > 0.0:

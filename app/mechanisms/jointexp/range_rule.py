@@ -8,7 +8,8 @@ the width of the entry it lands on. The rule (:func:`range_holds`) requires ever
 floor, grown that way, to stay 2^-52 m (``headroom``) below the current row's maximum, and
 below each draw's largest weight. It charges the growth at the median positive width
 (:func:`median_log_width`), which is not a worst-case bound; untilted passes are also held
-to the sound bound of :mod:`~app.mechanisms.jointexp.error_bound` at every draw
+to the sound bound of :mod:`~app.mechanisms.jointexp.error_bound` at every draw, tilted ones
+to the certificate of :mod:`~app.mechanisms.jointexp.certificate` at their last draw
 (docs/mechanisms.md, "Range rule").
 
 A pass that breaks the rule raises one of the exceptions below; the caller retries with
@@ -40,8 +41,8 @@ class LinearGuardTripped(Exception):
 
 class SoundGuardTripped(LinearGuardTripped):
     """An untilted linear pass's draw met the median-width rule but not the sound error bound
-    (error_bound): the retry is the log pass, not a tilted one (tilted passes are held to
-    the median-width rule alone, which this input has just shown to be too weak)."""
+    (error_bound), or a tilted pass's last draw did not meet the certificate of its
+    dropped mass (certificate): the retry is the log pass, not a (further) tilted one."""
 
 
 class LogGuardTripped(Exception):

@@ -1,0 +1,400 @@
+"""A certificate for the mass a tilted linear pass drops: JointExp's δ on tilted passes.
+
+A forward row drops what lies below its truncation floor ``e^{t_j}`` (on the pass's common
+scale, in the pass's tilted units): with ``r_j`` what row j dropped from what its stored
+predecessor gave it, the sequences through a dropped entry weigh
+
+    D·Z = sum_j beta_j^T r_j,   beta_j = A_{j+1}^T ... A_m^T b,
+
+``A_j`` the exact transition (non-negative), ``b`` the last draw's kernel factors. Every
+``A_j`` maps the totals over repeat levels into a majorant ``Ā_j`` (the single-copy kernel,
+plus ``w_i e^{-(c - mu) n_j} / 2`` times the total at the same interval: level k + 1 gets
+1/(k + 1) <= 1/2 of level k), so with sources ``s_j >= r_j`` (totals over levels)
+
+    E_1 = s_1,  E_j = Ā_j E_{j-1} + s_j,  D·Z <= b^T E_m.
+
+The *error pass* computes ``E`` with the pass's own tilted kernel
+(:func:`~app.mechanisms.jointexp.kernels_linear.transition_linear`): one more linear
+recursion, over a single level, with no data but the rows' floors and spans. The sources
+(docs/mechanisms.md, "The certificate of a tilted pass"), for any pass ``X`` (the rows, or
+an error pass whose own drops the next one takes up):
+
+* row 1 is the closed form ``w_i e^{-c |P_i - n_1| - mu (P_i - n_1)}``, so what it dropped
+  at i is at most ``min(closed form, e^{t_1})``, over every interval;
+* row j >= 2 dropped nothing left of the first index it was formed from (the exact
+  transition of what row j - 1 holds is 0.0 there); at most ``e^{t_j}`` per entry (times
+  the j repeat levels of the rows) everywhere else; and past ``p* = P_hi + n_j`` (``hi``
+  row j - 1's last entry, ``M = e^{g_{j-1}}`` its maximum) at most
+  ``M e^{-(c + mu)(P - p*)} / (1 - e^{-(c + mu)})`` from the transition (the far part of
+  the tilted kernel; positions are distinct integers), plus, for an error pass, the part of
+  its own sources it did not add (they decay at the same rate, so the two are one
+  exponential, the row's *envelope*).
+
+Each error pass drops only what is ~708 e-folds below its own rows (a flushed source or
+term, within its floor ``e^{t^E_j}``; sources below that are not added at all), and the
+next error pass takes those up by the same rules; after the last one, what it dropped is
+charged by the position-aware max-norm bound of :mod:`~app.mechanisms.jointexp.error_bound`
+(loose by hundreds to thousands of e-folds, but applied ~708 e-folds below each level).
+Levels are added while the bound is above its target (at most :data:`LEVELS`). The
+certificate is the sum; it is an upper bound on ``D·Z`` on the pass's common scale,
+compared at the last draw with its largest weight.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+
+import numba
+import numpy as np
+
+from app.mechanisms.fpmode import flush_subnormals
+from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp.error_bound import ErrorBound
+from app.mechanisms.validation import FloatArray, IntArray
+
+#: error passes at most (the first on the rows' floors, each next on the previous one's;
+#: each lowers what is left to the max-norm bound by ~690 e-folds: m = 99 on clamped data
+#: needs one to three, m = 499 four)
+LEVELS = 8
+#: what one more level is taken to lower the max-norm remainder by before two have been
+#: measured (its floors lie ~lf = 708 - log(4 (d + 1)) e-folds below the previous ones)
+LEVEL_GAIN = 700.0
+_U = 2.0**-52
+
+
+@numba.njit(cache=True, nogil=True)
+def error_row(
+    e_prev: np.ndarray,
+    lo_prev: int,
+    g_prev: float,
+    t_src: float,
+    src_lo: int,
+    src_end: int,
+    env: float,
+    p_star: float,
+    w: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    mu: float,
+    pw: np.ndarray,
+    pwf: np.ndarray,
+    lf: float,
+) -> tuple[np.ndarray, int, int, float, float]:
+    """``E_j = Ā_j E_{j-1} + s`` with ``s_i = e^{t_src}`` up to position ``p_star`` and
+    ``min(e^{t_src}, e^{env - (c + mu) P_i})`` past it, from index ``src_lo`` on (0 left of
+    it; sources below ``e^{U - 750}`` are not added: the pass drops them), from ``E_{j-1}`` stored
+    from index ``lo_prev`` with maximum 1 and log scale ``g_prev``. Returns the new row (max
+    1, from its first to its last non-zero entry), its first index, the first index it was
+    computed from (nothing is dropped left of it), its log scale and its truncation floor
+    (each entry exact to ``e^{floor}``: the transition's terms flushed
+    below the smallest normal double of ``max(U, g)``, at most ~4 (d + 1) of them, and the
+    normalisation's)."""
+    n1 = w.size
+    rate0 = c + mu
+    U = max(g_prev, t_src)
+    scale = math.exp(g_prev - U)
+    base = min(lo_prev, src_lo)
+    # past the window the transition's sums decay by e^-(c + mu) per position (at least one
+    # per interval) and are 0.0 from ln(size) + 746 e-folds on (as Forward._step_linear)
+    n_t = e_prev.size
+    tail = n_t + math.floor(nj) + math.ceil((math.log(n_t + 1.0) + 746.0) / (c + mu)) + 4
+    n_out = min(n1 - lo_prev, tail)
+    off = lo_prev - base
+    # sources reach past the transition's outputs only while above e^{U - 750}
+    if t_src - U < -750.0:
+        src_end = src_lo
+    else:
+        reach = max(p_star, (env - (U - 751.0)) / rate0)
+        if reach < float(P[n1 - 1]):
+            src_end = min(src_end, int(np.searchsorted(P, math.floor(reach), side="right")))
+    src_end = max(src_end, src_lo)
+    out = np.zeros(max(off + n_out, src_end - base, 0))
+    KL.transition_linear(
+        e_prev, lo_prev, scale, w, P, nj, c, mu, pw, pwf, np.empty(n_t), out[off : off + n_out]
+    )
+    stay = 0.5 * math.exp(-(c - mu) * nj) * scale
+    for v in range(e_prev.size):
+        out[off + v] += w[lo_prev + v] * stay * e_prev[v]
+    rate = c + mu
+    if t_src - U >= -750.0:
+        for i in range(src_lo, src_end):
+            ls = t_src if P[i] <= p_star else min(t_src, env - rate * P[i])
+            if ls - U < -750.0:  # past p_star: 0.0 from here on (decreasing)
+                break
+            out[i - base] += math.exp(ls - U)
+    a = 0
+    while a < out.size and not (out[a] > 0.0):
+        a += 1
+    b = out.size
+    while b > a and not (out[b - 1] > 0.0):
+        b -= 1
+    top = 0.0
+    for v in range(a, b):
+        top = max(top, out[v])
+    res = np.empty(b - a)
+    for v in range(a, b):
+        res[v - a] = out[v] / top
+    g = U + math.log(top)
+    return res, base + a, base, g, max(U, g) - lf + math.log(2.0)
+
+
+class Spans:
+    """Per row j = 1..m of one pass (the forward rows or an error pass): the first index
+    where it may have dropped something (left of it, the exact transition of what the row
+    before holds is 0.0), one past its last non-zero entry, the log of its maximum and its
+    truncation floor, on the pass's common scale; and, for an error pass, the envelope of
+    the sources it was given past position ``src_star`` (``e^{src_env - (c + mu) P}``, which
+    it may have left out where they are below its floor; -inf for the rows)."""
+
+    def __init__(self, m: int) -> None:
+        self.lo = np.zeros(m + 1, dtype=np.int64)
+        self.hi = np.zeros(m + 1, dtype=np.int64)
+        self.g = np.full(m + 1, -math.inf)
+        self.t = np.full(m + 1, -math.inf)
+        self.src_env = np.full(m + 1, -math.inf)
+        self.src_star = np.full(m + 1, -math.inf)
+
+    def record(self, j: int, lo: int, hi: int, g: float, t: float) -> None:
+        self.lo[j], self.hi[j], self.g[j], self.t[j] = lo, hi, g, t
+
+
+@numba.njit(cache=True, nogil=True)
+def first_sources(
+    logw: np.ndarray,
+    P: np.ndarray,
+    n_1: float,
+    c: float,
+    mu: float,
+    g0: float,
+    cap: float,
+) -> tuple[np.ndarray, int]:
+    """``min(log closed form of row 1, cap)`` (on the common scale: less ``g0``) over the
+    intervals where it is within 760 e-folds of its largest value (the rest would be
+    flushed by the error pass, which then drops it), and the first of those intervals."""
+    n = logw.size
+    vals = np.empty(n)
+    top = -np.inf
+    for i in range(n):
+        x = P[i] - n_1
+        v = min(logw[i] - c * abs(x) - mu * x - g0, cap)
+        vals[i] = v
+        top = max(top, v)
+    a = 0
+    while a < n and not (vals[a] >= top - 760.0):
+        a += 1
+    b = n
+    while b > a and not (vals[b - 1] >= top - 760.0):
+        b -= 1
+    return vals[a:b].copy(), a
+
+
+class Certificate:
+    """The certificate of one tilted linear pass (module docstring): built from the pass's
+    rows' spans and floors as it runs; :meth:`log_bound` at the last draw."""
+
+    def __init__(
+        self,
+        logw: FloatArray,
+        pos: IntArray,
+        w: FloatArray,
+        gaps: FloatArray,
+        c: float,
+        mu: float,
+        pw: FloatArray,
+        pwf: FloatArray,
+        lf: float,
+        blocks: tuple[FloatArray, FloatArray, FloatArray],
+    ) -> None:
+        self.logw, self.pos, self.w, self.gaps = logw, pos, w, gaps
+        self.c, self.mu, self.pw, self.pwf, self.lf = c, mu, pw, pwf, lf
+        self.m = gaps.size - 1
+        self.errors = ErrorBound(logw, pos, gaps, c, mu, blocks)
+        self.log_q = math.log(-math.expm1(-(c + mu)))
+        #: relative rounding of the error passes' sums of positive terms
+        self.slack = (self.m + 1.0) * (4.0 * logw.size + 16.0) * _U + 1e-9
+        self.g0 = 0.0  # row 1's maximum before normalising (set by :meth:`stream`)
+
+    def _max_norm(self, floors: FloatArray) -> float:
+        """The max-norm bound on what errors ``<= e^{floors_j}`` per entry carry into the
+        last draw (at ``n - n_{m+1}``, over every interval)."""
+        m = self.m
+        norms = self.errors.norms(floors)
+        t = float(self.pos[-1]) - float(self.gaps[m])
+        return self.errors.at_draw(norms[m], m, t, self.logw.size)
+
+    def level(self, src: Spans, levels: bool) -> Level:
+        """An error pass on what the pass ``src`` dropped; ``levels``: ``src`` is the forward
+        rows (their entries have up to j repeat levels at row j)."""
+        return Level(self, src, levels)
+
+    def log_bound(self, rows: Spans, target: float, first: Level) -> float:
+        """log of an upper bound on ``D·Z`` (the mass of the sequences through an entry the
+        pass dropped) on the pass's common scale; error passes are added while the bound is
+        above ``target`` (at most :data:`LEVELS`). ``first``: the first error pass, run."""
+        m = self.m
+        parts: list[float] = []
+        level = first
+        bound = math.inf
+        ahead: Level | None = None  # the level after ``level``, when already run
+        gain, prev_rest = LEVEL_GAIN, math.inf
+        for k in range(1, LEVELS + 1):
+            parts.append(level.result())
+            rest = self._max_norm(level.out.t)
+            bound = _lse([*parts, rest]) + self.slack
+            if bound <= target or _lse(parts) + self.slack > target:
+                return bound  # certified, or no further level can certify it
+            if math.isfinite(prev_rest):
+                gain = prev_rest - rest
+            prev_rest = rest
+            if rest - (LEVELS - k) * gain > target:
+                return bound  # the levels left would not bring the remainder down enough
+            if ahead is not None:
+                level, ahead = ahead, None
+                continue
+            # the next two levels side by side (the second fed the first's rows as they
+            # come): a case that needs one more often needs two (10 % clamped at each bound)
+            level = self.level(level.out, False)
+            stream = Stream(self.level(level.out, False))
+            try:
+                for j in range(2, m + 1):
+                    level.row(j)
+                    stream.push(j)
+            finally:
+                stream.close()
+            ahead = stream.join()
+        return bound
+
+    def stream(self, rows: Spans, g0: float) -> Stream:
+        """The first error pass in a thread of its own, fed the rows as the forward pass
+        records them (:class:`Stream`); ``g0``: row 1's maximum before normalising."""
+        self.g0 = g0
+        return Stream(self.level(rows, True))
+
+
+class Level:
+    """One error pass, row by row: :meth:`row` j once ``src`` holds rows j - 1 and j."""
+
+    def __init__(self, cert: Certificate, src: Spans, levels: bool) -> None:
+        self.cert, self.src, self.levels = cert, src, levels
+        self.out = Spans(cert.m)
+        # row 1: what src's row 1 dropped is at most min(closed form, e^{t_1}) everywhere
+        lsrc, a = first_sources(
+            cert.logw, cert.pos, float(cert.gaps[0]), cert.c, cert.mu, cert.g0, float(src.t[1])
+        )
+        self.g = float(lsrc.max()) if lsrc.size else -math.inf
+        self.lo = a
+        self.e = np.exp(lsrc - self.g) if math.isfinite(self.g) else np.zeros(0)
+        self.out.record(1, a, a + lsrc.size, self.g, self.g - cert.lf + math.log(2.0))
+
+    def _envelope(self, j: int) -> tuple[float, float]:
+        """What ``src``'s row j dropped past ``p*`` is at most ``e^{env - (c + mu) P}``:
+        its transition's far part from row j - 1, plus the sources it left out (as
+        ``(env, p*)``)."""
+        cert, src = self.cert, self.src
+        hi = int(src.hi[j - 1])
+        g_prev = float(src.g[j - 1])
+        if hi <= 0 or not math.isfinite(g_prev):
+            return float(src.src_env[j]), float(src.src_star[j])
+        p_star = float(cert.pos[hi - 1]) + float(cert.gaps[j - 1])
+        env = g_prev - cert.log_q + (cert.c + cert.mu) * p_star
+        return _lse([env, float(src.src_env[j])]), max(p_star, float(src.src_star[j]))
+
+    def row(self, j: int) -> None:
+        """Row j (2 <= j <= m) from row j - 1."""
+        if not math.isfinite(self.g):
+            return
+        cert, src = self.cert, self.src
+        lev_j = math.log(j) if self.levels else 0.0
+        env, p_star = self._envelope(j)
+        self.e, self.lo, base, self.g, t = error_row(
+            self.e,
+            self.lo,
+            self.g,
+            float(src.t[j]) + lev_j,
+            int(src.lo[j]),
+            cert.logw.size,
+            env + lev_j,
+            p_star,
+            cert.w,
+            cert.pos,
+            float(cert.gaps[j - 1]),
+            cert.c,
+            cert.mu,
+            cert.pw,
+            cert.pwf,
+            cert.lf,
+        )
+        self.out.record(j, base, self.lo + self.e.size, self.g, t)
+        self.out.src_env[j], self.out.src_star[j] = env + lev_j, p_star
+
+    def run_all(self) -> None:
+        for j in range(2, self.cert.m + 1):
+            self.row(j)
+
+    def result(self) -> float:
+        """log b^T E_m: the last row through the last draw's kernel."""
+        if not math.isfinite(self.g):
+            return -math.inf
+        cert = self.cert
+        x = (
+            float(cert.pos[-1])
+            - cert.pos[self.lo : self.lo + self.e.size]
+            - float(cert.gaps[cert.m])
+        )
+        live = self.e > 0.0
+        if not live.any():
+            return -math.inf
+        # in logs: a row far from the kernel's peak would underflow as a product
+        v = np.log(self.e[live]) - cert.c * np.abs(x[live]) - cert.mu * x[live]
+        top = float(v.max())
+        return self.g + top + math.log(float(np.sum(np.exp(v - top))))
+
+
+class Stream:
+    """A :class:`Level` run in a thread of its own, row j as soon as the forward pass has
+    recorded it (:meth:`push`): the forward rows and the first error pass then take the
+    time of the slower of the two on two cores (each row's kernel releases the GIL). The
+    thread flushes subnormals as the forward pass does (the bits are per thread)."""
+
+    def __init__(self, level: Level) -> None:
+        self.level = level
+        self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            with flush_subnormals():
+                while True:
+                    j = self._queue.get()
+                    if j <= 0:
+                        return
+                    self.level.row(j)
+        except BaseException as exc:  # handed to the caller in :meth:`join`
+            self._error = exc
+
+    def push(self, j: int) -> None:
+        """The forward pass has recorded row j."""
+        self._queue.put(j)
+
+    def close(self) -> None:
+        """No more rows (the pass ended, or failed: then the result is not read)."""
+        self._queue.put(0)
+
+    def join(self) -> Level:
+        """The finished pass (after :meth:`close`)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.level
+
+
+def _lse(values: list[float]) -> float:
+    top = max(values)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))
