@@ -247,24 +247,36 @@ LA_SEED = 20261204
 
 
 def test_the_dropped_mass_floors_keep_delta_below_1e12() -> None:
-    """The three floors that bound the mass D an untilted or log pass drops (range_rule),
-    at every c the API allows (up to ε = 100 with Δ >= 1) and m up to 1,000: truncation
-    (e^-last_headroom, the sound bound at the last draw), pruned levels (floor × m(m + 1)/2)
-    and flushed draw weights (2^30 × 2^-1022 / tiny_draw per draw, 2^10 draws) sum to at most
-    7.6e-13 e^-4c, so e^ε D (1 + 2D) <= 10^-12 for ε <= 4c; and D <= DROPPED_MAX, which
-    the run parameter charges to ε."""
+    """The three floors that bound the mass D a pass drops (range_rule), at every c the API
+    allows (up to ε = 100 with Δ >= 1) and m up to 1,000: truncation (e^-last_headroom, the
+    sound bound or the certificate at the last draw), pruned levels (floor × m(m + 1)/2) and
+    flushed draw weights (2^30 × 2^-1022 / tiny_draw per draw, 2^10 draws). The pass built
+    after g rebuilds of a backward sweep gets the share 2^-(g + 2) of 7.6e-13 e^-4c, and a
+    sweep loses at most twice the sum of its passes' D (docs/mechanisms.md, "Passes changed
+    mid-sweep"): at most 7.6e-13 e^-4c over any number of rebuilds, so e^ε D (1 + 2D) <=
+    10^-12 for ε <= 4c; and D <= DROPPED_MAX, which the run parameter charges to ε."""
     for m in (1, 2, 9, 99, 999, 1000):
         for c in (1e-9, 1e-3, 0.25, 1.0, 5.0, 25.0, 50.0, 100.0):
             with mpmath.workdps(40):
-                trunc = mpmath.exp(-mpmath.mpf(RR.last_headroom(c, m)))
-                pruned = mpmath.mpf(RR.prune_floor(c, m)) * m * (m + 1) / 2
-                flushed = mpmath.mpf(2) ** (30 - 1022 + 10) / mpmath.mpf(RR.tiny_draw(c))
-                dropped = trunc + pruned + flushed
+                total = mpmath.mpf(0)
+                for g in range(60):
+                    trunc = mpmath.exp(-mpmath.mpf(RR.last_headroom(c, m, g)))
+                    pruned = mpmath.mpf(RR.prune_floor(c, m, g)) * m * (m + 1) / 2
+                    flushed = mpmath.mpf(2) ** (30 - 1022 + 10) / mpmath.mpf(RR.tiny_draw(c, g))
+                    share = mpmath.mpf("7.6e-13") * mpmath.mpf(2) ** -(g + 2)
+                    assert (trunc + pruned + flushed) * mpmath.exp(4 * c) <= share, (m, c, g)
+                    total += 2 * (trunc + pruned + flushed)
+                # the shares' tail past g = 59 is below 2^-60 of the budget
+                tail = mpmath.mpf("7.6e-13") * mpmath.mpf(2) ** -60 * mpmath.exp(-4 * c)
+                dropped = total + tail
                 assert dropped * mpmath.exp(4 * c) <= mpmath.mpf("7.6e-13"), (m, c)
                 assert dropped * mpmath.exp(4 * c) * (1 + 2 * dropped) <= mpmath.mpf("1e-12")
                 assert dropped <= mpmath.mpf(A.DROPPED_MAX)
             # the floors only tighten: never below the headroom, pruning and draw floor used
-            # before the dropped mass was budgeted
+            # before the dropped mass was budgeted, and tighter for each rebuild
             assert RR.last_headroom(c, m) >= RR.headroom(m)
             assert RR.prune_floor(c, m) <= 2.0**-60
             assert RR.tiny_draw(c) >= 2.0**-900
+            assert RR.last_headroom(c, m, 3) >= RR.last_headroom(c, m, 2)
+            assert RR.prune_floor(c, m, 3) <= RR.prune_floor(c, m, 2)
+            assert RR.tiny_draw(c, 3) >= RR.tiny_draw(c, 2)

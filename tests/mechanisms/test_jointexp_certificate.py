@@ -68,7 +68,7 @@ def _case(index: int) -> tuple[object, ...] | None:
 @contextmanager
 def _no_pruning() -> Iterator[None]:
     saved = FW.prune_floor
-    FW.prune_floor = lambda c, m: 0.0  # type: ignore[assignment]
+    FW.prune_floor = lambda c, m, generation=0: 0.0  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -216,21 +216,30 @@ def _clamped_inputs(n: int, m: int, eps: float) -> tuple[object, np.ndarray, flo
     return support_inputs(sup), gaps, c
 
 
+#: the generation of each pass the last :func:`_sample` built (tilted or log)
+_GENERATIONS: list[int] = []
+
+
 def _sample(inputs: object, gaps: np.ndarray, c: float, seed: int) -> list[str]:
     """One JointExp sequence; which passes ran ("tilted", "log")."""
     from app.mechanisms.jointexp import mechanism as MX
 
     ran: list[str] = []
     log_pass, tilted = MX.run_log_space, MX.tilted_pass
+    generations = _GENERATIONS
+    generations.clear()
 
     def spy_log(*a: object, **k: object) -> object:
+        fwd = log_pass(*a, **k)  # type: ignore[arg-type]
         ran.append("log")
-        return log_pass(*a, **k)  # type: ignore[arg-type]
+        generations.append(fwd.generation)
+        return fwd
 
     def spy_tilted(*a: object, **k: object) -> object:
         fwd = tilted(*a, **k)  # type: ignore[arg-type]
         if fwd is not None:
             ran.append("tilted")
+            generations.append(fwd.generation)
         return fwd
 
     MX.run_log_space, MX.tilted_pass = spy_log, spy_tilted  # type: ignore[assignment]
@@ -257,3 +266,6 @@ def test_a_tilted_pass_the_certificate_rejects_is_replaced_by_the_log_pass() -> 
     finally:
         CE.Certificate.log_bound = saved  # type: ignore[method-assign]
     assert "tilted" in ran and ran[-1] == "log", ran
+    # rebuilt in the sweep after the tilted pass the certificate rejected: one generation
+    # later (a smaller share of δ)
+    assert _GENERATIONS[-1] == _GENERATIONS[-2] + 1, (_GENERATIONS, ran)

@@ -70,6 +70,7 @@ class Forward:
         tilt: float = 0.0,
         lw_ref: float | None = None,
         inputs: Inputs | None = None,
+        generation: int = 0,
     ) -> None:
         if tilt and (log_space or not 0.0 < tilt < c):
             raise ValueError("a tilt needs linear rows and 0 < tilt < c")
@@ -120,10 +121,13 @@ class Forward:
         self.lw_ref = lw_ref
         self.log_growth = self.log_kappa + lw_ref
         self.headroom = headroom(self.m)
-        # the floors that bound the mass a pass drops (the release's δ; range_rule)
-        self.last_headroom = last_headroom(c, self.m)
-        self.prune = prune_floor(c, self.m)
-        self.tiny_draw = tiny_draw(c)
+        # the floors that bound the mass a pass drops (the release's δ; range_rule), tighter
+        # for a pass rebuilt in the middle of a backward sweep (its ``generation``: the
+        # rebuilds before it)
+        self.generation = generation
+        self.last_headroom = last_headroom(c, self.m, generation)
+        self.prune = prune_floor(c, self.m, generation)
+        self.tiny_draw = tiny_draw(c, generation)
         self.linear_floor = linear_floor(self.n1)
         self.needed_keep = 0.0  # log pass: the largest range a row asked for (0: none)
         self.g0 = 0.0  # log of row 1's maximum, the origin of the rows' common scale

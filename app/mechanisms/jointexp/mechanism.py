@@ -155,6 +155,7 @@ def run_log_space(
     log_kernel: str = "scaled",
     lw_ref: float | None = None,
     inputs: Inputs | None = None,
+    generation: int = 0,
 ) -> Forward:
     """Forward pass in log space, widening the kept range until every row has enough.
 
@@ -180,6 +181,7 @@ def run_log_space(
             log_kernel=log_kernel,
             lw_ref=lw_ref,
             inputs=inputs,
+            generation=generation,
         )
         try:
             fwd.run()
@@ -197,6 +199,7 @@ def tilted_pass(
     mu: float,
     lw_ref: float,
     inputs: Inputs | None,
+    generation: int = 0,
 ) -> Forward | None:
     """Tilted linear rows (``mu``), or None where they break the range rule."""
     fwd = Forward(
@@ -209,6 +212,7 @@ def tilted_pass(
         tilt=mu,
         lw_ref=lw_ref,
         inputs=inputs,
+        generation=generation,
     )
     try:
         fwd.run()
@@ -235,7 +239,17 @@ def next_tilted_pass(fwd: Forward, budget: int, inputs: Inputs) -> Forward | Non
     ):
         if mu_try <= fwd.mu:
             continue
-        tilted = tilted_pass(fwd.logw, fwd.pos, fwd.gaps, fwd.c, budget, mu_try, fwd.lw_ref, inputs)
+        tilted = tilted_pass(
+            fwd.logw,
+            fwd.pos,
+            fwd.gaps,
+            fwd.c,
+            budget,
+            mu_try,
+            fwd.lw_ref,
+            inputs,
+            fwd.generation + 1,
+        )
         if tilted is not None:
             return tilted  # (if its draws trip too, the next call goes further)
     return None
@@ -399,12 +413,14 @@ def draw_sequence(
             retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
             retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
             fwd = retilted or run_log_space(
-                logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs
+                logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs, fwd.generation + 1
             )
             continue
         except LogGuardTripped as trip:
             keep = wider(fwd.keep, trip.needed_keep)
-            fwd = run_log_space(logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs)
+            fwd = run_log_space(
+                logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs, fwd.generation + 1
+            )
             continue
         if j == m:
             # the last block's total is the pass's normaliser on its common scale: back to

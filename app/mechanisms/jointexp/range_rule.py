@@ -70,34 +70,47 @@ def headroom(m: int) -> float:
 #
 # The acceptance step makes the law exact on every sequence the passes keep; what it cannot
 # restore is the mass D of the sequences they drop, which enters the guarantee as
-# δ = e^ε D (1 + 2D). Three floors bound D on untilted and log passes, each scaled by e^-4c
-# (ε = 2cΔ <= 4c) so that e^ε D stays below 10^-12 at any ε the service accepts:
-# the truncation floors (the sound error bound at the last draw, ``last_headroom``), the
-# pruned repeat levels (``prune_floor``) and the draws' flushed weights (``tiny_draw``).
+# δ = e^ε D (1 + 2D). Three floors bound D on every pass, each scaled by e^-4c (ε = 2cΔ <= 4c)
+# so that e^ε D stays below 10^-12 at any ε the service accepts: the truncation floors (the
+# sound error bound or the certificate at the last draw, ``last_headroom``), the pruned
+# repeat levels (``prune_floor``) and the draws' flushed weights (``tiny_draw``). A backward
+# sweep that rebuilds its pass mid-way loses at most twice the sum of its passes' D
+# (docs/mechanisms.md, "Passes changed mid-sweep"), so the pass built after g rebuilds
+# (``generation`` g) gets the share 2^-(g + 2) of the budget: the shares sum to 1/2 over
+# any number of rebuilds, and twice that is the budget.
 
 
-def last_headroom(c: float, m: int) -> float:
-    """e-folds the sound error bound must leave below the last draw's largest weight, so
-    that the truncated mass is at most ``e^-29 e^-4c / (m + 1)`` of the total (2.5e-13 e^-4c);
-    never less than the headroom of the other draws."""
-    return max(headroom(m), 29.0 + 4.0 * c + math.log(m + 1.0))
+def _share(generation: int) -> float:
+    """log of the pass's share of the dropped-mass budget, 2^-(generation + 2)."""
+    return -(generation + 2.0) * math.log(2.0)
 
 
-def prune_floor(c: float, m: int) -> float:
+def last_headroom(c: float, m: int, generation: int = 0) -> float:
+    """e-folds the sound error bound (or a tilted pass's certificate) must leave below the
+    last draw's largest weight, so that the truncated mass is at most ``e^-29 e^-4c / (m +
+    1)`` of the total (2.5e-13 e^-4c) times the pass's share; never less than the headroom
+    of the other draws."""
+    return max(headroom(m), 29.0 - _share(generation) + 4.0 * c + math.log(m + 1.0))
+
+
+def prune_floor(c: float, m: int, generation: int = 0) -> float:
     """Repeat levels below this fraction of level 1 at the same interval are dropped. The
     mass they drop is at most ``floor m (m + 1) / 2`` of the total (each dropped entry's
     completions are at most ``floor`` of a kept prefix's, at most j levels per row j):
-    ``2^-41 e^-4c`` at most (4.5e-13 e^-4c), and never more than 2^-60 per entry."""
-    return min(2.0**-60, math.exp(-41.0 * math.log(2.0) - 4.0 * c) / (0.5 * m * (m + 1.0)))
+    ``2^-41 e^-4c`` (4.5e-13 e^-4c) times the pass's share at most, and never more than 2^-60
+    per entry."""
+    budget = math.exp(-41.0 * math.log(2.0) + _share(generation) - 4.0 * c)
+    return min(2.0**-60, budget / (0.5 * m * (m + 1.0)))
 
 
-def tiny_draw(c: float) -> float:
+def tiny_draw(c: float, generation: int = 0) -> float:
     """A linear draw's largest weight must be at least this (in its scaled units), else its
     weights are formed in log space. The weights a linear draw loses are products below
     2^-1022, fewer than 2^30 of them, so at most ``2^-992 / top`` of the largest; over at
-    most 2^10 draws, with ``top >= 2^-938 e^4c``, at most ``2^-44 e^-4c`` of the total. At
-    least 2^-900 (the floor before δ was budgeted)."""
-    return max(2.0**-900, math.exp(-938.0 * math.log(2.0) + 4.0 * c))
+    most 2^10 draws, with ``top >= 2^-938 e^4c`` over the pass's share, at most ``2^-44
+    e^-4c`` times the share of the total. At least 2^-900 (the floor before δ was
+    budgeted)."""
+    return max(2.0**-900, math.exp(-938.0 * math.log(2.0) - _share(generation) + 4.0 * c))
 
 
 def range_room(intervals: int, m: int) -> float:
