@@ -161,7 +161,7 @@ def _lowered_sources(by: float) -> Iterator[None]:
     def low_row(*args: object) -> object:
         a = list(args)
         a[3] = float(a[3]) - by  # t_src
-        a[6] = float(a[6]) - by  # the envelope
+        a[5] = float(a[5]) - by  # the envelope
         return row(*a)
 
     def low_first(*args: object) -> tuple[np.ndarray, int]:

@@ -71,7 +71,6 @@ def error_row(
     g_prev: float,
     t_src: float,
     src_lo: int,
-    src_end: int,
     env: float,
     p_star: float,
     w: np.ndarray,
@@ -104,6 +103,7 @@ def error_row(
     n_out = min(n1 - lo_prev, tail)
     off = lo_prev - base
     # sources reach past the transition's outputs only while above e^{U - 750}
+    src_end = n1
     if t_src - U < -750.0:
         src_end = src_lo
     else:
@@ -315,7 +315,6 @@ class Level:
             self.g,
             float(src.t[j]) + lev_j,
             int(src.lo[j]),
-            cert.logw.size,
             env + lev_j,
             p_star,
             cert.w,
@@ -329,10 +328,6 @@ class Level:
         )
         self.out.record(j, base, self.lo + self.e.size, self.g, t)
         self.out.src_env[j], self.out.src_star[j] = env + lev_j, p_star
-
-    def run_all(self) -> None:
-        for j in range(2, self.cert.m + 1):
-            self.row(j)
 
     def result(self) -> float:
         """log b^T E_m: the last row through the last draw's kernel."""
