@@ -371,11 +371,28 @@ class _Walk:
     def __post_init__(self) -> None:
         self.pos = self.inputs.pos
 
-    def _log_pass(self, keep: float | None) -> Any:
+    def _log_pass(self, keep: float | None, generation: int = 0) -> Any:
         i = self.inputs
         return jx.run_log_space(
-            i.logw, i.pos, self.gaps, self.c, self.budget, keep, self.log_kernel, i.lw_ref, i
+            i.logw,
+            i.pos,
+            self.gaps,
+            self.c,
+            self.budget,
+            keep,
+            self.log_kernel,
+            i.lw_ref,
+            i,
+            generation,
         )
+
+    def certified(self, first: Any) -> Any:
+        """The pass a sweep whose last block ``first`` drew is released from: ``first``, or
+        the log pass one generation later where its certificate fails (as ``draw_sequence``,
+        which checks it once the sweep's blocks are drawn)."""
+        if jx.certificate_rejects(first):
+            return self._log_pass(None, first.generation + 1)
+        return first
 
     def first_pass(self) -> Any:
         """The forward pass the sampler starts with (as ``sample_prepared_sequence``)."""
@@ -411,10 +428,10 @@ class _Walk:
                 retilted = (
                     jx.next_tilted_pass(fwd, self.budget, self.inputs) if retry_tilt else None
                 )
-                fwd = retilted or self._log_pass(None)
+                fwd = retilted or self._log_pass(None, fwd.generation + 1)
             except jx.LogGuardTripped as trip:
                 self._no_uniform_drawn(source)
-                fwd = self._log_pass(strategy.wider(fwd.keep, trip.needed_keep))
+                fwd = self._log_pass(strategy.wider(fwd.keep, trip.needed_keep), fwd.generation + 1)
 
     @staticmethod
     def _no_uniform_drawn(source: Any) -> None:
@@ -568,6 +585,9 @@ def implementation_law(
             return
         fwd, log_z, branches = _branches(walk, fwd, j, i_end, pos_ref)
         if j == m:
+            released = walk.certified(fwd)
+            if released is not fwd:  # the sweep's draws are discarded: the same law
+                fwd, log_z, branches = _branches(walk, released, j, i_end, pos_ref)
             log_c = log_z + accept.acceptance_margin(m, walk.c, n)
         for i, k, q, s_i, s_l in branches:
             nxt = seq.copy()
@@ -607,20 +627,28 @@ def sample_walk(
     with flush_subnormals():
         first = walk.first_pass()
         while True:  # attempts, each from the first pass, until one is kept
-            seq = np.empty(m, dtype=np.int64)
-            prob = accept.ProbabilityProduct()
-            fwd = first
-            j, i_end, pos_ref = m, walk.pos.size, n
-            while j > 0:
-                fwd, blk = walk.draw(fwd, j, i_end, pos_ref, rng)
-                if j == m and math.isnan(log_c):
-                    log_z = blk.log_total + fwd.g0 - accept.tilt_constant(fwd.mu, n, walk.gaps)
-                    log_c = log_z + accept.acceptance_margin(m, walk.c, n)
-                prob.times(*blk.p_interval)
-                prob.times(*blk.p_level)
-                seq[j - blk.k : j] = blk.i
-                j -= blk.k
-                i_end, pos_ref = blk.i, int(walk.pos[blk.i])
+            start = first
+            while True:  # sweeps, until the pass that drew the last block is certified
+                seq = np.empty(m, dtype=np.int64)
+                prob = accept.ProbabilityProduct()
+                fwd, last = start, start
+                j, i_end, pos_ref = m, walk.pos.size, n
+                while j > 0:
+                    fwd, blk = walk.draw(fwd, j, i_end, pos_ref, rng)
+                    if j == m:
+                        last = fwd
+                        log_z = blk.log_total + fwd.g0 - accept.tilt_constant(fwd.mu, n, walk.gaps)
+                    prob.times(*blk.p_interval)
+                    prob.times(*blk.p_level)
+                    seq[j - blk.k : j] = blk.i
+                    j -= blk.k
+                    i_end, pos_ref = blk.i, int(walk.pos[blk.i])
+                released = walk.certified(last)
+                if released is last:
+                    break
+                start = first = released
+            if math.isnan(log_c):
+                log_c = log_z + accept.acceptance_margin(m, walk.c, n)
             la = accept.log_acceptance(seq, walk.pos, walk.inputs.logw, walk.gaps, c, log_c, prob)
             if la >= 0.0 or rng.random() < math.exp(la):
                 return seq

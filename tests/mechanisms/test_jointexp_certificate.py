@@ -269,3 +269,87 @@ def test_a_tilted_pass_the_certificate_rejects_is_replaced_by_the_log_pass() -> 
     # rebuilt in the sweep after the tilted pass the certificate rejected: one generation
     # later (a smaller share of δ)
     assert _GENERATIONS[-1] == _GENERATIONS[-2] + 1, (_GENERATIONS, ran)
+
+
+def test_a_sweep_whose_certificate_fails_is_redrawn_from_the_log_pass() -> None:
+    """The certificate is a function of the data alone, so the sampler checks it once the
+    sweep's blocks are drawn (its error passes finish meanwhile); where it fails, the
+    sweep's draws are discarded and the log pass, one generation later, draws from the last
+    block on. Forced to fail on every tilted pass (tilt 0.9c forced), on small supports:
+    the walker, which mirrors the discard, and the sampler draw the same sequence with the
+    same number of uniforms from the same seed; the implementation's law is the exact one;
+    and the rejections did happen."""
+    rejected = 0
+
+    def always_rejects(fwd: object) -> bool:
+        nonlocal rejected
+        tilted = bool(fwd.mu) and not fwd.log_space and fwd.cert_target is not None  # type: ignore[attr-defined]
+        rejected += tilted
+        return tilted
+
+    patches = {"certificate_rejects": always_rejects}
+    for index in range(40):
+        case = LA.make_case(20261207, index)
+        gaps, c = LA.mechanism_parameters(case.support)
+        opts = {"tilt": 0.9 * c}
+        same, got, want = LA.walker_matches_sampler(case.support, index, patches=patches, **opts)
+        assert same, f"case {index}: walker {got} sampler {want}\n{case.description}"
+        with LA.patched_names(patches):
+            law = LA.implementation_law(case.support, gaps, c, **opts)
+        tv = LA.total_variation(law, LA.reference_law(case.support))
+        assert tv <= 1e-12, f"case {index}: TV {tv:.3g}\n{case.description}"
+    assert rejected >= 20, rejected
+
+
+def _tilted_clamped() -> tuple[object, object, np.ndarray, float]:
+    """The tilted pass the sampler runs on :func:`_clamped_inputs` (n = 10^5, m = 99)."""
+    from app.mechanisms.jointexp import mechanism as MX
+
+    inputs, gaps, c = _clamped_inputs(100_000, 99, 1.0)
+    inputs = inputs.collapsed(collapse_cap(gaps))  # type: ignore[attr-defined]
+    with flush_subnormals():
+        fwd = MX.forward_pass(
+            inputs.logw,
+            inputs.pos,
+            gaps,
+            c,
+            MEMORY_BUDGET_BYTES,
+            "scaled",
+            True,
+            inputs.lw_ref,
+            inputs,
+        )
+        if not fwd.mu:  # the untilted rows held; the sampler's last draw then retilts
+            fwd = MX.next_tilted_pass(fwd, MEMORY_BUDGET_BYTES, inputs)
+    assert fwd is not None and fwd.mu > 0.0 and not fwd.log_space
+    return fwd, inputs, gaps, c
+
+
+def test_a_pass_given_up_stops_its_error_pass_and_one_drawn_from_after_all_is_certified() -> None:
+    """A pass given up before its last draw (a draw tripped) stops its error pass's thread;
+    should it be drawn from after all, its certificate is computed then, in full, and is
+    the one the uninterrupted pass gives."""
+    from app.mechanisms.jointexp.draws import certificate_rejects, draw_block
+
+    fwd_a, inputs, gaps, _ = _tilted_clamped()
+    fwd_b, _, _, _ = _tilted_clamped()
+    m = gaps.size - 1
+    stream = fwd_b._stream  # type: ignore[attr-defined]
+    fwd_b.abandon()  # type: ignore[attr-defined]
+    assert stream.join() is None  # cancelled: the thread ended without a result
+    with flush_subnormals():
+        for fwd in (fwd_a, fwd_b):
+            draw_block(
+                fwd,
+                m,
+                inputs.logw.size,
+                int(inputs.pos[-1]),
+                float(gaps[m]),
+                np.random.default_rng(0),
+            )  # type: ignore[attr-defined, arg-type]
+            assert not certificate_rejects(fwd)  # type: ignore[arg-type]
+    assert fwd_a._certified == fwd_b._certified  # type: ignore[attr-defined]
+    assert math.isfinite(fwd_a._certified)  # type: ignore[attr-defined]
+    # once the last draw set its target, giving the pass up leaves its certificate alone
+    fwd_a.abandon()  # type: ignore[attr-defined]
+    assert fwd_a._stream.join() is not None  # type: ignore[attr-defined]

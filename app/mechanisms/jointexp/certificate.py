@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -120,8 +121,12 @@ def error_row(
         out[off + v] += w[lo_prev + v] * stay * e_prev[v]
     rate = c + mu
     if t_src - U >= -750.0:
+        flat = math.exp(t_src - U)  # the source up to p_star (one exp, not one per entry)
         for i in range(src_lo, src_end):
-            ls = t_src if P[i] <= p_star else min(t_src, env - rate * P[i])
+            if P[i] <= p_star:
+                out[i - base] += flat
+                continue
+            ls = min(t_src, env - rate * P[i])
             if ls - U < -750.0:  # past p_star: 0.0 from here on (decreasing)
                 break
             out[i - base] += math.exp(ls - U)
@@ -254,9 +259,15 @@ class Certificate:
             if ahead is not None:
                 level, ahead = ahead, None
                 continue
-            # the next two levels side by side (the second fed the first's rows as they
-            # come): a case that needs one more often needs two (10 % clamped at each bound)
             level = self.level(level.out, False)
+            if rest - gain <= target:
+                # one more level is expected to do (10 % clamped at each bound): alone, as
+                # a second one beside it would slow it down
+                for j in range(2, m + 1):
+                    level.row(j)
+                continue
+            # else the next two levels side by side (the second fed the first's rows as
+            # they come; m = 499 on clamped data needs four)
             stream = Stream(self.level(level.out, False))
             try:
                 for j in range(2, m + 1):
@@ -265,13 +276,15 @@ class Certificate:
             finally:
                 stream.close()
             ahead = stream.join()
+            if ahead is None:  # (never cancelled)
+                raise RuntimeError("an error pass level was cancelled")
         return bound
 
-    def stream(self, rows: Spans, g0: float) -> Stream:
-        """The first error pass in a thread of its own, fed the rows as the forward pass
-        records them (:class:`Stream`); ``g0``: row 1's maximum before normalising."""
+    def first_level(self, rows: Spans, g0: float) -> Level:
+        """The first error pass, on the forward rows; ``g0``: row 1's maximum before
+        normalising."""
         self.g0 = g0
-        return Stream(self.level(rows, True))
+        return self.level(rows, True)
 
 
 class Level:
@@ -352,25 +365,36 @@ class Stream:
     """A :class:`Level` run in a thread of its own, row j as soon as the forward pass has
     recorded it (:meth:`push`): the forward rows and the first error pass then take the
     time of the slower of the two on two cores (each row's kernel releases the GIL). The
-    thread flushes subnormals as the forward pass does (the bits are per thread)."""
+    level is built in the thread too (``make``: its row 1 is a pass over every interval).
+    The thread flushes subnormals as the forward pass does (the bits are per thread).
+    A pass that is given up (:meth:`cancel`) stops its thread at the next row."""
 
-    def __init__(self, level: Level) -> None:
-        self.level = level
+    def __init__(self, make: Level | Callable[[], Level]) -> None:
+        self._make = make
+        self.level: Level | None = make if isinstance(make, Level) else None
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._error: BaseException | None = None
+        self._cancelled = False
         self._thread = threading.Thread(target=self._work, daemon=True)
         self._thread.start()
 
     def _work(self) -> None:
         try:
             with flush_subnormals():
-                while True:
+                level = self._make if isinstance(self._make, Level) else self._make()
+                self.level, self._make = level, level  # (drop what the maker held)
+                while not self._cancelled:
                     j = self._queue.get()
-                    if j <= 0:
+                    if j <= 0 or self._cancelled:
                         return
-                    self.level.row(j)
+                    level.row(j)
         except BaseException as exc:  # handed to the caller in :meth:`join`
             self._error = exc
+
+    def cancel(self) -> None:
+        """The pass is given up: the thread stops before its next row (never joined)."""
+        self._cancelled = True
+        self._queue.put(0)
 
     def push(self, j: int) -> None:
         """The forward pass has recorded row j."""
@@ -380,11 +404,13 @@ class Stream:
         """No more rows (the pass ended, or failed: then the result is not read)."""
         self._queue.put(0)
 
-    def join(self) -> Level:
-        """The finished pass (after :meth:`close`)."""
+    def join(self) -> Level | None:
+        """The finished pass (after :meth:`close`); None after :meth:`cancel`."""
         self._thread.join()
         if self._error is not None:
             raise self._error
+        if self._cancelled:
+            return None
         return self.level
 
 

@@ -145,11 +145,13 @@ def draw_block(
         room = fwd.last_headroom if j == fwd.m else fwd.headroom
         sound = fwd.error_at_draw(j, pos_ref - nj, i_end) - (g_draw - room)
     elif fwd.mu and j == fwd.m and short <= 0.0:
-        # a tilted pass: the certificate of the mass it dropped (certificate), held to the
-        # same headroom below the last draw's largest weight; where it cannot be certified
-        # the retry is the log pass
-        target = g_draw - fwd.last_headroom
-        sound = fwd.certified_error(target) - target
+        # a tilted pass: the certificate of the mass it dropped (certificate) must be the
+        # same headroom below the last draw's largest weight. It is a function of the data
+        # alone (not of any draw), so it is checked once the sweep has drawn every block
+        # (certificate_rejects), while its error passes finish in their thread; where it
+        # fails, the sweep's draws are discarded and the log pass draws from the last block
+        # on: the same law as checking it here.
+        fwd.cert_target = g_draw - fwd.last_headroom
     if short > 0.0 or sound > 0.0:
         if not fwd.log_space:
             # the sound bound alone rejected it: the median rule, which tilted passes
@@ -184,6 +186,17 @@ def draw_block(
         if k < 0:
             raise FloatingPointError("JointExp: backward weights are all zero")
     return Block(row.lo + pick, k + 1, p_interval, p_level, log_total)
+
+
+def certificate_rejects(fwd: Forward) -> bool:
+    """Whether the certificate of the mass the tilted linear pass ``fwd`` dropped is above
+    the target its last draw set (:func:`draw_block`): then the pass may not be released
+    from, and the sweep that drew its last block is redone from the log pass. False for
+    every other pass (and for a tilted pass before its last draw)."""
+    target = fwd.cert_target
+    if not fwd.mu or fwd.log_space or target is None:
+        return False
+    return fwd.certified_error(target) > target
 
 
 def pick_repeat_level(

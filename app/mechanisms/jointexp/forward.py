@@ -140,6 +140,10 @@ class Forward:
         self.spans = Spans(self.m) if tilt else None
         self._stream: Stream | None = None
         self._certified: float | None = None
+        #: the level the certificate must be below (log, common scale): set by the last
+        #: draw (:func:`~app.mechanisms.jointexp.draws.draw_block`), checked at the end of
+        #: the sweep (:func:`~app.mechanisms.jointexp.draws.certificate_rejects`)
+        self.cert_target: float | None = None
         # the rows' maxima, modes and profiles, for choosing a tilt (speed only)
         self.profile = Profile(self.m)
         # decay tables: near part (rate c - mu) and far part (rate c + mu; the same untilted)
@@ -240,8 +244,18 @@ class Forward:
             if self.spans is None or self._stream is None:
                 raise ValueError("only a tilted linear pass that has run has a certificate")
             first = self._stream.join()
+            if first is None:  # given up before its last draw, then drawn from: run it here
+                first = self._certificate().first_level(self.spans, self.g0)
+                for j in range(2, self.m + 1):
+                    first.row(j)
             self._certified = first.cert.log_bound(self.spans, target, first)
         return self._certified
+
+    def abandon(self) -> None:
+        """The pass will not be drawn from again (a forward row or a draw tripped before
+        its last draw set the certificate's target): its error pass stops."""
+        if self._stream is not None and self.cert_target is None:
+            self._stream.cancel()
 
     def step(self, prev: Row, j: int) -> Row:
         """Row j (1-based, j >= 2) from row j - 1."""
@@ -447,7 +461,8 @@ class Forward:
         spans = self.spans
         if spans is not None:  # a tilted pass: its certificate's first error pass alongside
             spans.record(1, row.lo, row.lo + row.levels.shape[1], row.gmax, self.floors[1])
-            self._stream = self._certificate().stream(spans, self.g0)
+            g0 = self.g0
+            self._stream = Stream(lambda: self._certificate().first_level(spans, g0))
         try:
             for j in range(2, self.m + 1):
                 try:
@@ -468,6 +483,9 @@ class Forward:
                     spans.record(j, row.lo, nxt.lo + nxt.levels.shape[1], nxt.gmax, self.floors[j])
                     self._stream.push(j)
                 row = nxt
+        except BaseException:
+            self.abandon()  # the pass failed: nothing will read its certificate
+            raise
         finally:
             if self._stream is not None:
                 self._stream.close()

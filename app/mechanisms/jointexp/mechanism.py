@@ -53,7 +53,7 @@ from app.mechanisms.jointexp.accept import (
     run_parameter,
     tilt_constant,
 )
-from app.mechanisms.jointexp.draws import draw_block
+from app.mechanisms.jointexp.draws import certificate_rejects, draw_block
 from app.mechanisms.jointexp.forward import Forward
 from app.mechanisms.jointexp.range_rule import (
     LINEAR_RANGE,
@@ -396,9 +396,49 @@ def draw_sequence(
 ) -> tuple[IntArray, ProbabilityProduct, Forward, float]:
     """One backward sweep: the sequence, the probability the draws gave it, the pass in
     use at the end (rebuilt where a draw lacked range), and the log of the normaliser
-    computed by the pass that drew the last block (untilted, in the units of ``logw``)."""
+    computed by the pass that drew the last block (untilted, in the units of ``logw``).
+
+    A tilted pass that drew the last block is released from only if its certificate holds
+    (:func:`~app.mechanisms.jointexp.draws.certificate_rejects`, a function of the data
+    alone, checked once its blocks are drawn so that its error passes finish meanwhile);
+    else the sweep is redone from the log pass, one generation later."""
+    while True:
+        # (a pass whose certificate an earlier attempt found failing is not drawn from)
+        if not certificate_rejects(fwd):
+            seq, prob, end, log_z, first = _sweep(
+                fwd, inputs, gaps, c, rng, budget, log_kernel, tilt
+            )
+            if not certificate_rejects(first):
+                return seq, prob, end, log_z
+            fwd = first
+        fwd = run_log_space(
+            inputs.logw,
+            inputs.pos,
+            gaps,
+            c,
+            budget,
+            None,
+            log_kernel,
+            inputs.lw_ref,
+            inputs,
+            fwd.generation + 1,
+        )
+
+
+def _sweep(
+    fwd: Forward,
+    inputs: Inputs,
+    gaps: FloatArray,
+    c: float,
+    rng: np.random.Generator,
+    budget: int,
+    log_kernel: str,
+    tilt: bool | float,
+) -> tuple[IntArray, ProbabilityProduct, Forward, float, Forward]:
+    """:func:`draw_sequence`'s sweep, and the pass that drew its last block."""
     logw, pos, lw_ref = inputs.logw, inputs.pos, inputs.lw_ref
     m = gaps.size - 1
+    first = fwd
     seq = np.empty(m, dtype=np.int64)
     prob = ProbabilityProduct()
     log_z = math.nan
@@ -410,6 +450,7 @@ def draw_sequence(
             # a larger tilt while one is worth it (as the forward pass retries; never
             # with tilt=False, nor after the sound bound tripped), then the log pass;
             # either way the same step with exact weights: nothing was drawn
+            fwd.abandon()
             retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
             retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
             fwd = retilted or run_log_space(
@@ -417,6 +458,7 @@ def draw_sequence(
             )
             continue
         except LogGuardTripped as trip:
+            fwd.abandon()
             keep = wider(fwd.keep, trip.needed_keep)
             fwd = run_log_space(
                 logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs, fwd.generation + 1
@@ -426,13 +468,14 @@ def draw_sequence(
             # the last block's total is the pass's normaliser on its common scale: back to
             # the units of logw (row 1's maximum) and untilted
             log_z = blk.log_total + fwd.g0 - tilt_constant(fwd.mu, int(pos[-1]), gaps)
+            first = fwd
         prob.times(*blk.p_interval)
         prob.times(*blk.p_level)
         i, k = blk.i, blk.k
         seq[j - k : j] = i
         j -= k
         i_end, pos_ref = i, int(pos[i])
-    return seq, prob, fwd, log_z
+    return seq, prob, fwd, log_z, first
 
 
 #: The key of JointExp's prepared inputs in :attr:`Support.memo`.
