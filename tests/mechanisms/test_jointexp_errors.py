@@ -246,3 +246,54 @@ def test_a_draw_the_sound_bound_rejects_goes_to_the_log_pass_not_a_tilt(monkeypa
 
 def _no_tilt(*_args, **_kwargs):
     raise AssertionError("a draw the sound bound rejected was retried on tilted rows")
+
+
+def _reference_norms(eb: E.ErrorBound, floors: np.ndarray) -> np.ndarray:
+    """:meth:`ErrorBound.norms` as plain Python (the recursions of the module docstring, in
+    the order the compiled kernel must follow)."""
+    count = len(E.CONFIGS)
+    m, c, mu = eb.m, eb.c, eb.mu
+    rows = [[-math.inf] * (2 * count + 1) for _ in range(m + 1)]
+    rows[1] = [float(floors[1])] * (2 * count + 1)
+    half = math.log(0.5)
+    for j in range(2, m + 1):
+        nj = float(eb.gaps[j - 1])
+        fl = float(floors[j])
+        prev, cur = rows[j - 1], rows[j]
+        stay = half - (c - mu) * nj
+        e0_prev = prev[count]
+        cur[count] = E._lae(e0_prev + eb.lw0 + stay, fl)
+        for s in range(count):
+            n_prev, ed_prev = prev[s], prev[count + 1 + s]
+            dr = float(eb.d_right[s])
+            k_prev = float(eb.draw_k[s, j - 1])
+            rep = half - (c - mu - (j - 1) * dr) * nj
+            inner = n_prev + E._lae(k_prev, rep) + float(eb.hop[s, j])
+            inner = E._lae(inner, e0_prev + eb.inner_top)
+            cur[s] = E._lae(inner, fl) + float(eb.margin[s])
+            into = n_prev + eb._psi(s, j - 1, eb.pd - nj) + k_prev
+            into = E._lae(into, e0_prev + eb._log_k(eb.pd - eb.p0 - nj))
+            into = E._lae(into, ed_prev + stay)
+            cur[count + 1 + s] = E._lae(eb.lwd + into, fl)
+    return np.array(rows, dtype=np.float64)
+
+
+@pytest.mark.parametrize("tilted", [False, True])
+def test_the_compiled_norms_are_the_reference_recursion_bit_for_bit(tilted: bool) -> None:
+    """The norms of the bound, compiled, equal the plain-Python recursion exactly (every
+    double) on random supports, tilts and floors (some rows' floors -inf)."""
+    checked = 0
+    for seed in range(200):
+        pos, logw, gaps, c, _ = _case(seed)
+        rng = np.random.default_rng([seed, 7])
+        mu = float(rng.uniform(0.1, 0.95)) * c if tilted else 0.0
+        eb = E.ErrorBound(logw, pos, gaps, c, mu)
+        m = gaps.size - 1
+        floors = rng.uniform(-3000.0, 0.0, m + 1)
+        floors[rng.random(m + 1) < 0.1] = -math.inf
+        floors[0] = -math.inf
+        got, want = eb.norms(floors), _reference_norms(eb, floors)
+        assert got.shape == want.shape
+        assert np.array_equal(got, want), (seed, np.max(np.abs(got - want)))
+        checked += int(np.isfinite(want).sum())
+    assert checked > 10_000

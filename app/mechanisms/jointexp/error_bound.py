@@ -187,41 +187,26 @@ class ErrorBound:
     def norms(self, floors: FloatArray) -> FloatArray:
         """For j = 1..m (row 0 unused): ``log N_j`` of each norm (columns ``0 .. count -
         1``), the log error of interval 0 (column ``count``: the same for every norm) and
-        that of the last interval as bounded with each norm (columns ``count + 1 + s``)."""
-        count = len(CONFIGS)
-        m, c, mu = self.m, self.c, self.mu
-        rows = [[-math.inf] * (2 * count + 1) for _ in range(m + 1)]
-        rows[1] = [float(floors[1])] * (2 * count + 1)
-        hop = self.hop.tolist()
-        draw_k = self.draw_k.tolist()
-        d_right = self.d_right.tolist()
-        margin = self.margin.tolist()
-        half = math.log(0.5)
-        for j in range(2, m + 1):
-            nj = float(self.gaps[j - 1])
-            fl = float(floors[j])
-            prev = rows[j - 1]
-            cur = rows[j]
-            stay = half - (c - mu) * nj  # a repeat's kernel factor, before its width
-            e0_prev = prev[count]
-            cur[count] = _lae(e0_prev + self.lw0 + stay, fl)
-            for s in range(count):
-                n_prev, ed_prev = prev[s], prev[count + 1 + s]
-                dr = d_right[s]
-                k_prev = draw_k[s][j - 1]
-                # inner intervals: transitions and repeats of inner errors, and transitions
-                # from interval 0 (one source, each target's kernel factor <= 1)
-                rep = half - (c - mu - (j - 1) * dr) * nj
-                inner = n_prev + _lae(k_prev, rep) + hop[s][j]
-                inner = _lae(inner, e0_prev + self.inner_top)
-                cur[s] = _lae(inner, fl) + margin[s]
-                # the last interval: transitions from the inner ones (their weighted sum
-                # at the target n - n_j) and from interval 0, and its own repeats
-                into = n_prev + self._psi(s, j - 1, self.pd - nj) + k_prev
-                into = _lae(into, e0_prev + self._log_k(self.pd - self.p0 - nj))
-                into = _lae(into, ed_prev + stay)
-                cur[count + 1 + s] = _lae(self.lwd + into, fl)
-        return np.array(rows, dtype=np.float64)
+        that of the last interval as bounded with each norm (columns ``count + 1 + s``)
+        (:func:`norms_kernel`)."""
+        return norms_kernel(
+            np.asarray(floors, dtype=np.float64),
+            np.asarray(self.gaps, dtype=np.float64),
+            self.hop,
+            self.draw_k,
+            self.d_left,
+            self.d_right,
+            self.margin,
+            self.lefts,
+            self.rights,
+            self.c,
+            self.mu,
+            self.lw0,
+            self.lwd,
+            self.inner_top,
+            self.p0,
+            self.pd,
+        )
 
     def at_draw(self, norms: FloatArray, j: int, t: float, i_end: int) -> float:
         """log of the bound on the total weight error of a draw from row j at ``t = P_next -
@@ -310,3 +295,71 @@ def discounted_max_blocks(
         res = max(res, pre - delta_left * (left - ref))
         res = max(res, suf[max(hi, lo)] + delta_right * (right - ref))
         out[j] = res
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lae_nb(a: float, b: float) -> float:
+    """log(e^a + e^b), as :func:`_lae`."""
+    if a < b:
+        a, b = b, a
+    if b == NEG_INF:
+        return a
+    return a + math.log1p(math.exp(b - a))
+
+
+@numba.njit(cache=True, nogil=True)
+def norms_kernel(
+    floors: np.ndarray,
+    gaps: np.ndarray,
+    hop: np.ndarray,
+    draw_k: np.ndarray,
+    d_left: np.ndarray,
+    d_right: np.ndarray,
+    margin: np.ndarray,
+    lefts: np.ndarray,
+    rights: np.ndarray,
+    c: float,
+    mu: float,
+    lw0: float,
+    lwd: float,
+    inner_top: float,
+    p0: float,
+    pd: float,
+) -> np.ndarray:
+    """:meth:`ErrorBound.norms`: the recursions of the module docstring, row by row, in the
+    same operations and order as the reference in the tests (one double per step)."""
+    count = hop.shape[0]
+    m = floors.size - 1
+    rows = np.full((m + 1, 2 * count + 1), NEG_INF)
+    if m >= 1:
+        rows[1, :] = floors[1]
+    half = math.log(0.5)
+    for j in range(2, m + 1):
+        nj = gaps[j - 1]
+        fl = floors[j]
+        stay = half - (c - mu) * nj  # a repeat's kernel factor, before its width
+        e0_prev = rows[j - 1, count]
+        rows[j, count] = _lae_nb(e0_prev + lw0 + stay, fl)
+        for s in range(count):
+            n_prev = rows[j - 1, s]
+            ed_prev = rows[j - 1, count + 1 + s]
+            dr = d_right[s]
+            k_prev = draw_k[s, j - 1]
+            # inner intervals: transitions and repeats of inner errors, and transitions
+            # from interval 0 (one source, each target's kernel factor <= 1)
+            rep = half - (c - mu - (j - 1) * dr) * nj
+            inner = n_prev + _lae_nb(k_prev, rep) + hop[s, j]
+            inner = _lae_nb(inner, e0_prev + inner_top)
+            rows[j, s] = _lae_nb(inner, fl) + margin[s]
+            # the last interval: transitions from the inner ones (their weighted sum at
+            # the target n - n_j) and from interval 0, and its own repeats
+            p = pd - nj
+            below = max(lefts[s, j - 2] - p, 0.0)
+            above = max(p - rights[s, j - 2], 0.0)
+            psi = (j - 1) * (d_left[s] * below + dr * above)
+            into = n_prev + psi + k_prev
+            x = pd - p0 - nj
+            into = _lae_nb(into, e0_prev + (-c * abs(x) - mu * x))
+            into = _lae_nb(into, ed_prev + stay)
+            rows[j, count + 1 + s] = _lae_nb(lwd + into, fl)
+    return rows

@@ -53,6 +53,13 @@ EXT_TABLE_MAX = 2**20
 _NO_PROFILE = np.zeros(0)  # a row that records no profile (tilted rows)
 
 
+#: A tilted pass over at least this many entries (intervals x rows) runs its certificate's
+#: first error pass in a thread beside its rows; a smaller one runs it when the certificate
+#: is read (a thread's start and hand-offs cost more than the pass: 10^3 groups of a few
+#: intervals each, ~0.5 ms per pass)
+STREAM_FROM = 1 << 17
+
+
 class Forward:
     """Forward rows of the dynamic program, linear or log space, with checkpointing."""
 
@@ -144,6 +151,7 @@ class Forward:
         #: draw (:func:`~app.mechanisms.jointexp.draws.draw_block`), checked at the end of
         #: the sweep (:func:`~app.mechanisms.jointexp.draws.certificate_rejects`)
         self.cert_target: float | None = None
+        self.complete = False  # every row formed (run() returned)
         # the rows' maxima, modes and profiles, for choosing a tilt (speed only)
         self.profile = Profile(self.m)
         # decay tables: near part (rate c - mu) and far part (rate c + mu; the same untilted)
@@ -241,10 +249,10 @@ class Forward:
         forward rows, further ones are added while the bound is above ``target``).
         Computed once per pass."""
         if self._certified is None:
-            if self.spans is None or self._stream is None:
+            if self.spans is None or not self.complete:
                 raise ValueError("only a tilted linear pass that has run has a certificate")
-            first = self._stream.join()
-            if first is None:  # given up before its last draw, then drawn from: run it here
+            first = None if self._stream is None else self._stream.join()
+            if first is None:  # a small pass, or one given up and then drawn from: run it here
                 first = self._certificate().first_level(self.spans, self.g0)
                 for j in range(2, self.m + 1):
                     first.row(j)
@@ -461,8 +469,9 @@ class Forward:
         spans = self.spans
         if spans is not None:  # a tilted pass: its certificate's first error pass alongside
             spans.record(1, row.lo, row.lo + row.levels.shape[1], row.gmax, self.floors[1])
-            g0 = self.g0
-            self._stream = Stream(lambda: self._certificate().first_level(spans, g0))
+            if self.n1 * self.m >= STREAM_FROM:
+                g0 = self.g0
+                self._stream = Stream(lambda: self._certificate().first_level(spans, g0))
         try:
             for j in range(2, self.m + 1):
                 try:
@@ -478,10 +487,11 @@ class Forward:
                     continue
                 self.store.served(j - 1, row, not self.log_space)
                 self.store.store(j, nxt)
-                if spans is not None and self._stream is not None:
+                if spans is not None:
                     # row j dropped nothing left of row j - 1's first entry
                     spans.record(j, row.lo, nxt.lo + nxt.levels.shape[1], nxt.gmax, self.floors[j])
-                    self._stream.push(j)
+                    if self._stream is not None:
+                        self._stream.push(j)
                 row = nxt
         except BaseException:
             self.abandon()  # the pass failed: nothing will read its certificate
@@ -493,6 +503,7 @@ class Forward:
             raise LinearGuardTripped
         if self.needed_keep > 0.0:
             raise LogGuardTripped(self.needed_keep)
+        self.complete = True
 
     def dense_total(self, j: int) -> FloatArray:
         """Row j summed over repeat counts, dense over all n + 1 intervals, max 1 (for tests)."""
