@@ -11,7 +11,11 @@ of up to 60 % each (at 0.0, 3.0, at or beyond either bound), sometimes rounded t
 to 0.1, m = 1 to 119 quantiles (evenly spaced or random), epsilon log-uniform in
 [10^-2.5, 10^2] (above 100 is refused), swap or add/remove neighbours, bounds [-100, 100].
 Every output must be sorted and inside the bounds; any exception is printed with its case
-and re-raised. Prints the number of cases run and every case slower than ``--slow`` seconds.
+and re-raised. Prints the number of cases run, every case slower than ``--slow`` seconds, and
+every case whose run took longer than the service's public run-time bound for its figures
+(:func:`app.releases.schedule.run_bound_s` at scale 1, with n as the number of cells and
+records, the most the public figures allow): a release of such data would be published late
+by the excess (docs/security.md, "How often a run outlives its bound").
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 import numpy as np
 
 from app.mechanisms import MECHANISMS
+from app.releases.schedule import run_bound_s
 
 
 def case_input(seed: int, case: int) -> tuple[np.ndarray, np.ndarray, float, str]:
@@ -54,7 +59,7 @@ def main() -> None:
     only = sorted(int(v) for v in args.cases.split(",") if v)
     todo = iter(only) if only else iter(range(10**9))
     mech = MECHANISMS["jointexp"]
-    start, runs, slow = time.perf_counter(), 0, []
+    start, runs, slow, over = time.perf_counter(), 0, [], []
     for case in todo:
         if not only and time.perf_counter() - start > args.seconds:
             break
@@ -69,12 +74,23 @@ def main() -> None:
             raise
         took = time.perf_counter() - t
         runs += 1
+        bound = run_bound_s(
+            m=q.size, cells=x.size, scale=1.0, cap_s=float("inf"), epsilon=eps, size=x.size
+        )
+        if took > bound:
+            over.append(
+                f"case {case}: n={x.size} m={q.size} eps={eps:.4g} {neighbors} {took:.2f} s "
+                f"against {bound:.2f} s ({took / bound:.1f}x)"
+            )
         if took > args.slow:
             slow.append(
                 f"case {case}: n={x.size} m={q.size} eps={eps:.4g} {neighbors} {took:.2f} s"
             )
     print(f"{runs} cases, no failure; {len(slow)} slower than {args.slow} s")
     for line in slow:
+        print("  " + line)
+    print(f"{len(over)} over the public run-time bound")
+    for line in over:
         print("  " + line)
 
 
