@@ -408,6 +408,8 @@ def draw_sequence(
             seq, prob, end, log_z, first = _sweep(
                 fwd, inputs, gaps, c, rng, budget, log_kernel, tilt
             )
+            if end is not first:
+                end.abandon()  # rebuilt mid-sweep: nothing reads its certificate
             if not certificate_rejects(first):
                 return seq, prob, end, log_z
             fwd = first
