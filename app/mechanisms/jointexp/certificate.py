@@ -42,6 +42,7 @@ compared at the last draw with its largest weight.
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -263,12 +264,11 @@ class Certificate:
             if rest - gain <= target:
                 # one more level is expected to do (10 % clamped at each bound): alone, as
                 # a second one beside it would slow it down
-                for j in range(2, m + 1):
-                    level.row(j)
+                level.run()
                 continue
             # else the next two levels side by side (the second fed the first's rows as
             # they come; m = 499 on clamped data needs four)
-            stream = Stream(self.level(level.out, False))
+            stream = Stream(functools.partial(self.level, level.out, False))
             try:
                 for j in range(2, m + 1):
                     level.row(j)
@@ -342,6 +342,11 @@ class Level:
         self.out.record(j, base, self.lo + self.e.size, self.g, t)
         self.out.src_env[j], self.out.src_star[j] = env + lev_j, p_star
 
+    def run(self) -> None:
+        """Rows 2..m, once ``src`` holds all its rows."""
+        for j in range(2, self.cert.m + 1):
+            self.row(j)
+
     def result(self) -> float:
         """log b^T E_m: the last row through the last draw's kernel."""
         if not math.isfinite(self.g):
@@ -369,9 +374,9 @@ class Stream:
     The thread flushes subnormals as the forward pass does (the bits are per thread).
     A pass that is given up (:meth:`cancel`) stops its thread at the next row."""
 
-    def __init__(self, make: Level | Callable[[], Level]) -> None:
-        self._make = make
-        self.level: Level | None = make if isinstance(make, Level) else None
+    def __init__(self, make: Callable[[], Level]) -> None:
+        self._make: Callable[[], Level] | None = make
+        self.level: Level | None = None
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._cancelled = False
@@ -381,8 +386,10 @@ class Stream:
     def _work(self) -> None:
         try:
             with flush_subnormals():
-                level = self._make if isinstance(self._make, Level) else self._make()
-                self.level, self._make = level, level  # (drop what the maker held)
+                make, self._make = self._make, None  # (drop what it held: the forward pass)
+                if make is None:
+                    return
+                level = self.level = make()
                 while not self._cancelled:
                     j = self._queue.get()
                     if j <= 0 or self._cancelled:

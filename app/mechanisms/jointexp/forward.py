@@ -254,8 +254,7 @@ class Forward:
             first = None if self._stream is None else self._stream.join()
             if first is None:  # a small pass, or one given up and then drawn from: run it here
                 first = self._certificate().first_level(self.spans, self.g0)
-                for j in range(2, self.m + 1):
-                    first.row(j)
+                first.run()
             self._certified = first.cert.log_bound(self.spans, target, first)
         return self._certified
 
