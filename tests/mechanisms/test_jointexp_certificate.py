@@ -353,3 +353,72 @@ def test_a_pass_given_up_stops_its_error_pass_and_one_drawn_from_after_all_is_ce
     # once the last draw set its target, giving the pass up leaves its certificate alone
     fwd_a.abandon()  # type: ignore[attr-defined]
     assert fwd_a._stream.join() is not None  # type: ignore[attr-defined]
+
+
+def test_the_certificate_computed_beside_the_sweep_is_the_one_computed_in_place() -> None:
+    """The sweep's first draw starts the certificate in a thread (its target is set there);
+    the value read after the sweep is bit for bit the one computed in place, and a pass
+    given up while it runs (:meth:`halt`) stops the thread and, read after all, computes it
+    in full."""
+    from app.mechanisms.jointexp.draws import certificate_rejects, draw_block
+
+    fwd_a, inputs, gaps, _ = _tilted_clamped()
+    fwd_b, _, _, _ = _tilted_clamped()
+    fwd_c, _, _, _ = _tilted_clamped()
+    m = gaps.size - 1
+    args = (m, inputs.logw.size, int(inputs.pos[-1]), float(gaps[m]))  # type: ignore[attr-defined]
+    with flush_subnormals():
+        draw_block(fwd_a, *args, np.random.default_rng(0))  # type: ignore[arg-type]
+        checker = fwd_a._checker  # type: ignore[attr-defined]
+        assert checker is not None  # started at the sweep's first draw
+        target = fwd_a.cert_target  # type: ignore[attr-defined]
+        assert target is not None
+        assert not certificate_rejects(fwd_a)  # type: ignore[arg-type]
+        in_place = fwd_b.certified_error(target)  # type: ignore[attr-defined]
+        assert fwd_a._certified == in_place  # type: ignore[attr-defined]
+        assert math.isfinite(in_place)
+        draw_block(fwd_c, *args, np.random.default_rng(0))  # type: ignore[arg-type]
+        halted = fwd_c._checker  # type: ignore[attr-defined]
+        assert halted is not None
+        fwd_c.halt()  # type: ignore[attr-defined]
+        halted._thread.join(timeout=60)
+        assert not halted._thread.is_alive()
+        assert fwd_c.certified_error(target) == in_place  # type: ignore[attr-defined]
+
+
+def test_a_sweep_that_fails_stops_the_certificate_it_started() -> None:
+    """An error out of the sweep (after its first draw started the certificate) halts the
+    pass: nothing will read its certificate, so its thread stops."""
+    import pytest
+
+    from app.mechanisms.jointexp import mechanism as MX
+
+    fwd, inputs, gaps, c = _tilted_clamped()
+    real = MX.draw_block
+    calls = []
+
+    def failing(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("injected")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    MX.draw_block = failing  # type: ignore[assignment]
+    try:
+        with flush_subnormals(), pytest.raises(MemoryError):
+            MX._sweep(
+                fwd,  # type: ignore[arg-type]
+                inputs,  # type: ignore[arg-type]
+                gaps,
+                c,
+                np.random.default_rng(0),
+                MEMORY_BUDGET_BYTES,
+                "scaled",
+                True,
+            )
+    finally:
+        MX.draw_block = real
+    checker = fwd._checker  # type: ignore[attr-defined]
+    assert checker is not None and fwd._stop.is_set()  # type: ignore[attr-defined]
+    checker._thread.join(timeout=60)
+    assert not checker._thread.is_alive()

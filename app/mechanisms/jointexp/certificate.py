@@ -213,7 +213,11 @@ class Certificate:
         pwf: FloatArray,
         lf: float,
         blocks: tuple[FloatArray, FloatArray, FloatArray],
+        stop: threading.Event | None = None,
     ) -> None:
+        """``stop``: set when nothing will read the certificate (its pass was given up):
+        its error passes then end at their next row (:class:`Cancelled`)."""
+        self.stop = threading.Event() if stop is None else stop
         self.logw, self.pos, self.w, self.gaps = logw, pos, w, gaps
         self.c, self.mu, self.pw, self.pwf, self.lf = c, mu, pw, pwf, lf
         self.m = gaps.size - 1
@@ -276,8 +280,8 @@ class Certificate:
             finally:
                 stream.close()
             ahead = stream.join()
-            if ahead is None:  # (never cancelled)
-                raise RuntimeError("an error pass level was cancelled")
+            if ahead is None:  # the pass was given up meanwhile
+                raise Cancelled
         return bound
 
     def first_level(self, rows: Spans, g0: float) -> Level:
@@ -317,6 +321,8 @@ class Level:
 
     def row(self, j: int) -> None:
         """Row j (2 <= j <= m) from row j - 1."""
+        if self.cert.stop.is_set():
+            raise Cancelled
         if not math.isfinite(self.g):
             return
         cert, src = self.cert, self.src
@@ -364,6 +370,43 @@ class Level:
         v = np.log(self.e[live]) - cert.c * np.abs(x[live]) - cert.mu * x[live]
         top = float(v.max())
         return self.g + top + math.log(float(np.sum(np.exp(v - top))))
+
+
+class Cancelled(RuntimeError):
+    """The certificate's pass was given up while an error pass ran (nothing reads it)."""
+
+
+class Background:
+    """The certificate, ``fn()``, computed in a thread of its own: started at the sweep's
+    first draw, which sets its target (a function of the data alone), it joins the first
+    error pass and runs any further ones while the sweep draws its other blocks on the
+    other core. Subnormals are flushed as in the caller's thread. :meth:`join` returns the
+    value, or raises what ``fn`` raised."""
+
+    def __init__(self, fn: Callable[[], float]) -> None:
+        self._fn: Callable[[], float] | None = fn
+        self._value: float | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            with flush_subnormals():
+                fn, self._fn = self._fn, None
+                if fn is not None:
+                    self._value = fn()
+        except BaseException as exc:  # handed to the caller in :meth:`join`
+            self._error = exc
+
+    def join(self) -> float:
+        """The certificate's value (waits for the thread)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if self._value is None:  # (fn always returns a float or raises)
+            raise RuntimeError("the certificate's thread returned nothing")
+        return self._value
 
 
 class Stream:
@@ -414,10 +457,10 @@ class Stream:
     def join(self) -> Level | None:
         """The finished pass (after :meth:`close`); None after :meth:`cancel`."""
         self._thread.join()
+        if self._cancelled or isinstance(self._error, Cancelled):
+            return None
         if self._error is not None:
             raise self._error
-        if self._cancelled:
-            return None
         return self.level
 
 

@@ -147,11 +147,12 @@ def draw_block(
     elif fwd.mu and j == fwd.m and short <= 0.0:
         # a tilted pass: the certificate of the mass it dropped (certificate) must be the
         # same headroom below the last draw's largest weight. It is a function of the data
-        # alone (not of any draw), so it is checked once the sweep has drawn every block
-        # (certificate_rejects), while its error passes finish in their thread; where it
-        # fails, the sweep's draws are discarded and the log pass draws from the last block
-        # on: the same law as checking it here.
+        # alone (not of any draw), so it is computed in a thread from here on while the
+        # sweep draws its other blocks, and checked once the sweep has drawn every block
+        # (certificate_rejects); where it fails, the sweep's draws are discarded and the
+        # log pass draws from the last block on: the same law as checking it here.
         fwd.cert_target = g_draw - fwd.last_headroom
+        fwd.start_certificate(fwd.cert_target)
     if short > 0.0 or sound > 0.0:
         if not fwd.log_space:
             # the sound bound alone rejected it: the median rule, which tilted passes

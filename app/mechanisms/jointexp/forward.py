@@ -21,14 +21,16 @@ reads of them by :class:`~app.mechanisms.jointexp.profile.Profile` (speed only).
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 
 import numpy as np
 
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import kernels_scaled as KS
-from app.mechanisms.jointexp.certificate import Certificate, Spans, Stream
+from app.mechanisms.jointexp.certificate import Background, Certificate, Spans, Stream
 from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.jointexp.profile import Profile
 from app.mechanisms.jointexp.range_rule import (
@@ -147,6 +149,8 @@ class Forward:
         self.spans = Spans(self.m) if tilt else None
         self._stream: Stream | None = None
         self._certified: float | None = None
+        self._checker: Background | None = None  # the certificate, computing (start_certificate)
+        self._stop = threading.Event()  # set when the pass is given up (halt)
         #: the level the certificate must be below (log, common scale): set by the last
         #: draw (:func:`~app.mechanisms.jointexp.draws.draw_block`), checked at the end of
         #: the sweep (:func:`~app.mechanisms.jointexp.draws.certificate_rejects`)
@@ -228,7 +232,7 @@ class Forward:
             self._norms = self._errors.norms(self.floors)
         return self._errors.at_draw(self._norms[j], j, t, i_end)
 
-    def _certificate(self) -> Certificate:
+    def _certificate(self, stop: threading.Event | None = None) -> Certificate:
         return Certificate(
             self.logw,
             self.pos,
@@ -240,28 +244,57 @@ class Forward:
             self.pwf,
             self.linear_floor,
             self.inputs.width_blocks,
+            self._stop if stop is None else stop,
         )
+
+    def _certify(self, target: float) -> float:
+        """The certificate against ``target`` (:meth:`certified_error`), from the first
+        error pass that ran beside the rows where it was not given up."""
+        if self.spans is None or not self.complete:
+            raise ValueError("only a tilted linear pass that has run has a certificate")
+        stop = self._stop
+        first = None if self._stream is None else self._stream.join()
+        if first is None:  # a small pass, or one given up and then drawn from: run it here
+            first = self._certificate(stop).first_level(self.spans, self.g0)
+            first.run()
+        return first.cert.log_bound(self.spans, target, first)
+
+    def start_certificate(self, target: float) -> None:
+        """The sweep's first draw (the pass's last block) set the certificate's target: the
+        certificate is computed in a thread while the sweep draws its other blocks
+        (:func:`~app.mechanisms.jointexp.draws.certificate_rejects` reads it after the
+        sweep). Its value is a function of the data alone, wherever it is computed."""
+        if self._certified is None and self._checker is None and self.complete:
+            self._checker = Background(functools.partial(self._certify, target))
 
     def certified_error(self, target: float) -> float:
         """Tilted linear passes: log of a certified upper bound on the mass of the sequences
         through an entry the pass dropped, on the pass's common scale
         (:mod:`~app.mechanisms.jointexp.certificate`; its first error pass ran beside the
         forward rows, further ones are added while the bound is above ``target``).
-        Computed once per pass."""
+        Computed once per pass (in a thread from the sweep's first draw on:
+        :meth:`start_certificate`)."""
         if self._certified is None:
-            if self.spans is None or not self.complete:
-                raise ValueError("only a tilted linear pass that has run has a certificate")
-            first = None if self._stream is None else self._stream.join()
-            if first is None:  # a small pass, or one given up and then drawn from: run it here
-                first = self._certificate().first_level(self.spans, self.g0)
-                first.run()
-            self._certified = first.cert.log_bound(self.spans, target, first)
+            checker, self._checker = self._checker, None
+            if checker is not None and not self._stop.is_set():
+                self._certified = checker.join()
+            else:
+                self._stop = threading.Event()  # (a pass given up, drawn from after all)
+                self._certified = self._certify(target)
         return self._certified
 
     def abandon(self) -> None:
         """The pass will not be drawn from again (a forward row or a draw tripped before
         its last draw set the certificate's target): its error pass stops."""
-        if self._stream is not None and self.cert_target is None:
+        if self.cert_target is None:
+            self.halt()
+
+    def halt(self) -> None:
+        """Nothing will read the certificate (the pass was given up, or the release failed):
+        its error passes stop at their next row. Should the pass be read after all, its
+        certificate is computed then, in full."""
+        self._stop.set()
+        if self._stream is not None:
             self._stream.cancel()
 
     def step(self, prev: Row, j: int) -> Row:

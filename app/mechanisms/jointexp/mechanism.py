@@ -445,38 +445,44 @@ def _sweep(
     prob = ProbabilityProduct()
     log_z = math.nan
     j, i_end, pos_ref = m, logw.size, int(pos[-1])
-    while j > 0:
-        try:
-            blk = draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
-        except LinearGuardTripped as trip:
-            # a larger tilt while one is worth it (as the forward pass retries; never
-            # with tilt=False, nor after the sound bound tripped), then the log pass;
-            # either way the same step with exact weights: nothing was drawn
-            fwd.abandon()
-            retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
-            retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
-            fwd = retilted or run_log_space(
-                logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs, fwd.generation + 1
-            )
-            continue
-        except LogGuardTripped as trip:
-            fwd.abandon()
-            keep = wider(fwd.keep, trip.needed_keep)
-            fwd = run_log_space(
-                logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs, fwd.generation + 1
-            )
-            continue
-        if j == m:
-            # the last block's total is the pass's normaliser on its common scale: back to
-            # the units of logw (row 1's maximum) and untilted
-            log_z = blk.log_total + fwd.g0 - tilt_constant(fwd.mu, int(pos[-1]), gaps)
-            first = fwd
-        prob.times(*blk.p_interval)
-        prob.times(*blk.p_level)
-        i, k = blk.i, blk.k
-        seq[j - k : j] = i
-        j -= k
-        i_end, pos_ref = i, int(pos[i])
+    try:
+        while j > 0:
+            try:
+                blk = draw_block(fwd, j, i_end, pos_ref, float(gaps[j]), rng)
+            except LinearGuardTripped as trip:
+                # a larger tilt while one is worth it (as the forward pass retries; never
+                # with tilt=False, nor after the sound bound tripped), then the log pass;
+                # either way the same step with exact weights: nothing was drawn
+                fwd.abandon()
+                retry_tilt = tilt is not False and not isinstance(trip, SoundGuardTripped)
+                retilted = next_tilted_pass(fwd, budget, inputs) if retry_tilt else None
+                fwd = retilted or run_log_space(
+                    logw, pos, gaps, c, budget, None, log_kernel, lw_ref, inputs, fwd.generation + 1
+                )
+                continue
+            except LogGuardTripped as trip:
+                fwd.abandon()
+                keep = wider(fwd.keep, trip.needed_keep)
+                fwd = run_log_space(
+                    logw, pos, gaps, c, budget, keep, log_kernel, lw_ref, inputs, fwd.generation + 1
+                )
+                continue
+            if j == m:
+                # the last block's total is the pass's normaliser on its common scale: back to
+                # the units of logw (row 1's maximum) and untilted
+                log_z = blk.log_total + fwd.g0 - tilt_constant(fwd.mu, int(pos[-1]), gaps)
+                first = fwd
+            prob.times(*blk.p_interval)
+            prob.times(*blk.p_level)
+            i, k = blk.i, blk.k
+            seq[j - k : j] = i
+            j -= k
+            i_end, pos_ref = i, int(pos[i])
+    except BaseException:
+        # the release failed: nothing will read a certificate (their threads stop)
+        first.halt()
+        fwd.halt()
+        raise
     return seq, prob, fwd, log_z, first
 
 
