@@ -3,7 +3,8 @@
 For each shape of ``bench_mechanisms`` (n = 10^6 unless given, seed 7) this runs the
 forward pass JointExp would run (the probe, then the tilt it chooses), draws the last
 block, and prints the tilt, the certificate's distance below the last draw's total and
-the distance the draw requires (``last_headroom``), how many error-pass levels it took,
+the distance the draw requires (``last_headroom``), the error-pass levels it took ("1"
+a level on the intervals, "b5" one on blocks of span 5: the levels tried, in order),
 and the time the forward pass and the certificate took (median of ``--runs``). A shape
 whose rows need no tilt says so; one whose certificate does not hold would go to the log
 pass (docs/mechanisms.md, "The certificate of a tilted pass").
@@ -46,18 +47,18 @@ def _one(case: str, eps: float, m: int, n: int, runs: int) -> str:
     c = run_parameter(sup.epsilon / (2.0 * delta_u), m, sup.n, delta_u, False)
     gaps = quantile_gaps(sup.quantiles, sup.n)
     inputs = support_inputs(sup).collapsed(collapse_cap(gaps))
-    levels: list[int] = []
-    saved = CE.Certificate._max_norm
+    levels: list[list[str]] = []
+    saved = CE.Level.result
 
-    def counted(self: CE.Certificate, floors: np.ndarray) -> float:
-        levels[-1] += 1
-        return saved(self, floors)
+    def counted(self: CE.Level) -> float:
+        levels[-1].append("1" if self.blocks is None else f"b{self.blocks.span}")
+        return saved(self)
 
-    CE.Certificate._max_norm = counted  # type: ignore[method-assign]
+    CE.Level.result = counted  # type: ignore[method-assign]
     fwd_times, cert_times, row = [], [], ""
     try:
         for _ in range(runs):
-            levels.append(0)
+            levels.append([])
             with flush_subnormals():
                 t0 = time.perf_counter()
                 try:
@@ -96,10 +97,10 @@ def _one(case: str, eps: float, m: int, n: int, runs: int) -> str:
             bound = fwd._certified if fwd._certified is not None else math.nan
             row = (
                 f"| {case} | {eps:g} | {m} | {fwd.mu / c:.3f} | {total - bound:.1f} | "
-                f"{fwd.last_headroom:.1f} | {levels[-1]} |"
+                f"{fwd.last_headroom:.1f} | {'+'.join(levels[-1])} |"
             )
     finally:
-        CE.Certificate._max_norm = saved  # type: ignore[method-assign]
+        CE.Level.result = saved  # type: ignore[method-assign]
     return f"{row} {statistics.median(fwd_times):.3f} | {statistics.median(cert_times):.3f} |"
 
 

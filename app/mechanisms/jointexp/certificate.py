@@ -53,6 +53,7 @@ import numpy as np
 
 from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp.blocks import Blocks, block_log_factor, block_log_sums
 from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -63,6 +64,12 @@ LEVELS = 8
 #: what one more level is taken to lower the max-norm remainder by before two have been
 #: measured (its floors lie ~lf = 708 - log(4 (d + 1)) e-folds below the previous ones)
 LEVEL_GAIN = 700.0
+#: e-folds a coarse level (:class:`Blocks`) is to leave below the target, beyond what its
+#: blocks are expected to cost (speed only: a coarse level that does not certify is
+#: replaced by the level on the intervals)
+COARSE_MARGIN = 40.0
+#: the widest block span tried (and a coarse level only where it halves the entries)
+COARSE_SPAN_MAX = 1024
 _U = 2.0**-52
 
 
@@ -83,6 +90,7 @@ def error_row(
     pw: np.ndarray,
     pwf: np.ndarray,
     lf: float,
+    inflate: float = 0.0,
 ) -> tuple[np.ndarray, int, int, float, float]:
     """``E_j = Ā_j E_{j-1} + s`` with ``s_i = e^{t_src}`` up to position ``p_star`` and
     ``min(e^{t_src}, e^{env - (c + mu) P_i})`` past it, from index ``src_lo`` on (0 left of
@@ -92,11 +100,11 @@ def error_row(
     computed from (nothing is dropped left of it), its log scale and its truncation floor
     (each entry exact to ``e^{floor}``: the transition's terms flushed
     below the smallest normal double of ``max(U, g)``, at most ~4 (d + 1) of them, and the
-    normalisation's)."""
+    normalisation's). The widths are ``w e^{inflate}`` (a coarse pass's: :class:`Blocks`)."""
     n1 = w.size
     rate0 = c + mu
-    U = max(g_prev, t_src)
-    scale = math.exp(g_prev - U)
+    U = max(g_prev + inflate, t_src)  # (the unit: every term <= 1 in it)
+    scale = math.exp(g_prev + inflate - U)  # e_prev (max 1) times the widths' factor
     base = min(lo_prev, src_lo)
     # past the window the transition's sums decay by e^-(c + mu) per position (at least one
     # per interval) and are 0.0 from ln(size) + 746 e-folds on (as Forward._step_linear)
@@ -115,7 +123,18 @@ def error_row(
     src_end = max(src_end, src_lo)
     out = np.zeros(max(off + n_out, src_end - base, 0))
     KL.transition_linear(
-        e_prev, lo_prev, scale, w, P, nj, c, mu, pw, pwf, np.empty(n_t), out[off : off + n_out]
+        e_prev,
+        lo_prev,
+        scale,
+        w,
+        P,
+        nj,
+        c,
+        mu,
+        pw,
+        pwf,
+        np.empty(n_t),
+        out[off : off + n_out],
     )
     stay = 0.5 * math.exp(-(c - mu) * nj) * scale
     for v in range(e_prev.size):
@@ -250,6 +269,8 @@ class Certificate:
         bound = math.inf
         ahead: Level | None = None  # the level after ``level``, when already run
         gain, prev_rest = LEVEL_GAIN, math.inf
+        # the remainder before the level (the max-norm bound on its sources' carry)
+        before = self._max_norm(rows.t)
         for k in range(1, LEVELS + 1):
             parts.append(level.result())
             rest = self._max_norm(level.out.t)
@@ -259,17 +280,27 @@ class Certificate:
             if math.isfinite(prev_rest):
                 gain = prev_rest - rest
             prev_rest = rest
+            # how far the max-norm bound was above what this level computed exactly
+            loose, before = max(before - parts[-1], 0.0), rest
             if rest - (LEVELS - k) * gain > target:
                 return bound  # the levels left would not bring the remainder down enough
             if ahead is not None:
                 level, ahead = ahead, None
                 continue
-            level = self.level(level.out, False)
             if rest - gain <= target:
                 # one more level is expected to do (10 % clamped at each bound): alone, as
-                # a second one beside it would slow it down
+                # a second one beside it would slow it down; on blocks first where the
+                # certificate can spare their cost
+                coarse = self._coarse(level.out, target, rest - gain, rest - loose)
+                if coarse is not None:
+                    coarse.run()
+                    trial = _lse([*parts, coarse.result(), coarse.remainder()])
+                    if trial + self.slack <= target:
+                        return trial + self.slack
+                level = self.level(level.out, False)
                 level.run()
                 continue
+            level = self.level(level.out, False)
             # else the next two levels side by side (the second fed the first's rows as
             # they come; m = 499 on clamped data needs four)
             stream = Stream(functools.partial(self.level, level.out, False))
@@ -284,6 +315,31 @@ class Certificate:
                 raise Cancelled
         return bound
 
+    def _coarse(
+        self, src: Spans, target: float, rest_after: float, exact_after: float
+    ) -> Level | None:
+        """A coarse level on what ``src`` dropped (:class:`Blocks`), with the widest span
+        whose cost, ``log I + log(span + 1)`` per row (the block widths' factor and sums),
+        leaves :data:`COARSE_MARGIN` below the target both for the remainder a level on
+        the intervals is expected to leave (``rest_after``) and for the exact part it is
+        expected to add (``exact_after``: the remainder less the max-norm bound's looseness
+        at the level before); None where no span helps. Speed only: the certificate is an
+        upper bound whatever the span."""
+        room = target - COARSE_MARGIN - max(rest_after, exact_after)
+        rate = self.c + abs(self.mu)
+        if not math.isfinite(room) or rate <= 0.0:
+            return None
+        # per row: the block widths' factor I and their sums (up to span + 1 intervals)
+        span = int(min(room / (self.m * rate), COARSE_SPAN_MAX))
+        while span >= 1 and self.m * (block_log_factor(rate * span) + math.log(span + 1.0)) > room:
+            span -= 1
+        if span < 1:
+            return None
+        blocks = Blocks(self.pos, self.w, span, self.c, self.mu, self.gaps)
+        if 2 * blocks.starts.size > self.pos.size:
+            return None
+        return Level(self, src, False, blocks)
+
     def first_level(self, rows: Spans, g0: float) -> Level:
         """The first error pass, on the forward rows; ``g0``: row 1's maximum before
         normalising."""
@@ -294,13 +350,23 @@ class Certificate:
 class Level:
     """One error pass, row by row: :meth:`row` j once ``src`` holds rows j - 1 and j."""
 
-    def __init__(self, cert: Certificate, src: Spans, levels: bool) -> None:
-        self.cert, self.src, self.levels = cert, src, levels
+    def __init__(
+        self, cert: Certificate, src: Spans, levels: bool, blocks: Blocks | None = None
+    ) -> None:
+        """``blocks``: a coarse pass on those blocks (``src`` still per interval)."""
+        self.cert, self.src, self.levels, self.blocks = cert, src, levels, blocks
         self.out = Spans(cert.m)
+        self.w: FloatArray = cert.w if blocks is None else blocks.w
+        self.pos: IntArray = cert.pos if blocks is None else blocks.pos
+        self.inflate = 0.0 if blocks is None else blocks.inflate
+        # sources summed over a block: at most its count of intervals times the bound
+        self.src_count = 0.0 if blocks is None else blocks.log_count
         # row 1: what src's row 1 dropped is at most min(closed form, e^{t_1}) everywhere
         lsrc, a = first_sources(
             cert.logw, cert.pos, float(cert.gaps[0]), cert.c, cert.mu, cert.g0, float(src.t[1])
         )
+        if blocks is not None:
+            lsrc, a = block_log_sums(lsrc, a, blocks.block_of)
         self.g = float(lsrc.max()) if lsrc.size else -math.inf
         self.lo = a
         self.e = np.exp(lsrc - self.g) if math.isfinite(self.g) else np.zeros(0)
@@ -325,25 +391,30 @@ class Level:
             raise Cancelled
         if not math.isfinite(self.g):
             return
-        cert, src = self.cert, self.src
-        lev_j = math.log(j) if self.levels else 0.0
+        cert, src, blocks = self.cert, self.src, self.blocks
+        lev_j = (math.log(j) if self.levels else 0.0) + self.src_count
         env, p_star = self._envelope(j)
+        nj = float(cert.gaps[j - 1])
+        src_lo = int(src.lo[j])
+        if blocks is not None:
+            src_lo = int(blocks.block_of[min(src_lo, blocks.block_of.size - 1)])
         self.e, self.lo, base, self.g, t = error_row(
             self.e,
             self.lo,
             self.g,
             float(src.t[j]) + lev_j,
-            int(src.lo[j]),
+            src_lo,
             env + lev_j,
             p_star,
-            cert.w,
-            cert.pos,
-            float(cert.gaps[j - 1]),
+            self.w,
+            self.pos,
+            nj,
             cert.c,
             cert.mu,
             cert.pw,
             cert.pwf,
             cert.lf,
+            self.inflate,
         )
         self.out.record(j, base, self.lo + self.e.size, self.g, t)
         self.out.src_env[j], self.out.src_star[j] = env + lev_j, p_star
@@ -360,16 +431,25 @@ class Level:
         cert = self.cert
         x = (
             float(cert.pos[-1])
-            - cert.pos[self.lo : self.lo + self.e.size]
+            - self.pos[self.lo : self.lo + self.e.size]
             - float(cert.gaps[cert.m])
         )
         live = self.e > 0.0
         if not live.any():
             return -math.inf
-        # in logs: a row far from the kernel's peak would underflow as a product
+        # in logs: a row far from the kernel's peak would underflow as a product (a block's
+        # intervals lie within span of its position: the kernel is at most e^draw_inflate
+        # times its value there)
         v = np.log(self.e[live]) - cert.c * np.abs(x[live]) - cert.mu * x[live]
         top = float(v.max())
-        return self.g + top + math.log(float(np.sum(np.exp(v - top))))
+        grow = 0.0 if self.blocks is None else self.blocks.draw_inflate
+        return self.g + top + math.log(float(np.sum(np.exp(v - top)))) + grow
+
+    def remainder(self) -> float:
+        """The max-norm bound on what this pass dropped, carried into the last draw."""
+        if self.blocks is None:
+            return self.cert._max_norm(self.out.t)
+        return self.blocks.remainder(self.out.t, float(self.cert.pos[-1]))
 
 
 class Cancelled(RuntimeError):
