@@ -263,7 +263,10 @@ class Forward:
         """The sweep's first draw (the pass's last block) set the certificate's target: the
         certificate is computed in a thread while the sweep draws its other blocks
         (:func:`~app.mechanisms.jointexp.draws.certificate_rejects` reads it after the
-        sweep). Its value is a function of the data alone, wherever it is computed."""
+        sweep). Its value is a function of the data alone, wherever it is computed. A small
+        pass (below :data:`STREAM_FROM` entries) computes it when it is read."""
+        if self.n1 * self.m < STREAM_FROM:
+            return
         if self._certified is None and self._checker is None and self.complete:
             self._checker = Background(functools.partial(self._certify, target))
 
