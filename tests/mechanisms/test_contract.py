@@ -60,10 +60,11 @@ def test_seeded_rng_is_deterministic_and_default_rng_is_fresh(name: str, data) -
     a = _run(mech, data, q, rng=np.random.default_rng(42))
     b = _run(mech, data, q, rng=np.random.default_rng(42))
     np.testing.assert_array_equal(a, b)
-    # rng=None draws from a fresh CSPRNG-keyed stream: two calls differ (continuous outputs)
-    c = _run(mech, data, q, rng=None)
-    d = _run(mech, data, q, rng=None)
-    assert not np.array_equal(c, d)
+    # rng=None draws from a fresh CSPRNG-keyed stream: calls differ (continuous outputs;
+    # CSmooth's land on a bound about one time in 20 at these settings, so two calls agree
+    # about one time in 1,400: five calls all agreeing, about 10^-8)
+    draws = {tuple(_run(mech, data, q, rng=None)) for _ in range(5)}
+    assert len(draws) >= 2
 
 
 @pytest.mark.parametrize("name", NAMES)
