@@ -70,6 +70,11 @@ LEVEL_GAIN = 700.0
 COARSE_MARGIN = 40.0
 #: the widest block span tried (and a coarse level only where it halves the entries)
 COARSE_SPAN_MAX = 1024
+#: error passes sum the transition over every stored entry (no window:
+#: :func:`~app.mechanisms.jointexp.kernels_linear.transition_majorant`, ~2x faster) where
+#: the terms it adds, each at most ``e^{-(c - mu) n_j}`` of its source, are this many
+#: e-folds down at every row (speed only: either is an upper bound)
+MAJORANT_FROM = 30.0
 _U = 2.0**-52
 
 
@@ -91,6 +96,7 @@ def error_row(
     pwf: np.ndarray,
     lf: float,
     inflate: float = 0.0,
+    majorant: bool = False,
 ) -> tuple[np.ndarray, int, int, float, float]:
     """``E_j = Ā_j E_{j-1} + s`` with ``s_i = e^{t_src}`` up to position ``p_star`` and
     ``min(e^{t_src}, e^{env - (c + mu) P_i})`` past it, from index ``src_lo`` on (0 left of
@@ -100,7 +106,10 @@ def error_row(
     computed from (nothing is dropped left of it), its log scale and its truncation floor
     (each entry exact to ``e^{floor}``: the transition's terms flushed
     below the smallest normal double of ``max(U, g)``, at most ~4 (d + 1) of them, and the
-    normalisation's). The widths are ``w e^{inflate}`` (a coarse pass's: :class:`Blocks`)."""
+    normalisation's). The widths are ``w e^{inflate}`` (a coarse pass's: :class:`Blocks`).
+    ``majorant``: the transition summed over every stored entry, not only the earlier ones
+    (:func:`~app.mechanisms.jointexp.kernels_linear.transition_majorant`: an entry-wise
+    larger operator, so still an upper bound; :data:`MAJORANT_FROM`)."""
     n1 = w.size
     rate0 = c + mu
     U = max(g_prev + inflate, t_src)  # (the unit: every term <= 1 in it)
@@ -122,7 +131,8 @@ def error_row(
             src_end = min(src_end, int(np.searchsorted(P, math.floor(reach), side="right")))
     src_end = max(src_end, src_lo)
     out = np.zeros(max(off + n_out, src_end - base, 0))
-    KL.transition_linear(
+    kernel = KL.transition_majorant if majorant else KL.transition_linear
+    kernel(
         e_prev,
         lo_prev,
         scale,
@@ -245,6 +255,8 @@ class Certificate:
         #: relative rounding of the error passes' sums of positive terms
         self.slack = (self.m + 1.0) * (4.0 * logw.size + 16.0) * _U + 1e-9
         self.g0 = 0.0  # row 1's maximum before normalising (set by :meth:`stream`)
+        inner = gaps[1 : self.m]
+        self.majorant = bool(inner.size) and (c - mu) * float(inner.min()) >= MAJORANT_FROM
 
     def _max_norm(self, floors: FloatArray) -> float:
         """The max-norm bound on what errors ``<= e^{floors_j}`` per entry carry into the
@@ -415,6 +427,7 @@ class Level:
             cert.pwf,
             cert.lf,
             self.inflate,
+            cert.majorant,
         )
         self.out.record(j, base, self.lo + self.e.size, self.g, t)
         self.out.src_env[j], self.out.src_star[j] = env + lev_j, p_star

@@ -159,6 +159,72 @@ def transition_linear(
     return count, top
 
 
+@numba.njit(cache=True, nogil=True)
+def transition_majorant(
+    T: np.ndarray,
+    lo: int,
+    scale: float,
+    w: np.ndarray,
+    P: np.ndarray,
+    nj: float,
+    c: float,
+    mu: float,
+    pw: np.ndarray,
+    pwf: np.ndarray,
+    SA: np.ndarray,
+    S: np.ndarray,
+) -> tuple[int, float]:
+    """An entry-wise upper bound of :func:`transition_linear` (same arguments and outputs):
+    the kernel summed over *every* stored ``u``, also ``u >= v`` (where ``D = P[lo+v] -
+    P[lo+u] <= 0``: each such term is at most ``e^{-(c - mu) nj}`` of ``T[u]``). Without the
+    window the near part is one suffix sum, ``H[k] = sum_{u >= k} T[u] r**(P[u] - P[k])``
+    (into ``SA``), read at the first ``u`` past the far pointer: two recursions and no
+    window stacks. Every sum adds non-negative terms whose partial sums carry a factor no
+    smaller than the one they finally get, as in :func:`transition_linear`. For the
+    certificate's error passes, where an upper bound is all that is asked."""
+    nT = T.size
+    n_out = min(S.size, w.size - lo)
+    Pl = P[lo : lo + n_out]
+    Pt = P[lo : lo + nT]
+    wl_ = w[lo : lo + n_out]
+    L = int(math.floor(nj))
+    f = nj - L
+    r_f = math.exp(-(c - mu) * f)
+    r_1mf = math.exp(-(c + mu) * (1.0 - f))
+    acc = 0.0
+    for k in range(nT - 1, -1, -1):
+        step = decay_power(pw, Pt[k + 1] - Pt[k]) if k < nT - 1 else 0.0
+        acc = T[k] + step * acc
+        SA[k] = acc
+    top = 0.0
+    t = -1  # far pointer: the last u with P[u] <= P[v] - L - 1
+    G = 0.0
+    Ptp = 0
+    count = 0
+    for v in range(n_out):
+        pv = Pl[v]
+        lim = pv - L - 1
+        while t + 1 < nT and Pt[t + 1] <= lim:
+            t += 1
+            pt = Pt[t]
+            G = T[t] + (decay_power(pwf, pt - Ptp) * G if t > 0 else 0.0)
+            Ptp = pt
+        a = 0.0
+        if t + 1 < nT:  # near part: every u > t (P[u] >= P[v] - L)
+            a = r_f * decay_power(pw, Pt[t + 1] - (pv - L)) * SA[t + 1]
+        far = 0.0
+        if t >= 0:
+            far = r_1mf * G * decay_power(pwf, pv - Ptp - L - 1)
+            a += far
+        val = wl_[v] * (scale * a)
+        S[v] = val
+        top = max(top, val)
+        count = v + 1
+        if t == nT - 1 and far == 0.0:
+            break  # past the row and the geometric tail is exactly zero
+    return count, top
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _nonzero_span(x: np.ndarray, lo: int, hi: int) -> tuple[int, int]:
     """The first and one past the last index in [lo, hi) where ``x`` is not 0.0 (an empty
