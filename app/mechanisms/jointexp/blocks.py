@@ -9,7 +9,7 @@ import math
 import numba
 import numpy as np
 
-from app.mechanisms.jointexp.error_bound import ErrorBound, width_blocks
+from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.validation import FloatArray, IntArray
 
 
@@ -80,9 +80,10 @@ class Blocks:
     and the repeat term ``e^{-(c - mu) n_j} / 2`` together are at most ``I`` times the
     repeat term. So the coarse pass is an error pass of the block problem, and what it drops
     is charged by the block problem's max-norm bound (:attr:`errors`); the last draw's
-    kernel over a block is at most ``e^k`` times its value at ``Q_B``. It costs about ``k +
-    log 2`` e-folds per row and holds ``1 / (span + 1)`` of the entries or fewer; it runs only
-    where the certificate can spare that (:meth:`Certificate.log_bound`)."""
+    kernel over a block is at most ``e^k`` times its value at ``Q_B``. It costs about ``log I
+    + log(span + 1)`` e-folds per row (the factor and the sums) and holds about one entry per
+    ``span + 1`` positions; it runs only where the certificate can spare that
+    (:meth:`Certificate.log_bound`)."""
 
     def __init__(
         self, pos: IntArray, w: FloatArray, span: int, c: float, mu: float, gaps: FloatArray
@@ -103,13 +104,12 @@ class Blocks:
         self.inflate = float(logw.max())
         self.w = np.exp(logw - self.inflate)
         #: the block problem's max-norm bound (for what the coarse pass drops)
-        self.errors = ErrorBound(logw, self.pos, gaps, c, mu, width_blocks(logw, self.pos))
-        self.gaps = gaps
+        self.errors = ErrorBound(logw, self.pos, gaps, c, mu)
 
     def remainder(self, floors: FloatArray, n: float) -> float:
         """The max-norm bound on what errors ``<= e^{floors_j}`` per block carry into the
         last draw (at ``n - n_{m+1}``, over every block), times the draw's factor."""
-        m = self.gaps.size - 1
-        norms = self.errors.norms(floors)
-        t = n - float(self.gaps[m])
-        return self.errors.at_draw(norms[m], m, t, self.pos.size) + self.draw_inflate
+        errors = self.errors
+        m = errors.m
+        t = n - float(errors.gaps[m])
+        return errors.at_draw(errors.norms(floors)[m], m, t, self.pos.size) + self.draw_inflate

@@ -282,7 +282,8 @@ class Forward:
             if checker is not None and not self._stop.is_set():
                 self._certified = checker.join()
             else:
-                self._stop = threading.Event()  # (a pass given up, drawn from after all)
+                if self._stop.is_set():  # a pass given up, drawn from after all
+                    self._stop = threading.Event()
                 self._certified = self._certify(target)
         return self._certified
 
