@@ -56,7 +56,9 @@ def _case(seed: int):
     elif kind == 2:  # narrow data, one wide gap in the middle
         logw[d1 // 2] += 37.0
     zero = rng.random(d1) < 0.1
-    zero[[0, -1]] = False
+    # an end interval of zero width (data at a bound) one time in five: it holds exactly 0
+    # in every row, and the bound charges it nothing
+    zero[0], zero[-1] = np.random.default_rng([seed, 99]).random(2) < 0.2
     logw[zero] = -math.inf
     logw -= logw[np.isfinite(logw)].max()
     n = int(pos[-1])
@@ -255,6 +257,11 @@ def _reference_norms(eb: E.ErrorBound, floors: np.ndarray) -> np.ndarray:
     m, c, mu = eb.m, eb.c, eb.mu
     rows = [[-math.inf] * (2 * count + 1) for _ in range(m + 1)]
     rows[1] = [float(floors[1])] * (2 * count + 1)
+    # a zero-width end interval holds exactly 0 in every row: no floor there
+    fl0 = (lambda fl: fl) if eb.lw0 > -math.inf else (lambda fl: -math.inf)
+    fld = (lambda fl: fl) if eb.lwd > -math.inf else (lambda fl: -math.inf)
+    rows[1][count] = fl0(rows[1][count])
+    rows[1][count + 1 :] = [fld(v) for v in rows[1][count + 1 :]]
     half = math.log(0.5)
     for j in range(2, m + 1):
         nj = float(eb.gaps[j - 1])
@@ -262,7 +269,7 @@ def _reference_norms(eb: E.ErrorBound, floors: np.ndarray) -> np.ndarray:
         prev, cur = rows[j - 1], rows[j]
         stay = half - (c - mu) * nj
         e0_prev = prev[count]
-        cur[count] = E._lae(e0_prev + eb.lw0 + stay, fl)
+        cur[count] = E._lae(e0_prev + eb.lw0 + stay, fl0(fl))
         for s in range(count):
             n_prev, ed_prev = prev[s], prev[count + 1 + s]
             dr = float(eb.d_right[s])
@@ -274,7 +281,7 @@ def _reference_norms(eb: E.ErrorBound, floors: np.ndarray) -> np.ndarray:
             into = n_prev + eb._psi(s, j - 1, eb.pd - nj) + k_prev
             into = E._lae(into, e0_prev + eb._log_k(eb.pd - eb.p0 - nj))
             into = E._lae(into, ed_prev + stay)
-            cur[count + 1 + s] = E._lae(eb.lwd + into, fl)
+            cur[count + 1 + s] = E._lae(eb.lwd + into, fld(fl))
     return np.array(rows, dtype=np.float64)
 
 

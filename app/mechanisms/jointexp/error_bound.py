@@ -331,15 +331,22 @@ def norms_kernel(
     count = hop.shape[0]
     m = floors.size - 1
     rows = np.full((m + 1, 2 * count + 1), NEG_INF)
+    # an end interval of zero width holds exactly 0.0 in every row: it drops nothing
+    end0 = lw0 > NEG_INF
+    endd = lwd > NEG_INF
     if m >= 1:
         rows[1, :] = floors[1]
+        if not end0:
+            rows[1, count] = NEG_INF
+        if not endd:
+            rows[1, count + 1 :] = NEG_INF
     half = math.log(0.5)
     for j in range(2, m + 1):
         nj = gaps[j - 1]
         fl = floors[j]
         stay = half - (c - mu) * nj  # a repeat's kernel factor, before its width
         e0_prev = rows[j - 1, count]
-        rows[j, count] = _lae_nb(e0_prev + lw0 + stay, fl)
+        rows[j, count] = _lae_nb(e0_prev + lw0 + stay, fl if end0 else NEG_INF)
         for s in range(count):
             n_prev = rows[j - 1, s]
             ed_prev = rows[j - 1, count + 1 + s]
@@ -361,5 +368,5 @@ def norms_kernel(
             x = pd - p0 - nj
             into = _lae_nb(into, e0_prev + (-c * abs(x) - mu * x))
             into = _lae_nb(into, ed_prev + stay)
-            rows[j, count + 1 + s] = _lae_nb(lwd + into, fl)
+            rows[j, count + 1 + s] = _lae_nb(lwd + into, fl if endd else NEG_INF)
     return rows

@@ -30,7 +30,7 @@ import numpy as np
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import kernels_scaled as KS
-from app.mechanisms.jointexp.certificate import Background, Certificate, Spans, Stream
+from app.mechanisms.jointexp.certificate import Certificate, Spans
 from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.jointexp.profile import Profile
 from app.mechanisms.jointexp.range_rule import (
@@ -48,6 +48,7 @@ from app.mechanisms.jointexp.range_rule import (
 from app.mechanisms.jointexp.rows import Inputs, Row, row_span, summed_levels, to_scaled
 from app.mechanisms.jointexp.storage import RowStore
 from app.mechanisms.jointexp.strategy import LOG_KEEP, PROBE_KEEP
+from app.mechanisms.jointexp.threads import Background, Stream
 from app.mechanisms.validation import FloatArray, IntArray
 
 #: Longest decay distance tabled for the extended-range kernel (longer ones call exp).
