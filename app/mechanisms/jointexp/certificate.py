@@ -176,9 +176,9 @@ def error_row(
     top = 0.0
     for v in range(a, b):
         top = max(top, out[v])
-    res = np.empty(b - a)
-    for v in range(a, b):
-        res[v - a] = out[v] / top
+    res = out[a:b]  # normalised in place (a view: no second row allocated and copied)
+    for v in range(res.size):
+        res[v] /= top
     g = U + math.log(top)
     return res, base + a, base, g, max(U, g) - lf + math.log(2.0)
 
