@@ -14,6 +14,7 @@ test can fail).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -217,27 +218,36 @@ def test_a_coarse_pass_without_its_kernel_factor_is_caught() -> None:
 
 
 @contextmanager
-def _lowered_sources(by: float) -> Iterator[None]:
-    """Every error pass's sources lowered by ``by`` e-folds (a wrong certificate)."""
-    row, first = CE.error_row, CE.first_sources
+def lowered(
+    module: object, row: str, first: str, by: float, t_at: int, env_at: int
+) -> Iterator[None]:
+    """``module``'s error-pass row kernel ``row`` (its source level at argument ``t_at``,
+    its envelope at ``env_at``) and row-1 sources ``first`` (values, then anything) lowered
+    by ``by`` e-folds: a wrong certificate, for the negative controls."""
+    saved_row, saved_first = getattr(module, row), getattr(module, first)
 
     def low_row(*args: object) -> object:
         a = list(args)
-        a[3] = float(a[3]) - by  # t_src
-        a[5] = float(a[5]) - by  # the envelope
-        return row(*a)
+        a[t_at] = float(a[t_at]) - by  # type: ignore[arg-type]
+        a[env_at] = float(a[env_at]) - by  # type: ignore[arg-type]
+        return saved_row(*a)
 
-    def low_first(*args: object) -> tuple[np.ndarray, int]:
-        lsrc, at = first(*args)
-        return lsrc - by, at
+    def low_first(*args: object) -> tuple[np.ndarray, object]:
+        vals, rest = saved_first(*args)
+        return vals - by, rest
 
-    CE.error_row = low_row  # type: ignore[assignment]
-    CE.first_sources = low_first  # type: ignore[assignment]
+    setattr(module, row, low_row)
+    setattr(module, first, low_first)
     try:
         yield
     finally:
-        CE.error_row = row  # type: ignore[assignment]
-        CE.first_sources = first  # type: ignore[assignment]
+        setattr(module, row, saved_row)
+        setattr(module, first, saved_first)
+
+
+def _lowered_sources(by: float) -> contextlib.AbstractContextManager[None]:
+    """Every linear error pass's sources lowered by ``by`` e-folds."""
+    return lowered(CE, "error_row", "first_sources", by, 3, 5)
 
 
 def test_the_certificate_bounds_the_mass_a_tilted_pass_dropped() -> None:

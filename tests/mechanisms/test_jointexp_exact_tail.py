@@ -11,8 +11,6 @@ input at large ε that used to go to the log pass is now certified on its tilted
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 from scipy.special import logsumexp
@@ -24,7 +22,7 @@ from app.mechanisms.jointexp import exact_tail as ET
 from app.mechanisms.jointexp.mechanism import support_inputs
 from app.mechanisms.jointexp.rows import collapse_cap
 from tests.mechanisms import law_audit as LA
-from tests.mechanisms.test_jointexp_certificate import CASES, _exact, _sample
+from tests.mechanisms.test_jointexp_certificate import CASES, _exact, _sample, lowered
 
 
 def _dense_row(le, lo, t_src, src_lo, env, p_star, lw, P, nj, c, mu) -> np.ndarray:
@@ -111,34 +109,10 @@ def test_the_tail_in_logs_bounds_the_mass_a_tilted_pass_dropped() -> None:
     assert checked >= 40, checked
 
 
-@contextmanager
-def _lowered_tail(by: float) -> Iterator[None]:
-    """The tail's sources lowered by ``by`` e-folds (a wrong bound)."""
-    row, first = ET.log_error_row, ET.log_first_row
-
-    def low_row(*args: object) -> object:
-        a = list(args)
-        a[2] = float(a[2]) - by  # type: ignore[arg-type]  # t_src
-        a[4] = float(a[4]) - by  # type: ignore[arg-type]  # the envelope
-        return row(*a)
-
-    def low_first(*args: object) -> tuple[np.ndarray, float]:
-        vals, big = first(*args)
-        return vals - by, big
-
-    ET.log_error_row = low_row  # type: ignore[assignment]
-    ET.log_first_row = low_first  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        ET.log_error_row = row  # type: ignore[assignment]
-        ET.log_first_row = first  # type: ignore[assignment]
-
-
 def test_a_tail_with_lowered_sources_is_caught() -> None:
     """The negative control: the tail alone on the rows, its sources 800 e-folds low."""
     caught = 0
-    with _lowered_tail(800.0):
+    with lowered(ET, "log_error_row", "log_first_row", 800.0, 2, 4):
         for index in range(CASES):
             got = _tail_bounds(index)
             if got is not None and got[0] > got[1] + 1e-9:

@@ -36,17 +36,9 @@ import math
 import numba
 import numpy as np
 
+from app.mechanisms.jointexp.error_bound import _lae_nb as _lae
+
 _U = 2.0**-52
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _lae(a: float, b: float) -> float:
-    """log(e^a + e^b), -inf absorbing nothing."""
-    if a < b:
-        a, b = b, a
-    if b == -np.inf:
-        return a
-    return a + math.log1p(math.exp(b - a))
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
