@@ -27,6 +27,7 @@ from app.mechanisms.fpmode import flush_subnormals
 from app.mechanisms.histogram import support_from_grid
 from app.mechanisms.jointexp import blocks as BK
 from app.mechanisms.jointexp import certificate as CE
+from app.mechanisms.jointexp import exact_tail as ET
 from app.mechanisms.jointexp import forward as FW
 from app.mechanisms.jointexp.accept import tilt_constant
 from app.mechanisms.jointexp.mechanism import MEMORY_BUDGET_BYTES, support_inputs, tilted_pass
@@ -218,13 +219,14 @@ def test_a_coarse_pass_without_its_kernel_factor_is_caught() -> None:
 
 
 @contextmanager
-def lowered(
-    module: object, row: str, first: str, by: float, t_at: int, env_at: int
-) -> Iterator[None]:
-    """``module``'s error-pass row kernel ``row`` (its source level at argument ``t_at``,
-    its envelope at ``env_at``) and row-1 sources ``first`` (values, then anything) lowered
-    by ``by`` e-folds: a wrong certificate, for the negative controls."""
-    saved_row, saved_first = getattr(module, row), getattr(module, first)
+def lowered(row: str, by: float, t_at: int, env_at: int) -> Iterator[None]:
+    """The error-pass row kernel ``row`` of :mod:`exact_tail` or :mod:`certificate` (its
+    source level at argument ``t_at``, its envelope at ``env_at``) and the row-1 sources
+    (:func:`~app.mechanisms.jointexp.certificate.first_sources`) lowered by ``by`` e-folds:
+    a wrong certificate, for the negative controls."""
+    module = ET if hasattr(ET, row) else CE
+    first = "first_sources"
+    saved_row, saved_first = getattr(module, row), getattr(CE, first)
 
     def low_row(*args: object) -> object:
         a = list(args)
@@ -237,17 +239,17 @@ def lowered(
         return vals - by, rest
 
     setattr(module, row, low_row)
-    setattr(module, first, low_first)
+    setattr(CE, first, low_first)
     try:
         yield
     finally:
         setattr(module, row, saved_row)
-        setattr(module, first, saved_first)
+        setattr(CE, first, saved_first)
 
 
 def _lowered_sources(by: float) -> contextlib.AbstractContextManager[None]:
     """Every linear error pass's sources lowered by ``by`` e-folds."""
-    return lowered(CE, "error_row", "first_sources", by, 3, 5)
+    return lowered("error_row", by, 3, 5)
 
 
 def test_the_certificate_bounds_the_mass_a_tilted_pass_dropped() -> None:

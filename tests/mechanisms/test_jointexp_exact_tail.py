@@ -112,7 +112,7 @@ def test_the_tail_in_logs_bounds_the_mass_a_tilted_pass_dropped() -> None:
 def test_a_tail_with_lowered_sources_is_caught() -> None:
     """The negative control: the tail alone on the rows, its sources 800 e-folds low."""
     caught = 0
-    with lowered(ET, "log_error_row", "log_first_row", 800.0, 2, 4):
+    with lowered("log_error_row", 800.0, 2, 4):
         for index in range(CASES):
             got = _tail_bounds(index)
             if got is not None and got[0] > got[1] + 1e-9:

@@ -212,10 +212,12 @@ def first_sources(
     mu: float,
     g0: float,
     cap: float,
+    window: float = 760.0,
 ) -> tuple[np.ndarray, int]:
     """``min(log closed form of row 1, cap)`` (on the common scale: less ``g0``) over the
-    intervals where it is within 760 e-folds of its largest value (the rest would be
-    flushed by the error pass, which then drops it), and the first of those intervals."""
+    intervals where it is within ``window`` e-folds of its largest value (the rest would be
+    flushed by a linear error pass, which then drops it; the pass in logs takes every
+    interval: ``window`` inf), and the first of those intervals."""
     n = logw.size
     vals = np.empty(n)
     top = -np.inf
@@ -225,10 +227,10 @@ def first_sources(
         vals[i] = v
         top = max(top, v)
     a = 0
-    while a < n and not (vals[a] >= top - 760.0):
+    while a < n and not (vals[a] >= top - window):
         a += 1
     b = n
-    while b > a and not (vals[b - 1] >= top - 760.0):
+    while b > a and not (vals[b - 1] >= top - window):
         b -= 1
     return vals[a:b].copy(), a
 
@@ -384,6 +386,18 @@ class Certificate:
         return self.level(rows, True)
 
 
+def envelope(cert: Certificate, src: Spans, j: int) -> tuple[float, float]:
+    """What ``src``'s row j dropped past ``p*`` is at most ``e^{env - (c + mu) P}``: its
+    transition's far part from row j - 1, plus the sources it left out (as ``(env, p*)``)."""
+    hi = int(src.hi[j - 1])
+    g_prev = float(src.g[j - 1])
+    if hi <= 0 or not math.isfinite(g_prev):
+        return float(src.src_env[j]), float(src.src_star[j])
+    p_star = float(cert.pos[hi - 1]) + float(cert.gaps[j - 1])
+    env = g_prev - cert.log_q + (cert.c + cert.mu) * p_star
+    return _lse([env, float(src.src_env[j])]), max(p_star, float(src.src_star[j]))
+
+
 class Level:
     """One error pass, row by row: :meth:`row` j once ``src`` holds rows j - 1 and j."""
 
@@ -409,19 +423,6 @@ class Level:
         self.e = np.exp(lsrc - self.g) if math.isfinite(self.g) else np.zeros(0)
         self.out.record(1, a, a + lsrc.size, self.g, self.g - cert.lf + math.log(2.0))
 
-    def _envelope(self, j: int) -> tuple[float, float]:
-        """What ``src``'s row j dropped past ``p*`` is at most ``e^{env - (c + mu) P}``:
-        its transition's far part from row j - 1, plus the sources it left out (as
-        ``(env, p*)``)."""
-        cert, src = self.cert, self.src
-        hi = int(src.hi[j - 1])
-        g_prev = float(src.g[j - 1])
-        if hi <= 0 or not math.isfinite(g_prev):
-            return float(src.src_env[j]), float(src.src_star[j])
-        p_star = float(cert.pos[hi - 1]) + float(cert.gaps[j - 1])
-        env = g_prev - cert.log_q + (cert.c + cert.mu) * p_star
-        return _lse([env, float(src.src_env[j])]), max(p_star, float(src.src_star[j]))
-
     def row(self, j: int) -> None:
         """Row j (2 <= j <= m) from row j - 1."""
         if self.cert.stop.is_set():
@@ -430,7 +431,7 @@ class Level:
             return
         cert, src, blocks = self.cert, self.src, self.blocks
         lev_j = (math.log(j) if self.levels else 0.0) + self.src_count
-        env, p_star = self._envelope(j)
+        env, p_star = envelope(self.cert, self.src, j)
         nj = float(cert.gaps[j - 1])
         src_lo = int(src.lo[j])
         if blocks is not None:
@@ -490,21 +491,32 @@ class Level:
         return self.blocks.remainder(self.out.t, float(self.cert.pos[-1]))
 
 
-class LogLevel(Level):
-    """The last error pass, in logs over every interval (:mod:`exact_tail`): the same
-    sources and a transition no smaller, nothing dropped, so its result is the whole bound
-    on what ``src`` dropped (no :meth:`remainder`)."""
+class LogLevel:
+    """The last error pass, in logs over every interval (:mod:`exact_tail`): the sources of
+    :class:`Level` and a transition no smaller, nothing dropped, so its result is the whole
+    bound on what ``src`` dropped (``levels``: ``src`` is the forward rows)."""
 
     def __init__(self, cert: Certificate, src: Spans, levels: bool) -> None:
-        self.cert, self.src, self.levels, self.blocks = cert, src, levels, None
-        self.out = Spans(cert.m)
+        self.cert, self.src, self.levels = cert, src, levels
         with np.errstate(divide="ignore"):
             self.lw = np.log(cert.w)
-        self.le, self.big = ET.log_first_row(
-            cert.logw, cert.pos, float(cert.gaps[0]), cert.c, cert.mu, cert.g0, float(src.t[1])
+        n_1 = float(cert.gaps[0])
+        self.le, self.lo = first_sources(
+            cert.logw, cert.pos, n_1, cert.c, cert.mu, cert.g0, float(src.t[1]), math.inf
         )
-        self.lo = 0
+        finite = self.le[np.isfinite(self.le)]
+        far = max(abs(float(cert.pos[0]) - n_1), abs(float(cert.pos[-1]) - n_1))
+        self.big = max(
+            float(np.abs(finite).max()) if finite.size else 0.0,
+            abs(cert.g0),
+            (cert.c + abs(cert.mu)) * far,
+        )
         self.ops = 2
+
+    def run(self) -> None:
+        """Rows 2..m."""
+        for j in range(2, self.cert.m + 1):
+            self.row(j)
 
     def row(self, j: int) -> None:
         """Row j (2 <= j <= m) from row j - 1."""
@@ -512,7 +524,7 @@ class LogLevel(Level):
             raise Cancelled
         cert, src = self.cert, self.src
         lev_j = math.log(j) if self.levels else 0.0
-        env, p_star = self._envelope(j)
+        env, p_star = envelope(self.cert, self.src, j)
         le, base, big = ET.log_error_row(
             self.le,
             self.lo,
@@ -545,9 +557,6 @@ class LogLevel(Level):
         """What the pass's log arithmetic can have lowered its result by (read after
         :meth:`result`)."""
         return ET.rounding(self.big, self.ops)
-
-    def remainder(self) -> float:
-        return -math.inf
 
 
 def _lse(values: list[float]) -> float:

@@ -76,8 +76,8 @@ def log_error_row(
     out = np.full(n1 - base, -np.inf)
     big = 0.0
     if n_t > 0:
-        far = np.full(n1 - lo_prev, -np.inf)
-        # far part: sources u with P_u < P_v - n_j, weight e^{-(c + mu)(P_v - n_j - P_u)}
+        # far part (into ``out``, read back by the near part's scan): sources u with
+        # P_u < P_v - n_j, weight e^{-(c + mu)(P_v - n_j - P_u)}
         acc = -np.inf
         pref = 0.0
         k = 0
@@ -92,7 +92,7 @@ def log_error_row(
                     big = max(big, _mag(acc), _mag(x))
                 k += 1
             if acc > -np.inf:
-                far[v - lo_prev] = acc - rf * (pv - pref)
+                out[v - base] = acc - rf * (pv - pref)
         # near part: every stored u with P_u >= P_v - n_j (also u >= v: the majorant),
         # weight e^{-(c - mu)(P_u - (P_v - n_j))}, a suffix scan
         acc = -np.inf
@@ -111,15 +111,15 @@ def log_error_row(
                 k -= 1
             near = acc - rn * (pref - pv) if acc > -np.inf else -np.inf
             lwv = lw[v]
+            far = out[v - base]
             if lwv == -np.inf:
+                out[v - base] = -np.inf
                 continue
-            s = _lae(far[v - lo_prev], near)
+            s = _lae(far, near)
             if v < lo_prev + n_t and le_prev[v - lo_prev] > -np.inf:
                 s = _lae(s, stay + le_prev[v - lo_prev])
-            if s > -np.inf:
-                val = lwv + s
-                out[v - base] = val
-                big = max(big, _mag(val), _mag(far[v - lo_prev]), abs(pv) * max(rf, rn))
+            out[v - base] = lwv + s
+            big = max(big, _mag(out[v - base]), _mag(far), abs(pv) * max(rf, rn))
     rate = c + mu
     for i in range(src_lo, n1):
         if lw[i] == -np.inf:  # a zero width: every row's entry is exactly 0, none dropped
@@ -129,25 +129,6 @@ def log_error_row(
         big = max(big, _mag(ls), _mag(env), rate * abs(p))
         out[i - base] = _lae(out[i - base], ls)
     return out, base, big
-
-
-@numba.njit(cache=True, nogil=True)
-def log_first_row(
-    logw: np.ndarray, P: np.ndarray, n_1: float, c: float, mu: float, g0: float, cap: float
-) -> tuple[np.ndarray, float]:
-    """Row 1's sources over every interval: ``min(log closed form, cap)`` (as
-    :func:`~app.mechanisms.jointexp.certificate.first_sources`, without its window), and
-    the largest magnitude met."""
-    n = logw.size
-    vals = np.empty(n)
-    big = 0.0
-    for i in range(n):
-        x = float(P[i]) - n_1
-        v = min(logw[i] - c * abs(x) - mu * x - g0, cap)
-        vals[i] = v
-        if v > -np.inf:
-            big = max(big, _mag(v), _mag(g0), (c + abs(mu)) * abs(x))
-    return vals, big
 
 
 @numba.njit(cache=True, nogil=True)
