@@ -54,6 +54,7 @@ import numpy as np
 
 from app.mechanisms.jointexp import exact_tail as ET
 from app.mechanisms.jointexp import kernels_linear as KL
+from app.mechanisms.jointexp import smoothed_norm as SN
 from app.mechanisms.jointexp.blocks import Blocks, block_log_factor, block_log_sums
 from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.jointexp.threads import Cancelled, Stream
@@ -266,12 +267,21 @@ class Certificate:
         self.g0 = 0.0  # row 1's maximum before normalising (set by :meth:`stream`)
         inner = gaps[1 : self.m]
         self.majorant = bool(inner.size) and (c - mu) * float(inner.min()) >= MAJORANT_FROM
+        #: the smoothed widths' hops, once the plain max-norm remainder has not certified
+        self._smooth: FloatArray | None = None
 
-    def _max_norm(self, floors: FloatArray) -> float:
+    def _max_norm(self, floors: FloatArray, smooth: bool = False) -> float:
         """The max-norm bound on what errors ``<= e^{floors_j}`` per entry carry into the
-        last draw (at ``n - n_{m+1}``, over every interval)."""
+        last draw (at ``n - n_{m+1}``, over every interval); with the widths smoothed by the
+        kernel (:mod:`~app.mechanisms.jointexp.smoothed_norm`, never larger) once ``smooth``
+        has been asked for."""
         m = self.m
-        norms = self.errors.norms(floors)
+        if smooth or self._smooth is not None:
+            norms, self._smooth = SN.smoothed_norms(
+                self.errors, self.logw, self.pos, floors, self._smooth
+            )
+        else:
+            norms = self.errors.norms(floors)
         t = float(self.pos[-1]) - float(self.gaps[m])
         return self.errors.at_draw(norms[m], m, t, self.logw.size)
 
@@ -298,6 +308,11 @@ class Certificate:
             counted = level
             rest = self._max_norm(level.out.t)
             bound = _lse([*parts, rest]) + self.slack
+            if bound > target and self._smooth is None and _lse(parts) + self.slack <= target:
+                # the plain remainder compounds the widest width at every row: from here on
+                # the one that reads the widths where the kernel meets them (never larger)
+                rest = self._max_norm(level.out.t, smooth=True)
+                bound = _lse([*parts, rest]) + self.slack
             if bound <= target or _lse(parts) + self.slack > target:
                 return bound  # certified, or no further level can certify it
             if math.isfinite(prev_rest):
