@@ -34,7 +34,9 @@ Each error pass drops only what is ~708 e-folds below its own rows (a flushed so
 term, within its floor ``e^{t^E_j}``; sources below that are not added at all), and the
 next error pass takes those up by the same rules; after the last one, what it dropped is
 charged by the position-aware max-norm bound of :mod:`~app.mechanisms.jointexp.error_bound`
-(loose by hundreds to thousands of e-folds, but applied ~708 e-folds below each level).
+(loose by hundreds to thousands of e-folds, but applied ~708 e-folds below each level;
+where it does not certify, the same bound with the widths read at the sources, summed
+under the kernel, :mod:`~app.mechanisms.jointexp.smoothed_norm`, never larger).
 Levels are added while the bound is above its target (at most :data:`LEVELS`); where the
 max-norm remainder keeps it there, one more error pass in logs (:class:`LogLevel`,
 :mod:`~app.mechanisms.jointexp.exact_tail`), which drops nothing, replaces the remainder.
