@@ -222,7 +222,7 @@ def test_a_coarse_pass_without_its_kernel_factor_is_caught() -> None:
 def lowered(row: str, by: float, t_at: int, env_at: int) -> Iterator[None]:
     """The error-pass row kernel ``row`` of :mod:`exact_tail` or :mod:`certificate` (its
     source level at argument ``t_at``, its envelope at ``env_at``) and the row-1 sources
-    (:func:`~app.mechanisms.jointexp.certificate.first_sources`) lowered by ``by`` e-folds:
+    (:func:`~app.mechanisms.jointexp.spans.first_sources`) lowered by ``by`` e-folds:
     a wrong certificate, for the negative controls."""
     module = ET if hasattr(ET, row) else CE
     first = "first_sources"
@@ -376,11 +376,11 @@ def test_a_sweep_whose_certificate_fails_is_redrawn_from_the_log_pass() -> None:
     assert rejected >= 20, rejected
 
 
-def _tilted_clamped() -> tuple[object, object, np.ndarray, float]:
-    """The tilted pass the sampler runs on :func:`_clamped_inputs` (n = 10^5, m = 99)."""
+def _tilted_clamped(m: int = 99) -> tuple[object, object, np.ndarray, float]:
+    """The tilted pass the sampler runs on :func:`_clamped_inputs` (n = 10^5)."""
     from app.mechanisms.jointexp import mechanism as MX
 
-    inputs, gaps, c = _clamped_inputs(100_000, 99, 1.0)
+    inputs, gaps, c = _clamped_inputs(100_000, m, 1.0)
     inputs = inputs.collapsed(collapse_cap(gaps))  # type: ignore[attr-defined]
     with flush_subnormals():
         fwd = MX.forward_pass(
@@ -561,3 +561,49 @@ def test_the_certificate_with_the_majorant_everywhere_bounds_the_dropped_mass() 
     finally:
         CE.MAJORANT_FROM = saved  # type: ignore[misc]
     assert checked >= 40, checked
+
+
+def test_a_second_level_run_beside_the_first_is_the_one_run_after_it() -> None:
+    """Passes with many rows run the second error pass beside the first, on its rows as they
+    come (``FOLLOW_FROM``): where the certificate needs it (m = 299 at n = 10^5: the first
+    level's remainder is above its exact part), the value is bit for bit the one computed
+    with the second level run after the first; a pass given up stops both threads."""
+    saved = FW.FOLLOW_FROM
+    counts: list[str] = []
+    saved_result = CE.Level.result
+
+    def counted(self: CE.Level) -> float:
+        counts.append("follower" if self is followed else "level")
+        return saved_result(self)
+
+    try:
+        FW.FOLLOW_FROM = 1  # type: ignore[misc]
+        fwd_a, _, _, _ = _tilted_clamped(299)
+        fwd_c, _, _, _ = _tilted_clamped(299)
+        FW.FOLLOW_FROM = 10**9  # type: ignore[misc]
+        fwd_b, _, _, _ = _tilted_clamped(299)
+    finally:
+        FW.FOLLOW_FROM = saved  # type: ignore[misc]
+    first_a = fwd_a._stream.join()  # type: ignore[attr-defined]
+    assert first_a is not None and first_a.follower is not None
+    assert fwd_b._stream.join().follower is None  # type: ignore[attr-defined]
+    followed = first_a.follower.level
+    # a target above the first level's exact part and below its remainder: a second level
+    target = first_a.result() + 1.0
+    CE.Level.result = counted  # type: ignore[method-assign]
+    try:
+        with flush_subnormals():
+            got = fwd_a.certified_error(target)  # type: ignore[attr-defined]
+            want = fwd_b.certified_error(target)  # type: ignore[attr-defined]
+    finally:
+        CE.Level.result = saved_result  # type: ignore[method-assign]
+    assert "follower" in counts  # the second level read was the one run beside the first
+    assert got == want and math.isfinite(got)
+    # given up: the first error pass and its follower stop
+    first_c = fwd_c._stream.level  # type: ignore[attr-defined]
+    fwd_c.abandon()  # type: ignore[attr-defined]
+    assert fwd_c._stream.join() is None  # type: ignore[attr-defined]
+    follower = first_c.follower
+    assert follower is not None
+    follower._thread.join(timeout=60)
+    assert not follower._thread.is_alive()

@@ -59,6 +59,7 @@ from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import smoothed_norm as SN
 from app.mechanisms.jointexp.blocks import Blocks, block_log_factor, block_log_sums
 from app.mechanisms.jointexp.error_bound import ErrorBound
+from app.mechanisms.jointexp.spans import Spans, first_sources
 from app.mechanisms.jointexp.threads import Cancelled, Stream
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -83,6 +84,10 @@ MAJORANT_FROM = 30.0
 #: the most entries (intervals x rows) the last error pass in logs runs on (~0.1 us each:
 #: ~3 s at the limit; a log pass over as many entries takes several times as long)
 EXACT_TAIL_MAX = 1 << 25
+#: rows from which the first error pass is followed by the second one, run beside it on
+#: its rows as they come rather than after it (speed only: with as many rows the first
+#: level's remainder has not certified on any shape measured, m = 499 and 999)
+FOLLOW_FROM = 250
 _U = 2.0**-52
 
 
@@ -186,58 +191,6 @@ def error_row(
     return res, base + a, base, g, max(U, g) - lf + math.log(2.0)
 
 
-class Spans:
-    """Per row j = 1..m of one pass (the forward rows or an error pass): the first index
-    where it may have dropped something (left of it, the exact transition of what the row
-    before holds is 0.0), one past its last non-zero entry, the log of its maximum and its
-    truncation floor, on the pass's common scale; and, for an error pass, the envelope of
-    the sources it was given past position ``src_star`` (``e^{src_env - (c + mu) P}``, which
-    it may have left out where they are below its floor; -inf for the rows)."""
-
-    def __init__(self, m: int) -> None:
-        self.lo = np.zeros(m + 1, dtype=np.int64)
-        self.hi = np.zeros(m + 1, dtype=np.int64)
-        self.g = np.full(m + 1, -math.inf)
-        self.t = np.full(m + 1, -math.inf)
-        self.src_env = np.full(m + 1, -math.inf)
-        self.src_star = np.full(m + 1, -math.inf)
-
-    def record(self, j: int, lo: int, hi: int, g: float, t: float) -> None:
-        self.lo[j], self.hi[j], self.g[j], self.t[j] = lo, hi, g, t
-
-
-@numba.njit(cache=True, nogil=True)
-def first_sources(
-    logw: np.ndarray,
-    P: np.ndarray,
-    n_1: float,
-    c: float,
-    mu: float,
-    g0: float,
-    cap: float,
-    window: float = 760.0,
-) -> tuple[np.ndarray, int]:
-    """``min(log closed form of row 1, cap)`` (on the common scale: less ``g0``) over the
-    intervals where it is within ``window`` e-folds of its largest value (the rest would be
-    flushed by a linear error pass, which then drops it; the pass in logs takes every
-    interval: ``window`` inf), and the first of those intervals."""
-    n = logw.size
-    vals = np.empty(n)
-    top = -np.inf
-    for i in range(n):
-        x = P[i] - n_1
-        v = min(logw[i] - c * abs(x) - mu * x - g0, cap)
-        vals[i] = v
-        top = max(top, v)
-    a = 0
-    while a < n and not (vals[a] >= top - window):
-        a += 1
-    b = n
-    while b > a and not (vals[b - 1] >= top - window):
-        b -= 1
-    return vals[a:b].copy(), a
-
-
 class Certificate:
     """The certificate of one tilted linear pass (module docstring): built from the pass's
     rows' spans and floors as it runs; :meth:`log_bound` at the last draw."""
@@ -296,6 +249,16 @@ class Certificate:
         """log of an upper bound on ``D·Z`` (the mass of the sequences through an entry the
         pass dropped) on the pass's common scale; error passes are added while the bound is
         above ``target`` (at most :data:`LEVELS`). ``first``: the first error pass, run."""
+        # the second level, when it ran beside the first (joined only if it is needed)
+        pending = first.follower
+        try:
+            return self._levels(rows, target, first, pending)
+        finally:
+            if pending is not None:
+                pending.cancel()  # (no-op if joined: it has finished)
+
+    def _levels(self, rows: Spans, target: float, first: Level, pending: Stream | None) -> float:
+        """:meth:`log_bound`'s loop; ``pending``: the second level's stream, or None."""
         m = self.m
         parts: list[float] = []
         level = first
@@ -325,6 +288,8 @@ class Certificate:
             if rest - (LEVELS - k) * gain > target:
                 # the levels left would not bring the remainder down enough
                 return self._exact_tail(counted, parts, bound)
+            if pending is not None:
+                ahead, pending = pending.join(), None  # None if it was stopped
             if ahead is not None:
                 level, ahead = ahead, None
                 continue
@@ -424,6 +389,9 @@ class Level:
         """``blocks``: a coarse pass on those blocks (``src`` still per interval)."""
         self.cert, self.src, self.levels, self.blocks = cert, src, levels, blocks
         self.out = Spans(cert.m)
+        #: the next error pass, run on this one's rows as they came (a first level of a
+        #: pass with many rows: :data:`FOLLOW_FROM`), or None
+        self.follower: Stream | None = None
         self.w: FloatArray = cert.w if blocks is None else blocks.w
         self.pos: IntArray = cert.pos if blocks is None else blocks.pos
         self.inflate = 0.0 if blocks is None else blocks.inflate

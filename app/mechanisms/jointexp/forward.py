@@ -30,7 +30,7 @@ import numpy as np
 from app.mechanisms.jointexp import kernels_linear as KL
 from app.mechanisms.jointexp import kernels_log as KG
 from app.mechanisms.jointexp import kernels_scaled as KS
-from app.mechanisms.jointexp.certificate import Certificate, Spans
+from app.mechanisms.jointexp.certificate import FOLLOW_FROM, Certificate
 from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.jointexp.profile import Profile
 from app.mechanisms.jointexp.range_rule import (
@@ -46,6 +46,7 @@ from app.mechanisms.jointexp.range_rule import (
     tiny_draw,
 )
 from app.mechanisms.jointexp.rows import Inputs, Row, row_span, summed_levels, to_scaled
+from app.mechanisms.jointexp.spans import Spans
 from app.mechanisms.jointexp.storage import RowStore
 from app.mechanisms.jointexp.strategy import LOG_KEEP, PROBE_KEEP
 from app.mechanisms.jointexp.threads import Background, Stream
@@ -508,7 +509,9 @@ class Forward:
             spans.record(1, row.lo, row.lo + row.levels.shape[1], row.gmax, self.floors[1])
             if self.n1 * self.m >= STREAM_FROM:
                 g0 = self.g0
-                self._stream = Stream(lambda: self._certificate().first_level(spans, g0))
+                self._stream = Stream(
+                    lambda: self._certificate().first_level(spans, g0), self.m >= FOLLOW_FROM
+                )
         try:
             for j in range(2, self.m + 1):
                 try:

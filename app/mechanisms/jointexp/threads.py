@@ -4,6 +4,7 @@ its first error pass beside the forward rows (:class:`Stream`), the rest beside 
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -60,8 +61,11 @@ class Stream:
     The thread flushes subnormals as the forward pass does (the bits are per thread).
     A pass that is given up (:meth:`cancel`) stops its thread at the next row."""
 
-    def __init__(self, make: Callable[[], Level]) -> None:
+    def __init__(self, make: Callable[[], Level], follow: bool = False) -> None:
+        """``follow``: a second stream runs the next error pass on this one's rows as they
+        come (its Level's :attr:`~app.mechanisms.jointexp.certificate.Level.follower`)."""
         self._make: Callable[[], Level] | None = make
+        self._follow = follow
         self.level: Level | None = None
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._error: BaseException | None = None
@@ -76,18 +80,35 @@ class Stream:
                 if make is None:
                     return
                 level = self.level = make()
-                while not self._cancelled:
-                    j = self._queue.get()
-                    if j <= 0 or self._cancelled:
-                        return
-                    level.row(j)
+                follower = None
+                if self._follow:
+                    follower = level.follower = Stream(
+                        functools.partial(level.cert.level, level.out, False)
+                    )
+                    if self._cancelled:
+                        follower.cancel()
+                try:
+                    while not self._cancelled:
+                        j = self._queue.get()
+                        if j <= 0 or self._cancelled:
+                            return
+                        level.row(j)
+                        if follower is not None:
+                            follower.push(j)
+                finally:
+                    if follower is not None:
+                        follower.close()
         except BaseException as exc:  # handed to the caller in :meth:`join`
             self._error = exc
 
     def cancel(self) -> None:
-        """The pass is given up: the thread stops before its next row (never joined)."""
+        """The pass is given up: the thread stops before its next row (never joined), and
+        so does its follower."""
         self._cancelled = True
         self._queue.put(0)
+        level = self.level
+        if level is not None and level.follower is not None:
+            level.follower.cancel()
 
     def push(self, j: int) -> None:
         """The forward pass has recorded row j."""
