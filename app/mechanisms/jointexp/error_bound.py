@@ -358,15 +358,41 @@ def norms_kernel(
             inner = n_prev + _lae_nb(k_prev, rep) + hop[s, j]
             inner = _lae_nb(inner, e0_prev + inner_top)
             rows[j, s] = _lae_nb(inner, fl) + margin[s]
-            # the last interval: transitions from the inner ones (their weighted sum at
-            # the target n - n_j) and from interval 0, and its own repeats
-            p = pd - nj
-            below = max(lefts[s, j - 2] - p, 0.0)
-            above = max(p - rights[s, j - 2], 0.0)
-            psi = (j - 1) * (d_left[s] * below + dr * above)
-            into = n_prev + psi + k_prev
-            x = pd - p0 - nj
-            into = _lae_nb(into, e0_prev + (-c * abs(x) - mu * x))
-            into = _lae_nb(into, ed_prev + stay)
-            rows[j, count + 1 + s] = _lae_nb(lwd + into, fl if endd else NEG_INF)
+            rows[j, count + 1 + s] = last_interval(
+                n_prev, e0_prev, ed_prev, k_prev, lefts[s, j - 2], rights[s, j - 2],
+                d_left[s], dr, j, nj, fl if endd else NEG_INF, c, mu, p0, pd, lwd,
+            )  # fmt: skip
     return rows
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def last_interval(
+    n_prev: float,
+    e0_prev: float,
+    ed_prev: float,
+    k_prev: float,
+    left: float,
+    right: float,
+    dl: float,
+    dr: float,
+    j: int,
+    nj: float,
+    fl: float,
+    c: float,
+    mu: float,
+    p0: float,
+    pd: float,
+    lwd: float,
+) -> float:
+    """The last interval's log error at row j: transitions from the inner ones (their
+    weighted sum at the target ``n - n_j``, row j - 1's region ``[left, right]``) and from
+    interval 0, its own repeats, and its floor ``fl`` (-inf where it has zero width)."""
+    p = pd - nj
+    below = max(left - p, 0.0)
+    above = max(p - right, 0.0)
+    psi = (j - 1) * (dl * below + dr * above)
+    into = n_prev + psi + k_prev
+    x = pd - p0 - nj
+    into = _lae_nb(into, e0_prev + (-c * abs(x) - mu * x))
+    into = _lae_nb(into, ed_prev + (math.log(0.5) - (c - mu) * nj))
+    return _lae_nb(lwd + into, fl)

@@ -66,6 +66,7 @@ from app.mechanisms.jointexp.error_bound import (
     ErrorBound,
     _lae_nb,
     discounted_max_blocks,
+    last_interval,
 )
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -136,9 +137,7 @@ def smoothed_norms_kernel(
     rights: np.ndarray,
     c: float,
     mu: float,
-    lw0: float,
     lwd: float,
-    inner_top: float,
     p0: float,
     pd: float,
 ) -> np.ndarray:
@@ -169,16 +168,11 @@ def smoothed_norms_kernel(
             if cand < rows[j, s]:
                 rows[j, s] = cand
             # the last interval, as in norms_kernel, from the (smaller) norm of row j - 1
-            stay = half - (c - mu) * nj
-            p = pd - nj
-            below = max(lefts[s, j - 2] - p, 0.0)
-            above = max(p - rights[s, j - 2], 0.0)
-            psi = (j - 1) * (d_left[s] * below + dr * above)
-            into = n_prev + psi + k_prev
-            x = pd - p0 - nj
-            into = _lae_nb(into, e0_prev + (-c * abs(x) - mu * x))
-            into = _lae_nb(into, rows[j - 1, count + 1 + s] + stay)
-            rows[j, count + 1 + s] = _lae_nb(lwd + into, floors[j] if endd else NEG_INF)
+            rows[j, count + 1 + s] = last_interval(
+                n_prev, e0_prev, rows[j - 1, count + 1 + s], k_prev, lefts[s, j - 2],
+                rights[s, j - 2], d_left[s], dr, j, nj, floors[j] if endd else NEG_INF,
+                c, mu, p0, pd, lwd,
+            )  # fmt: skip
     return rows
 
 
@@ -259,9 +253,7 @@ def smoothed_norms(
         eb.rights,
         eb.c,
         eb.mu,
-        eb.lw0,
         eb.lwd,
-        eb.inner_top,
         eb.p0,
         eb.pd,
     )
