@@ -83,17 +83,15 @@ def segment_sums(w: np.ndarray, pos: np.ndarray, rl: float, rr: float, out: np.n
     at ``pos[t]``, t = 0 .. k - 1): ``out[0] = R(0)`` (positions below the first),
     ``out[t + 1] = L(t) + R(t + 1)`` (``R(k) = 0``). Linear, every term <= its width."""
     k = w.size
-    right = np.empty(k + 1)
-    right[k] = 0.0
+    out[k] = 0.0  # R(k); out[t] = R(t) after this pass, then L(t - 1) is added in place
     for t in range(k - 1, -1, -1):
         f = math.exp(-rr * float(pos[t + 1] - pos[t])) if t + 1 < k else 0.0
-        right[t] = w[t] + f * right[t + 1]
-    out[0] = right[0]
+        out[t] = w[t] + f * out[t + 1]
     left = 0.0
     for t in range(k):
         f = math.exp(-rl * float(pos[t] - pos[t - 1])) if t > 0 else 0.0
         left = w[t] + f * left
-        out[t + 1] = left + right[t + 1]
+        out[t + 1] += left
 
 
 @numba.njit(cache=True, nogil=True)
