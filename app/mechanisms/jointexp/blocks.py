@@ -9,6 +9,7 @@ import math
 import numba
 import numpy as np
 
+from app.mechanisms.jointexp import smoothed_norm as SN
 from app.mechanisms.jointexp.error_bound import ErrorBound
 from app.mechanisms.validation import FloatArray, IntArray
 
@@ -105,11 +106,22 @@ class Blocks:
         self.w = np.exp(logw - self.inflate)
         #: the block problem's max-norm bound (for what the coarse pass drops)
         self.errors = ErrorBound(logw, self.pos, gaps, c, mu)
+        self.logw = logw
+        self._smooth: FloatArray | None = None
 
-    def remainder(self, floors: FloatArray, n: float) -> float:
+    def remainder(self, floors: FloatArray, n: float, smooth: bool = False) -> float:
         """The max-norm bound on what errors ``<= e^{floors_j}`` per block carry into the
-        last draw (at ``n - n_{m+1}``, over every block), times the draw's factor."""
+        last draw (at ``n - n_{m+1}``, over every block), times the draw's factor;
+        ``smooth``: with the widths read at the sources
+        (:mod:`~app.mechanisms.jointexp.smoothed_norm`: the block problem is a problem of
+        the same kind, so its proof holds there too; never larger)."""
         errors = self.errors
         m = errors.m
         t = n - float(errors.gaps[m])
-        return errors.at_draw(errors.norms(floors)[m], m, t, self.pos.size) + self.draw_inflate
+        if smooth:
+            norms, self._smooth = SN.smoothed_norms(
+                errors, self.logw, self.pos, floors, self._smooth
+            )
+        else:
+            norms = errors.norms(floors)
+        return errors.at_draw(norms[m], m, t, self.pos.size) + self.draw_inflate

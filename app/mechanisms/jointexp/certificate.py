@@ -473,7 +473,8 @@ class Level:
         """The max-norm bound on what this pass dropped, carried into the last draw."""
         if self.blocks is None:
             return self.cert._max_norm(self.out.t)
-        return self.blocks.remainder(self.out.t, float(self.cert.pos[-1]))
+        smooth = self.cert._smooth is not None  # (as the levels on the intervals)
+        return self.blocks.remainder(self.out.t, float(self.cert.pos[-1]), smooth)
 
 
 class LogLevel:
