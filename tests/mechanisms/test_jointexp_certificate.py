@@ -29,6 +29,7 @@ from app.mechanisms.jointexp import blocks as BK
 from app.mechanisms.jointexp import certificate as CE
 from app.mechanisms.jointexp import exact_tail as ET
 from app.mechanisms.jointexp import forward as FW
+from app.mechanisms.jointexp import threads
 from app.mechanisms.jointexp.accept import tilt_constant
 from app.mechanisms.jointexp.mechanism import MEMORY_BUDGET_BYTES, support_inputs, tilted_pass
 from app.mechanisms.jointexp.rows import collapse_cap
@@ -614,3 +615,37 @@ def test_a_second_level_run_beside_the_first_is_the_one_run_after_it() -> None:
     assert follower is not None
     follower._thread.join(timeout=60)
     assert not follower._thread.is_alive()
+
+
+def test_a_chain_of_levels_side_by_side_is_the_levels_run_one_after_another() -> None:
+    """Where several more levels are expected, up to ``CHAIN`` run side by side, each on the
+    previous one's rows as they come (m = 699 at n = 10^5, a target that needs a chain of
+    three): the certificate is bit for bit the one with the levels two at a time, with and
+    without the second level beside the first."""
+    follows: list[int] = []
+    saved_init = threads.Stream.__init__
+
+    def recording(self: threads.Stream, make: object, follow: int = 0) -> None:
+        follows.append(follow)
+        saved_init(self, make, follow)  # type: ignore[arg-type]
+
+    values = []
+    saved_chain, saved_follow = CE.CHAIN, FW.FOLLOW_FROM
+    try:
+        for chain, follow_from in ((4, saved_follow), (2, saved_follow), (2, 10**9)):
+            CE.CHAIN, FW.FOLLOW_FROM = chain, follow_from  # type: ignore[misc]
+            fwd, _, _, _ = _tilted_clamped(699)
+            first = fwd._stream.join()  # type: ignore[attr-defined]
+            target = first.result() + 1.0
+            follows.clear()
+            threads.Stream.__init__ = recording  # type: ignore[method-assign]
+            try:
+                with flush_subnormals():
+                    values.append(fwd.certified_error(target))  # type: ignore[attr-defined]
+            finally:
+                threads.Stream.__init__ = saved_init  # type: ignore[method-assign]
+            if chain == 4:
+                assert max(follows) >= 1, follows  # a chain of three levels was started
+    finally:
+        CE.CHAIN, FW.FOLLOW_FROM = saved_chain, saved_follow  # type: ignore[misc]
+    assert values[0] == values[1] == values[2] and math.isfinite(values[0]), values

@@ -88,6 +88,9 @@ EXACT_TAIL_MAX = 1 << 25
 #: its rows as they come rather than after it (speed only: with as many rows the first
 #: level's remainder has not certified on any shape measured, m = 499 and 999)
 FOLLOW_FROM = 250
+#: the most levels run side by side, each on the previous one's rows as they come, where
+#: more than one is expected (speed only)
+CHAIN = 4
 _U = 2.0**-52
 
 
@@ -249,16 +252,19 @@ class Certificate:
         """log of an upper bound on ``D·Z`` (the mass of the sequences through an entry the
         pass dropped) on the pass's common scale; error passes are added while the bound is
         above ``target`` (at most :data:`LEVELS`). ``first``: the first error pass, run."""
-        # the second level, when it ran beside the first (joined only if it is needed)
-        pending = first.follower
+        # levels run ahead beside the one before (joined only if needed; stopped at the end)
+        live: list[Stream] = []
         try:
-            return self._levels(rows, target, first, pending)
+            return self._levels(rows, target, first, live)
         finally:
-            if pending is not None:
-                pending.cancel()  # (no-op if joined: it has finished)
+            for stream in live:
+                stream.cancel()  # (no-op if joined: it has finished)
 
-    def _levels(self, rows: Spans, target: float, first: Level, pending: Stream | None) -> float:
-        """:meth:`log_bound`'s loop; ``pending``: the second level's stream, or None."""
+    def _levels(self, rows: Spans, target: float, first: Level, live: list[Stream]) -> float:
+        """:meth:`log_bound`'s loop; every stream it starts goes into ``live``."""
+        pending = first.follower  # the next level's stream, when it runs beside this one
+        if pending is not None:
+            live.append(pending)
         m = self.m
         parts: list[float] = []
         level = first
@@ -292,6 +298,7 @@ class Certificate:
                 ahead, pending = pending.join(), None  # None if it was stopped
             if ahead is not None:
                 level, ahead = ahead, None
+                pending = level.follower  # the rest of a chain started below
                 continue
             if rest - gain <= target:
                 # one more level is expected to do (10 % clamped at each bound): alone, as
@@ -307,9 +314,12 @@ class Certificate:
                 level.run()
                 continue
             level = self.level(level.out, False)
-            # else the next two levels side by side (the second fed the first's rows as
-            # they come; m = 499 on clamped data needs four)
-            stream = Stream(functools.partial(self.level, level.out, False))
+            # else the levels expected side by side, each fed the previous one's rows as
+            # they come (up to CHAIN: m = 999 on clamped data needs five in all)
+            need = math.ceil((rest - target) / max(gain, 1.0))
+            chain = max(2, min(need, CHAIN, LEVELS - k))
+            stream = Stream(functools.partial(self.level, level.out, False), chain - 2)
+            live.append(stream)
             try:
                 for j in range(2, m + 1):
                     level.row(j)

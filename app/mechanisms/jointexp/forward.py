@@ -510,7 +510,8 @@ class Forward:
             if self.n1 * self.m >= STREAM_FROM:
                 g0 = self.g0
                 self._stream = Stream(
-                    lambda: self._certificate().first_level(spans, g0), self.m >= FOLLOW_FROM
+                    lambda: self._certificate().first_level(spans, g0),
+                    1 if self.m >= FOLLOW_FROM else 0,
                 )
         try:
             for j in range(2, self.m + 1):

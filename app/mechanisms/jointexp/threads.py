@@ -61,9 +61,10 @@ class Stream:
     The thread flushes subnormals as the forward pass does (the bits are per thread).
     A pass that is given up (:meth:`cancel`) stops its thread at the next row."""
 
-    def __init__(self, make: Callable[[], Level], follow: bool = False) -> None:
-        """``follow``: a second stream runs the next error pass on this one's rows as they
-        come (its Level's :attr:`~app.mechanisms.jointexp.certificate.Level.follower`)."""
+    def __init__(self, make: Callable[[], Level], follow: int = 0) -> None:
+        """``follow``: that many further streams, each running the next error pass on the
+        previous one's rows as they come (a Level's
+        :attr:`~app.mechanisms.jointexp.certificate.Level.follower`)."""
         self._make: Callable[[], Level] | None = make
         self._follow = follow
         self.level: Level | None = None
@@ -81,9 +82,9 @@ class Stream:
                     return
                 level = self.level = make()
                 follower = None
-                if self._follow:
+                if self._follow > 0:
                     follower = level.follower = Stream(
-                        functools.partial(level.cert.level, level.out, False)
+                        functools.partial(level.cert.level, level.out, False), self._follow - 1
                     )
                     if self._cancelled:
                         follower.cancel()
