@@ -75,7 +75,7 @@ def _smoothed_at(fwd: object, j: int, t: float, cache: dict[int, object]) -> flo
     key = id(fwd)
     if key not in cache:
         eb = E.ErrorBound(fwd.logw, fwd.pos, fwd.gaps, fwd.c, fwd.mu)  # type: ignore[attr-defined]
-        rows, _ = SN.smoothed_norms(eb, fwd.logw, fwd.pos, fwd.floors)  # type: ignore[attr-defined]
+        rows = SN.SmoothedNorms(eb, fwd.logw, fwd.pos)(fwd.floors)  # type: ignore[attr-defined]
         plain = eb.norms(fwd.floors)  # type: ignore[attr-defined]
         assert np.all(rows <= plain + 1e-12), "the smoothed norms are never above the plain"
         cache.clear()

@@ -106,8 +106,8 @@ class Blocks:
         self.w = np.exp(logw - self.inflate)
         #: the block problem's max-norm bound (for what the coarse pass drops)
         self.errors = ErrorBound(logw, self.pos, gaps, c, mu)
-        self.logw = logw
-        self._smooth: FloatArray | None = None
+        #: its smoothed bound (formed when first read)
+        self.smoothed = SN.SmoothedNorms(self.errors, logw, self.pos)
 
     def remainder(self, floors: FloatArray, n: float, smooth: bool = False) -> float:
         """The max-norm bound on what errors ``<= e^{floors_j}`` per block carry into the
@@ -118,10 +118,5 @@ class Blocks:
         errors = self.errors
         m = errors.m
         t = n - float(errors.gaps[m])
-        if smooth:
-            norms, self._smooth = SN.smoothed_norms(
-                errors, self.logw, self.pos, floors, self._smooth
-            )
-        else:
-            norms = errors.norms(floors)
+        norms = self.smoothed(floors) if smooth else errors.norms(floors)
         return errors.at_draw(norms[m], m, t, self.pos.size) + self.draw_inflate

@@ -225,8 +225,8 @@ class Certificate:
         self.g0 = 0.0  # row 1's maximum before normalising (set by :meth:`stream`)
         inner = gaps[1 : self.m]
         self.majorant = bool(inner.size) and (c - mu) * float(inner.min()) >= MAJORANT_FROM
-        #: the smoothed widths' hops, once the plain max-norm remainder has not certified
-        self._smooth: FloatArray | None = None
+        #: the smoothed max-norm bound, once the plain one has not certified
+        self.smoothed: SN.SmoothedNorms | None = None
 
     def _max_norm(self, floors: FloatArray, smooth: bool = False) -> float:
         """The max-norm bound on what errors ``<= e^{floors_j}`` per entry carry into the
@@ -234,12 +234,9 @@ class Certificate:
         kernel (:mod:`~app.mechanisms.jointexp.smoothed_norm`, never larger) once ``smooth``
         has been asked for."""
         m = self.m
-        if smooth or self._smooth is not None:
-            norms, self._smooth = SN.smoothed_norms(
-                self.errors, self.logw, self.pos, floors, self._smooth
-            )
-        else:
-            norms = self.errors.norms(floors)
+        if smooth and self.smoothed is None:
+            self.smoothed = SN.SmoothedNorms(self.errors, self.logw, self.pos)
+        norms = self.errors.norms(floors) if self.smoothed is None else self.smoothed(floors)
         t = float(self.pos[-1]) - float(self.gaps[m])
         return self.errors.at_draw(norms[m], m, t, self.logw.size)
 
@@ -279,7 +276,7 @@ class Certificate:
             counted = level
             rest = self._max_norm(level.out.t)
             bound = _lse([*parts, rest]) + self.slack
-            if bound > target and self._smooth is None and _lse(parts) + self.slack <= target:
+            if bound > target and self.smoothed is None and _lse(parts) + self.slack <= target:
                 # the plain remainder compounds the widest width at every row: from here on
                 # the one that reads the widths where the kernel meets them (never larger)
                 rest = self._max_norm(level.out.t, smooth=True)
@@ -483,7 +480,7 @@ class Level:
         """The max-norm bound on what this pass dropped, carried into the last draw."""
         if self.blocks is None:
             return self.cert._max_norm(self.out.t)
-        smooth = self.cert._smooth is not None  # (as the levels on the intervals)
+        smooth = self.cert.smoothed is not None  # (as the levels on the intervals)
         return self.blocks.remainder(self.out.t, float(self.cert.pos[-1]), smooth)
 
 

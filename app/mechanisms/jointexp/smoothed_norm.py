@@ -224,35 +224,35 @@ def smoothed_hops(eb: ErrorBound, logw: FloatArray, pos: IntArray) -> FloatArray
     return out
 
 
-def smoothed_norms(
-    eb: ErrorBound,
-    logw: FloatArray,
-    pos: IntArray,
-    floors: FloatArray,
-    smooth: FloatArray | None = None,
-) -> tuple[FloatArray, FloatArray]:
-    """(:meth:`ErrorBound.norms` with the smaller inner norms of the module docstring, the
-    smoothed hops used: pass them back to skip forming them again)."""
-    if smooth is None:
-        smooth = smoothed_hops(eb, logw, pos)
-    floors = np.asarray(floors, dtype=np.float64)
-    old = eb.norms(floors)
-    rows = smoothed_norms_kernel(
-        floors,
-        np.asarray(eb.gaps, dtype=np.float64),
-        old,
-        eb.hop,
-        smooth,
-        eb.draw_k,
-        eb.d_left,
-        eb.d_right,
-        eb.margin,
-        eb.lefts,
-        eb.rights,
-        eb.c,
-        eb.mu,
-        eb.lwd,
-        eb.p0,
-        eb.pd,
-    )
-    return rows, smooth
+class SmoothedNorms:
+    """:meth:`ErrorBound.norms` with the smaller inner norms of the module docstring, for the
+    problem ``eb`` was formed on (``logw``, ``pos``); the smoothed hops are formed at the
+    first call (two passes over the intervals per group) and kept."""
+
+    def __init__(self, eb: ErrorBound, logw: FloatArray, pos: IntArray) -> None:
+        self.eb, self.logw, self.pos = eb, logw, pos
+        self.hops: FloatArray | None = None
+
+    def __call__(self, floors: FloatArray) -> FloatArray:
+        eb = self.eb
+        if self.hops is None:
+            self.hops = smoothed_hops(eb, self.logw, self.pos)
+        floors = np.asarray(floors, dtype=np.float64)
+        return smoothed_norms_kernel(
+            floors,
+            np.asarray(eb.gaps, dtype=np.float64),
+            eb.norms(floors),
+            eb.hop,
+            self.hops,
+            eb.draw_k,
+            eb.d_left,
+            eb.d_right,
+            eb.margin,
+            eb.lefts,
+            eb.rights,
+            eb.c,
+            eb.mu,
+            eb.lwd,
+            eb.p0,
+            eb.pd,
+        )
