@@ -9,14 +9,17 @@ neighbour makes (k under add/remove, 2k under swap:
 :func:`app.mechanisms.grouped.chain_length`), so the whole release costs the ε asked.
 
 Group sizes are private under either relation (a unit's rows may move between groups), so
-the planner gives no figure per group: it gives the expected error at a ladder of group
-sizes and the size below which an answer is mostly noise.
+the planner gives no figure per group from the data: it gives the expected error at a
+ladder of group sizes and the size below which an answer is mostly noise, and, for keys the
+caller gives a size hint (``size_hints``: public, typed by the caller), the expected error
+at that hint, from which the release's error bars per group follow.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -44,6 +47,8 @@ class Grouping:
     chain: int
     #: ``"keys": "discover"``: the selection's parameters
     selection: Selection | None = None
+    #: the caller's public size hints, by key (None: none given)
+    size_hints: dict[str, int] | None = None
 
     @property
     def key_count(self) -> int:
@@ -52,6 +57,14 @@ class Grouping:
             return len(self.keys)
         assert self.selection is not None
         return self.selection.max_keys
+
+    def typical_size(self, public_size: int | None) -> int | None:
+        """The group size ``auto`` ranks methods at: the median hint when every listed key
+        has one, else the public size over the keys (public figures either way)."""
+        hints = self.size_hints or {}
+        if self.keys is not None and self.keys and all(k in hints for k in self.keys):
+            return max(1, round(statistics.median(hints[k] for k in self.keys)))
+        return group_size(public_size, self.key_count)
 
     def stored_keys(self) -> list[str] | dict[str, Any]:
         """What ``release.group_keys`` holds: the keys, or the selection's parameters."""
@@ -75,6 +88,8 @@ def resolve_grouping(
     if query.group_by is None:
         if query.keys is not None:
             raise invalid("body.keys", "is only used with group_by")
+        if query.size_hints is not None:
+            raise invalid("body.size_hints", "is only used with group_by")
         if query.selection is not None:
             raise invalid("body.selection", 'is only used with "keys": "discover"')
         return None
@@ -82,7 +97,8 @@ def resolve_grouping(
     if query.group_by not in declared:
         raise invalid("body.group_by", "is not a categorical column of this dataset")
     if query.keys == "discover":
-        return _discovery(query, neighbors, rows_per_unit, accounting)
+        found = _discovery(query, neighbors, rows_per_unit, accounting)
+        return replace(found, size_hints=query.size_hints)
     if query.selection is not None:
         raise invalid("body.selection", 'is only used with "keys": "discover"')
     keys = query.keys if query.keys is not None else declared[query.group_by]
@@ -98,11 +114,20 @@ def resolve_grouping(
             f"{len(keys)} keys x {len(query.quantiles)} quantiles is more than "
             f"{MAX_GROUPED_ESTIMATES} estimates in one release",
         )
+    if query.size_hints is not None:
+        listed = set(keys)
+        for position, key in enumerate(query.size_hints):
+            if key not in listed:
+                raise invalid(
+                    "body.size_hints",
+                    f"entry {position + 1} names a key that is not answered (size hints "
+                    "are for the keys asked)",
+                )
     try:
         chain = chain_length(neighbors, rows_per_unit)
     except MechanismInputError as exc:
         raise invalid("body.group_by", exc.problem) from None
-    return Grouping(query.group_by, list(keys), chain)
+    return Grouping(query.group_by, list(keys), chain, None, query.size_hints)
 
 
 def _discovery(
@@ -182,7 +207,28 @@ def expectation(
             f"groups with fewer than {min_size} rows get answers that are mostly noise at "
             f"this epsilon (expected error at least {100 * NOISE_SHARE:.0f} % of their ranks)"
         )
-    return {"by_size": rows, "min_size": min_size}, warnings
+    by_key: list[dict[str, Any]] | None = None
+    if grouping.size_hints:
+        by_key = []
+        small = 0
+        for key, hint in grouping.size_hints.items():
+            err = planner.expected_error(
+                query.method, hint, query.quantiles, epsilon, delta, "add_remove",
+                grid_points=grid_points,
+            )  # fmt: skip
+            if err is None:
+                continue
+            by_key.append(
+                {"key": key, "size": hint, "mean": _figures(err[0]), "bound90": _figures(err[1])}
+            )
+            small += min_size is not None and hint < min_size
+        if small:
+            warnings.append(
+                f"{small} of the hinted keys {'has' if small == 1 else 'have'} a size hint "
+                f"below {min_size} rows: {'its answer is' if small == 1 else 'their answers are'}"
+                " mostly noise at this epsilon"
+            )
+    return {"by_size": rows, "min_size": min_size, "by_key": by_key}, warnings
 
 
 def noise_floor(

@@ -110,5 +110,7 @@ class Release(Base):
     #: The expected error as a function of group size (public figures only), or NULL.
     group_error: Mapped[dict[str, object] | None] = mapped_column(JSONB)
     #: Error bars in the data's units (migration 0021): one ``{quantile, low, high}`` per
-    #: estimate, set with the estimates (post-processing of public figures), or NULL.
-    intervals: Mapped[list[dict[str, float]] | None] = mapped_column(JSONB)
+    #: estimate, set with the estimates (post-processing of public figures), or NULL; a
+    #: grouped release's: one list of them per group answered (NULL for a key without a
+    #: size hint).
+    intervals: Mapped[list[object] | None] = mapped_column(JSONB)

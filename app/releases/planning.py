@@ -121,6 +121,8 @@ def request_fingerprint(query: QuantileQuery) -> str:
         canonical["keys"] = query.keys
         if query.selection is not None:
             canonical["selection"] = query.selection.model_dump(mode="json")
+        if query.size_hints is not None:  # (absent: the fingerprints of earlier releases)
+            canonical["size_hints"] = query.size_hints
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 
 
@@ -312,7 +314,7 @@ def resolve(
     if name == AUTO and grouping is not None:
         # one method for every group, ranked at the typical group size (public figures)
         name = planner.recommend(
-            grouped.group_size(figures.size, grouping.key_count),
+            grouping.typical_size(figures.size),
             query.quantiles,
             float(query.epsilon) / grouping.chain,
             None if query.delta is None else float(query.delta) / grouping.chain,

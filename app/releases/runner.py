@@ -185,7 +185,7 @@ _CLAIM = """
               r.quantiles, r.epsilon, r.delta, c.lower, c.upper,
               c.granularity, d.neighbors, d.archived_at, d.size_hint, d.max_rows_per_unit,
               r.column_name, r.trace_parent, r.created_at, r.group_by, r.group_keys,
-              r.expected_error,
+              r.expected_error, r.group_error,
               CASE WHEN d.neighbors = 'swap' THEN d.n END AS public_n,
               CASE WHEN d.n IS NOT NULL THEN d.data_version END AS data_version
     """
@@ -408,7 +408,12 @@ def complete_batch(
                 None if keys is None else json.dumps(keys)
                 for keys in (selected or [None] * len(done))
             ],
-            "intervals": [_intervals(claim, estimates) for claim, estimates in done],
+            "intervals": [
+                _intervals(claim, estimates, keys)
+                for (claim, estimates), keys in zip(
+                    done, selected or [None] * len(done), strict=True
+                )
+            ],
         },
     ).fetchall()
     for (method,) in rows:
@@ -422,8 +427,8 @@ def intervals_of(
     """A done release's error bars (:mod:`app.planner.intervals`) from its claimed
     parameters (quantiles, the column's grid, the expected error stored at the reservation
     with the public size it assumed) and its estimates, as grid values like the estimates;
-    None for grouped releases and where the expected error or its size is unknown. Public
-    figures and the output only."""
+    None for grouped releases (:func:`group_intervals_of`) and where the expected error or
+    its size is unknown. Public figures and the output only."""
     expected = params.get("expected_error")
     if params.get("group_by") is not None or not expected:
         return None
@@ -432,12 +437,50 @@ def intervals_of(
         bound = max(float(row["bound90"]) for row in expected)
         if size is None:
             return None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return _bars(params, estimates, bound=bound, size=int(size))
+
+
+def group_intervals_of(
+    params: Mapping[str, Any], estimates: Sequence[float], keys: Sequence[str] | None = None
+) -> list[list[dict[str, float]] | None] | None:
+    """A done grouped release's error bars, one entry per group answered (``keys``: the
+    keys a selection kept, else the listed keys): a hinted key's bars at its size hint
+    (``group_error.by_key``, stored at the reservation), None for a key without one. None
+    when no key is hinted. Public figures and the output only."""
+    if params.get("group_by") is None:
+        return None
+    try:
+        hinted = {
+            str(row["key"]): (float(row["bound90"]), int(row["size"]))
+            for row in (params.get("group_error") or {}).get("by_key") or []
+        }
+        answered = list(keys) if keys is not None else [str(k) for k in params["group_keys"]]
+        m = len(params["quantiles"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if not hinted or len(estimates) != m * len(answered):
+        return None
+    out: list[list[dict[str, float]] | None] = []
+    for i, key in enumerate(answered):
+        figures = hinted.get(key)
+        own = estimates[i * m : i * m + m]
+        out.append(None if figures is None else _bars(params, own, bound=figures[0],
+                                                      size=figures[1]))  # fmt: skip
+    return out
+
+
+def _bars(
+    params: Mapping[str, Any], estimates: Sequence[float], *, bound: float, size: int
+) -> list[dict[str, float]] | None:
+    try:
         quantiles = [float(q) for q in params["quantiles"]]
         lower, upper = float(params["lower"]), float(params["upper"])
         step = float(params["granularity"])
         bars = interval_cells(
             quantiles, cell_of(estimates, lower, upper, step).tolist(),
-            steps=grid_size(lower, upper, step) - 1, bound90=bound, size=int(size),
+            steps=grid_size(lower, upper, step) - 1, bound90=bound, size=size,
         )  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -451,8 +494,16 @@ def intervals_of(
     ]
 
 
-def _intervals(claim: Claim, estimates: Sequence[float]) -> str | None:
-    bars = None if claim.row is None else intervals_of(claim.row, estimates)
+def _intervals(
+    claim: Claim, estimates: Sequence[float], keys: Sequence[str] | None = None
+) -> str | None:
+    if claim.row is None:
+        return None
+    bars: list[Any] | None
+    if claim.row.get("group_by") is not None:
+        bars = group_intervals_of(claim.row, estimates, keys)
+    else:
+        bars = intervals_of(claim.row, estimates)
     return None if bars is None else json.dumps(bars)
 
 

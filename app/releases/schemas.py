@@ -25,6 +25,8 @@ PositiveDecimal = Annotated[Decimal, Field(gt=0, max_digits=40, decimal_places=3
 MAX_GROUP_KEYS = 10_000
 MAX_GROUPED_ESTIMATES = 100_000
 GroupKey = Annotated[StorableText, Field(min_length=1, max_length=200)]
+#: A group's public approximate size (rows), typed by the caller.
+GroupSizeHint = Annotated[int, Field(ge=1, le=10**12)]
 
 
 def _keys_kind(value: object) -> str:
@@ -122,6 +124,17 @@ class QuantileQuery(BaseModel):
     selection: Selection | None = Field(
         default=None, description='With "keys": "discover": the selection\'s parameters.'
     )
+    size_hints: dict[GroupKey, GroupSizeHint] | None = Field(
+        default=None,
+        max_length=MAX_GROUP_KEYS,
+        description="With group_by: public approximate sizes (rows) of some or all keys, "
+        "typed by the caller (never checked against the data, never read from it). Each "
+        "hinted group gets an expected error (`groups[].expected_error`) and error bars "
+        "(`groups[].intervals`) at its hint; with a hint for every key, `auto` ranks the "
+        "methods at the median hint. Keys must be among `keys` (any key with "
+        '`"discover"`; a hinted key the selection drops is not named).',
+        examples=[{"north": 12000, "south": 800}],
+    )
 
     @field_validator("quantiles")
     @classmethod
@@ -174,9 +187,19 @@ class SizeError(BaseModel):
     bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
 
 
+class KeySizeError(BaseModel):
+    """The expected error of one hinted group, at the size hint the query gave it."""
+
+    key: str
+    size: int = Field(description="The query's size hint for the key (public), never its rows.")
+    mean: float = Field(description="Expected missed points per quantile at that size.")
+    bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
+
+
 class GroupError(BaseModel):
     """A grouped release's expected error as a function of group size: group sizes are
-    private, so no figure is given per group; read a group's line at the size you expect."""
+    private, so no figure is given per group from the data; read a group's line at the size
+    you expect, or give ``size_hints`` in the query (``by_key``)."""
 
     by_size: list[SizeError] | None = Field(
         description="Expected error at group sizes 10 to 10^6 (null: the method has no model)."
@@ -185,6 +208,11 @@ class GroupError(BaseModel):
         description="Groups with fewer rows than this get answers that are mostly noise "
         "(expected error at least 5 % of the group's ranks); null: unknown."
     )
+    by_key: list[KeySizeError] | None = Field(
+        default=None,
+        description="The hinted keys' expected error at their hints (the query's "
+        "`size_hints`), in the order given; null without hints or model.",
+    )
 
 
 class GroupEstimates(BaseModel):
@@ -192,6 +220,17 @@ class GroupEstimates(BaseModel):
 
     key: str
     estimates: list[float] | None = Field(description="The answer; null unless done.")
+    expected_error: SizeError | None = Field(
+        default=None,
+        description="The expected error at the key's size hint (`size_hints` in the query); "
+        "null for a key without one.",
+    )
+    intervals: list[EstimateInterval] | None = Field(
+        default=None,
+        description="Error bars in the data's units, as the release's `intervals`, at the "
+        "key's size hint (post-processing, no extra budget; an approximation that is only as "
+        "good as the hint); null until done and for a key without a hint.",
+    )
 
 
 ReleaseStatus = Literal["pending", "done", "failed"]
@@ -255,7 +294,8 @@ class ReleasePublic(BaseModel):
         "Post-processing: no extra budget. An approximation, not a guarantee: it inherits "
         "the planner's fitted bound and assumes the quantile function is near linear between "
         "released levels (measured coverage per data shape: docs/experiments.md). Null "
-        "until done, for grouped releases, and where the expected error is unknown.",
+        "until done, where the expected error is unknown, and for grouped releases (whose "
+        "hinted groups carry their own: `groups[].intervals`).",
     )
     warnings: list[str] = Field(
         default_factory=list,

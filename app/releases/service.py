@@ -110,8 +110,9 @@ class ReleaseRecord:
     group_error: dict[str, Any] | None = None
     #: ``"keys": "discover"``: the keys the selection kept (None until done)
     selected_keys: list[str] | None = None
-    #: Error bars in the data's units (None until done, and where none could be formed)
-    intervals: list[dict[str, float]] | None = None
+    #: Error bars in the data's units (None until done, and where none could be formed);
+    #: a grouped release's: one entry per group answered, None for a key without a hint
+    intervals: list[Any] | None = None
 
     @classmethod
     def of(cls, row: Mapping[str, Any] | Release) -> ReleaseRecord:
@@ -529,7 +530,7 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         version = outcome.get("data_version")
         data_version = None if version is None else int(version)
         bars = outcome.get("intervals")
-        intervals = None if bars is None else [dict(bar) for bar in bars]
+        intervals = None if bars is None else [_bars(bar, release.group_by) for bar in bars]
     except (KeyError, TypeError, ValueError):
         return None
     return dataclasses.replace(
@@ -542,6 +543,18 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
         data_version=data_version,
         intervals=intervals,
     )
+
+
+def _bars(entry: Any, group_by: str | None) -> Any:
+    """One announced entry of ``intervals``: a bar, or for a grouped release a group's bars
+    (None for a key without a hint)."""
+    if group_by is None:
+        return dict(entry)
+    if entry is None:
+        return None
+    if not isinstance(entry, list):
+        raise TypeError("a group's bars are a list")
+    return [dict(bar) for bar in entry]
 
 
 def is_finished(release: ReleaseRecord) -> bool:

@@ -394,3 +394,20 @@ def test_grouped_release_through_the_client(admin: Client, tmp_path: Path) -> No
     assert list(frame.columns) == ["region", "quantile", "estimate"]
     assert len(frame) == 6 and list(frame["region"][:2]) == ["south", "south"]
     assert admin.release(release.id).groups == release.groups
+    # size hints (public, typed here): the hinted group gets its expected error and bars
+    hints = {"south": 600}
+    quote = admin.quote(ds.id, [0.5], epsilon="1", group_by="region", size_hints=hints)
+    assert quote.group_error is not None and quote.group_error.by_key is not None
+    assert [(k.key, k.size) for k in quote.group_error.by_key] == [("south", 600)]
+    hinted = admin.quantiles(ds.id, [0.25, 0.75], epsilon="1", group_by="region",
+                             size_hints=hints)  # fmt: skip
+    assert hinted.groups is not None
+    north, south = hinted.groups  # the column's declared order
+    assert south.expected_error is not None and south.expected_error.size == 600
+    assert south.intervals is not None and south.estimates is not None
+    for bar, estimate in zip(south.intervals, south.estimates, strict=True):
+        assert bar.low <= estimate <= bar.high
+    assert north.expected_error is None and north.intervals is None
+    frame = hinted.to_pandas()
+    assert {"low", "high", "expected_mean"} <= set(frame.columns)
+    assert frame["low"][:2].isna().all() and frame["low"][2:].notna().all()

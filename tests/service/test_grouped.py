@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .conftest import Api
 
@@ -152,6 +154,14 @@ BAD = [
     ({"group_by": "region", "keys": []}, "keys", ""),
     ({"group_by": "region", "method": "smooth", "delta": "1e-6"}, "body.method", "grouped"),
     ({"group_by": "region", "method": "csmooth", "delta": "1e-6"}, "body.method", "grouped"),
+    ({"size_hints": {"north": 10}}, "body.size_hints", "group_by"),
+    ({"group_by": "region", "keys": ["north"], "size_hints": {"south": 10}}, "body.size_hints",
+     "not answered"),
+    ({"group_by": "region", "size_hints": {"nowhere": 10}}, "body.size_hints", "not answered"),
+    ({"group_by": "region", "size_hints": {"north": 0}}, "size_hints", "greater than"),
+    ({"group_by": "region", "size_hints": {"north": 2.5}}, "size_hints", "integer"),
+    ({"group_by": "region", "size_hints": {"north": 10**13}}, "size_hints", "less than"),
+    ({"group_by": "region", "size_hints": ["north"]}, "size_hints", "dictionary"),
     ({"group_by": "region", "keys": [f"k{i}" for i in range(400)],
       "quantiles": [i / 300 for i in range(1, 300)]}, "body.keys", "estimates"),
 ]  # fmt: skip
@@ -296,6 +306,76 @@ def test_auto_smooths_grouped_releases(api: Api, client: TestClient) -> None:
         assert sum(abs(m - 3) <= 1 for m in medians) >= 3, medians
     assert picks[400] == "jointexp_smooth"
     assert picks[16] != "jointexp"  # groups of 4 rows: another method, never plain JointExp
+
+
+def test_auto_ranks_grouped_methods_at_the_median_size_hint_when_every_key_has_one(
+    api: Api, client: TestClient
+) -> None:
+    """Ratings 1-5 in a table with no size hint: with a hint for every key, ``auto`` ranks
+    at their median (the ``test_auto_smooths_grouped_releases`` picks), whatever the rows;
+    a hint missing for one key falls back to the table's figures."""
+    columns = [
+        {"name": "rating", "type": "numeric", "lower": 1, "upper": 5, "granularity": 1},
+        {"name": "region", "type": "categorical", "keys": REGIONS},
+    ]
+    ds = table(api, columns=columns, neighbors="add_remove", size_hint=400)
+    rows = "rating,region\n" + "".join(f"{1 + i % 5},{REGIONS[i % 4]}\n" for i in range(400))
+    upload(client, api, ds["id"], rows.encode())
+    base = {"quantiles": [0.25, 0.5, 0.75], "epsilon": "1", "method": "auto",
+            "group_by": "region"}  # fmt: skip
+
+    def pick(hints: dict[str, int] | None) -> str:
+        body = base if hints is None else {**base, "size_hints": hints}
+        q = client.post(f"/v1/datasets/{ds['id']}/quote", json=body, headers=api.admin)
+        assert q.status_code == 200, q.text
+        return str(q.json()["method"])
+
+    assert pick(None) == "jointexp_smooth"  # 100 rows a key from the table's hint
+    tiny = {"north": 4, "south": 3, "east": 5, "west": 4}
+    assert pick(tiny) not in ("jointexp", pick(None))  # 4 rows a key: another method
+    assert pick({"north": 100, "south": 100, "east": 100, "west": 100}) == "jointexp_smooth"
+    assert pick({"north": 4, "south": 3, "east": 5}) == pick(None)  # west unhinted: no median
+    for hints in (tiny, {"north": 4, "south": 3, "east": 5}):
+        rel = client.post(f"/v1/datasets/{ds['id']}/quantiles",
+                          json={**base, "size_hints": hints}, headers=api.admin)  # fmt: skip
+        assert rel.status_code == 201 and rel.json()["method"] == pick(hints), rel.text
+        explained = client.get(f"/v1/releases/{rel.json()['id']}/explanation",
+                               headers=api.admin).json()  # fmt: skip
+        assert explained["auto_today"] == rel.json()["method"], explained
+
+
+@settings(max_examples=6, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    seed=st.integers(0, 2**31),
+    hints=st.dictionaries(st.sampled_from(REGIONS), st.integers(1, 10**6), max_size=4),
+    method=st.sampled_from(["auto", "jointexp", "aq"]),
+)
+def test_grouped_quotes_with_size_hints_depend_on_public_figures_only(
+    api: Api, client: TestClient, seed: int, hints: dict[str, int], method: str
+) -> None:
+    """Two tables with the same public description, rows spread over the keys differently
+    (one holds every row in one group): the quote, hints and all, is the same bytes."""
+    rnd = np.random.default_rng(seed)
+    n = int(rnd.integers(1, 400))
+    spread = "income,region\n" + "".join(
+        f"{rnd.uniform(0, 1000):.1f},{REGIONS[int(rnd.integers(0, 4))]}\n" for _ in range(n)
+    )
+    lumped = "income,region\n" + "".join(f"{rnd.choice([3.0, 997.0])},north\n" for _ in range(n))
+    body = {"quantiles": [0.25, 0.5, 0.75], "epsilon": "1", "method": method,
+            "group_by": "region", "size_hints": hints}  # fmt: skip
+    answers = []
+    for rows in (spread, lumped):
+        ds = table(api, neighbors="add_remove", size_hint=1000)
+        upload(client, api, ds["id"], rows.encode())
+        r = client.post(f"/v1/datasets/{ds['id']}/quote", json=body, headers=api.admin)
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+    assert answers[0] == answers[1]
+    by_key = answers[0]["group_error"]["by_key"]
+    assert (by_key is None) == (not hints)
+    if hints:
+        assert {row["key"]: row["size"] for row in by_key} == hints
 
 
 def test_idempotent_grouped_queries_replay_and_other_keys_conflict(

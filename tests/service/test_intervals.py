@@ -76,9 +76,80 @@ def test_add_remove_error_bars_use_the_size_hint_and_are_absent_without_one(
     assert client.get(f"/v1/releases/{hinted['id']}", headers=ADMIN).json() == hinted
 
 
-def test_a_grouped_release_has_no_error_bars(api: Api, client: TestClient) -> None:
+def test_a_grouped_release_has_error_bars_only_for_the_keys_given_a_size_hint(
+    api: Api, client: TestClient
+) -> None:
+    ds = table(api, neighbors="add_remove")
+    upload(client, api, ds["id"], rows_csv(2000))
+    body = {"quantiles": QUANTILES, "epsilon": "1", "method": "jointexp", "group_by": "region",
+            "size_hints": {"west": 500, "north": 40}}  # fmt: skip
+    quote = client.post(f"/v1/datasets/{ds['id']}/quote", json=body, headers=ADMIN)
+    assert quote.status_code == 200, quote.text
+    created = client.post(f"/v1/datasets/{ds['id']}/quantiles", json=body, headers=ADMIN)
+    assert created.status_code == 201, created.text
+    rel = created.json()
+    assert rel["intervals"] is None  # a grouped release's bars are its groups'
+    by_key = rel["group_error"]["by_key"]
+    assert by_key == quote.json()["group_error"]["by_key"]
+    assert [(row["key"], row["size"]) for row in by_key] == [("west", 500), ("north", 40)]
+    # the hint's figures are the ladder's model read at the hint (public figures only)
+    from app import planner
+
+    for row in by_key:
+        err = planner.expected_error("jointexp", row["size"], QUANTILES, 1.0, None,
+                                     "add_remove", grid_points=1001)  # fmt: skip
+        assert err is not None and row["mean"] == float(f"{err[0]:.4g}"), row
+    assert by_key[1]["mean"] / 40 > by_key[0]["mean"] / 500  # fewer rows: a larger share
+    groups = {g["key"]: g for g in rel["groups"]}
+    for key in ("south", "east"):  # no hint: no figure, no bars
+        assert groups[key]["expected_error"] is None and groups[key]["intervals"] is None
+        assert groups[key]["estimates"] is not None
+    for row in by_key:
+        group = groups[row["key"]]
+        assert group["expected_error"] == {k: row[k] for k in ("size", "mean", "bound90")}
+        alone = {"quantiles": QUANTILES, "estimates": group["estimates"],
+                 "expected_error": [{"size": row["size"], "bound90": row["bound90"]}]}  # fmt: skip
+        assert group["intervals"] == recomputed(alone, 0.0, 1000.0, 1.0)
+        for bar, estimate in zip(group["intervals"], group["estimates"], strict=True):
+            assert bar["low"] <= estimate <= bar["high"]
+    # the smaller hint, the wider bars (the same quantile function read at a wider level)
+    width = {k: sum(b["high"] - b["low"] for b in groups[k]["intervals"]) for k in groups
+             if groups[k]["intervals"]}  # fmt: skip
+    assert width["north"] > width["west"]
+    # no extra budget; every read is the same bytes
+    assert api.budget(ds["id"])["spent"]["epsilon"] == "1"
+    again = client.get(f"/v1/releases/{rel['id']}", headers=ADMIN)
+    assert again.content == created.content
+    analyst = client.get(f"/v1/releases/{rel['id']}", headers=api.key("analyst")).json()
+    assert analyst["groups"] == rel["groups"]
+
+
+def test_a_grouped_release_without_hints_has_no_error_bars(api: Api, client: TestClient) -> None:
     ds = table(api)
     upload(client, api, ds["id"], rows_csv(2000))
     rel = api.query(ds["id"], quantiles=[0.5], epsilon="1", method="jointexp", group_by="region")
     assert rel.status_code == 201, rel.text
-    assert rel.json()["intervals"] is None and rel.json()["groups"]
+    out = rel.json()
+    assert out["intervals"] is None and out["groups"] and out["group_error"]["by_key"] is None
+    assert all(g["intervals"] is None and g["expected_error"] is None for g in out["groups"])
+
+
+def test_discovered_keys_get_bars_at_their_hints_and_unselected_hints_name_nothing(
+    api: Api, client: TestClient
+) -> None:
+    columns = [{"name": "income", "type": "numeric", "lower": 0, "upper": 1000,
+                "granularity": 1}, {"name": "region", "type": "categorical"}]  # fmt: skip
+    ds = table(api, columns=columns, delta="0.001")
+    upload(client, api, ds["id"], rows_csv(1000, regions=["north", "south"]) + b"999.0,hermit\n")
+    body = {"quantiles": [0.5], "epsilon": "1", "method": "jointexp", "group_by": "region",
+            "keys": "discover", "selection": {"epsilon": "0.5", "delta": "1e-6"},
+            "size_hints": {"north": 500, "nowhere": 10}}  # fmt: skip
+    rel = client.post(f"/v1/datasets/{ds['id']}/quantiles", json=body, headers=ADMIN)
+    assert rel.status_code == 201, rel.text
+    out = rel.json()
+    groups = {g["key"]: g for g in out["groups"]}
+    assert set(groups) == {"north", "south"}  # the hint for "nowhere" names no group
+    assert groups["north"]["intervals"] and groups["north"]["expected_error"]["size"] == 500
+    assert groups["south"]["intervals"] is None
+    again = client.get(f"/v1/releases/{out['id']}", headers=ADMIN)
+    assert again.content == rel.content

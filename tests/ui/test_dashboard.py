@@ -526,6 +526,29 @@ def test_an_analyst_asks_for_medians_by_group_and_sees_a_table_and_small_multipl
         page.get_by_test_id("query-submit").click()
     assert again.value.request.post_data_json["keys"] == ["south", "atlantis"]
     page.wait_for_selector("#groups-title:has-text('2 groups')", timeout=TIMEOUT)
+    assert page.get_by_test_id("group-bar").count() == 0  # no size hint: no bars
+    # a malformed size hint is named and nothing is sent; a good one gives south its bars
+    assert page.get_by_test_id("query-hints").is_visible()
+    page.get_by_test_id("query-hints").fill("south=many")
+    page.wait_for_selector("#quote[data-invalid=true]", timeout=TIMEOUT)
+    assert "size hints" in page.locator("#quote").inner_text()
+    assert page.get_by_test_id("query-submit").is_disabled()
+    page.get_by_test_id("query-hints").fill("south=400")
+    page.wait_for_selector("#quote:has-text('south (hint 400 rows)')", timeout=TIMEOUT)
+    with page.expect_response(lambda r: r.url.endswith("/quantiles")) as hinted:
+        page.get_by_test_id("query-submit").click()
+    assert hinted.value.request.post_data_json["size_hints"] == {"south": 400}
+    page.wait_for_selector("[data-testid=group-bar] >> nth=2", timeout=TIMEOUT)
+    made = seed.http.get(f"/v1/releases/{hinted.value.json()['id']}").json()
+    south = made["groups"][0]
+    assert south["key"] == "south" and len(south["intervals"]) == 3
+    row = page.get_by_test_id("group-row").nth(0)
+    assert row.get_by_test_id("group-bar").count() == 3
+    assert page.get_by_test_id("group-row").nth(1).get_by_test_id("group-bar").count() == 0
+    first = south["intervals"][0]
+    assert f"{first['low']:g}" in row.locator("td").nth(0).inner_text()
+    assert page.locator("[data-testid=group-cdf] >> nth=0").get_by_test_id("error-bar").count() == 3
+    assert page.locator("[data-testid=group-cdf] >> nth=1").get_by_test_id("error-bar").count() == 0
     screenshot(watched, "grouped")
     watched.assert_clean()
 

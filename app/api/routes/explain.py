@@ -43,7 +43,9 @@ GROUPED_READING = (
     "whole release costs the epsilon shown, however many keys (the groups are disjoint and "
     "each is calibrated for the row changes one unit can make across them). A key with no "
     "rows is answered too, with noise: leaving it out would reveal that it is empty. Group "
-    "sizes are private, so the expected error is given by group size (group_error)."
+    "sizes are private, so the expected error is given by group size (group_error), and "
+    "per key only at the size hints the query gave (public; never checked against the data): "
+    "those keys' error bars are only as good as their hints."
 )
 
 
@@ -78,6 +80,9 @@ def explain_release(
         keys, selection = "discover", Selection(**stored["discover"])
     else:
         keys = stored
+    hints = {
+        str(row["key"]): int(row["size"]) for row in (release.group_error or {}).get("by_key") or []
+    }
     query = QuantileQuery(
         quantiles=release.quantiles,
         epsilon=release.epsilon,
@@ -87,6 +92,7 @@ def explain_release(
         group_by=release.group_by,
         keys=keys,
         selection=selection,
+        size_hints=hints or None,
     )
     alternatives: list[dict[str, object]] = []
     auto_today: str | None = None

@@ -68,12 +68,19 @@ def present(
             keys = release.selected_keys if estimates is not None else None
         else:
             keys = release.group_keys
+        hinted = {
+            row["key"]: {"size": row["size"], "mean": row["mean"], "bound90": row["bound90"]}
+            for row in (release.group_error or {}).get("by_key") or []
+        }
+        bars = release.intervals if estimates is not None else None
         groups = (
             None
             if keys is None
             else [
                 {"key": key,
-                 "estimates": None if estimates is None else estimates[i * m : i * m + m]}
+                 "estimates": None if estimates is None else estimates[i * m : i * m + m],
+                 "expected_error": hinted.get(key),
+                 "intervals": None if bars is None or i >= len(bars) else bars[i]}
                 for i, key in enumerate(keys)
             ]
         )  # fmt: skip
@@ -100,7 +107,9 @@ def present(
             "created_at": release.created_at,
             "finished_at": release.finished_at,
             "expected_error": release.expected_error,
-            "intervals": release.intervals if release.estimates is not None else None,
+            "intervals": release.intervals
+            if release.estimates is not None and release.group_keys is None
+            else None,
             "warnings": release.warnings or [],
             "data_version": release.data_version,
             "group_by": release.group_by,

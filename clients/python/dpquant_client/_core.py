@@ -177,6 +177,7 @@ class Core:
         column: str | None = None,
         group_by: str | None = None,
         keys: Sequence[str] | None = None,
+        size_hints: Mapping[str, int] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "quantiles": [float(q) for q in quantiles],
@@ -191,6 +192,8 @@ class Core:
             body["group_by"] = group_by
         if keys is not None:
             body["keys"] = list(keys)
+        if size_hints is not None:
+            body["size_hints"] = {str(k): int(v) for k, v in size_hints.items()}
         return body
 
     # ------------------------------------------------------------------ flows
@@ -321,11 +324,14 @@ class Core:
         column: str | None = None,
         group_by: str | None = None,
         keys: Sequence[str] | None = None,
+        size_hints: Mapping[str, int] | None = None,
     ) -> Flow[Release]:
         headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         if not wait:
             headers["Prefer"] = "respond-async"
-        body = self._query_body(quantiles, epsilon, method, delta, column, group_by, keys)
+        body = self._query_body(
+            quantiles, epsilon, method, delta, column, group_by, keys, size_hints
+        )
         # The Idempotency-Key makes a retry a replay: safe to repeat.
         a: Answer = yield Call(
             "POST",
@@ -349,10 +355,13 @@ class Core:
         column: str | None = None,
         group_by: str | None = None,
         keys: Sequence[str] | None = None,
+        size_hints: Mapping[str, int] | None = None,
     ) -> Flow[Quote]:
         if not (yield from self._has("/v1/datasets/{dataset_id}/quote", "post")):
             raise NotSupported(404, "not_supported", "this server has no quote endpoint")
-        body = self._query_body(quantiles, epsilon, method, delta, column, group_by, keys)
+        body = self._query_body(
+            quantiles, epsilon, method, delta, column, group_by, keys, size_hints
+        )
         a: Answer = yield Call(
             "POST", f"/v1/datasets/{dataset_id}/quote", True, kwargs={"json": body}
         )

@@ -237,6 +237,7 @@ class AsyncClient(Core):
         column: str | None = None,
         group_by: str | None = None,
         keys: Sequence[str] | None = None,
+        size_hints: Mapping[str, int] | None = None,
     ) -> Release:
         """Release differentially private quantiles (spends the budget).
 
@@ -245,7 +246,9 @@ class AsyncClient(Core):
         server to answer at once (``Prefer: respond-async``): the release may come back
         ``pending`` and :meth:`wait` polls it. With ``wait=True`` a pending release is awaited.
         ``group_by`` (a categorical column) answers the quantiles once per key (``keys``, else
-        the column's declared keys) in one release: ``release.groups``."""
+        the column's declared keys) in one release: ``release.groups``; ``size_hints``
+        (public approximate rows per key, typed by you) give those groups an expected error
+        and error bars (``group.expected_error``, ``group.intervals``)."""
         return await self._arun(
             self._quantiles(
                 dataset_id,
@@ -259,6 +262,7 @@ class AsyncClient(Core):
                 column,
                 group_by,
                 keys,
+                size_hints,
             )
         )
 
@@ -273,10 +277,13 @@ class AsyncClient(Core):
         column: str | None = None,
         group_by: str | None = None,
         keys: Sequence[str] | None = None,
+        size_hints: Mapping[str, int] | None = None,
     ) -> Quote:
         """What the query would cost, without spending; ``NotSupported`` on servers without it."""
         return await self._arun(
-            self._quote(dataset_id, quantiles, epsilon, method, delta, column, group_by, keys)
+            self._quote(
+                dataset_id, quantiles, epsilon, method, delta, column, group_by, keys, size_hints
+            )
         )
 
     async def methods(self) -> list[Method]:

@@ -99,13 +99,6 @@ class EstimateInterval(_Model):
     high: float
 
 
-class Group(_Model):
-    """One group of a grouped release: its key and its estimates (None until done)."""
-
-    key: str
-    estimates: list[float] | None = None
-
-
 class SizeError(_Model):
     """Expected missed points per quantile for a group of ``size`` rows."""
 
@@ -114,12 +107,29 @@ class SizeError(_Model):
     bound90: float
 
 
+class KeySizeError(SizeError):
+    """A hinted key's expected error at its size hint (``size``: the hint, never its rows)."""
+
+    key: str
+
+
+class Group(_Model):
+    """One group of a grouped release: its key, its estimates (None until done) and, for a
+    key the query gave a size hint, the expected error and error bars at that hint."""
+
+    key: str
+    estimates: list[float] | None = None
+    expected_error: SizeError | None = None
+    intervals: list[EstimateInterval] | None = None
+
+
 class GroupError(_Model):
     """A grouped release's expected error by group size, and the size below which an
     answer is mostly noise."""
 
     by_size: list[SizeError] | None = None
     min_size: int | None = None
+    by_key: list[KeySizeError] | None = None
 
 
 class Release(_Model):
@@ -161,17 +171,21 @@ class Release(_Model):
             raise ImportError("Release.to_pandas() needs pandas: pip install pandas") from None
         if self.groups is not None:
             name = self.group_by or "group"
-            return pd.DataFrame(
-                [
-                    {
+            grouped: list[dict[str, Any]] = []
+            for group in self.groups:
+                for i, q in enumerate(self.quantiles):
+                    entry: dict[str, Any] = {
                         name: group.key,
                         "quantile": q,
                         "estimate": None if group.estimates is None else group.estimates[i],
                     }
-                    for group in self.groups
-                    for i, q in enumerate(self.quantiles)
-                ]
-            )
+                    if group.expected_error is not None:
+                        entry.update(expected_mean=group.expected_error.mean,
+                                   expected_bound90=group.expected_error.bound90)  # fmt: skip
+                    if group.intervals is not None and i < len(group.intervals):
+                        entry.update(low=group.intervals[i].low, high=group.intervals[i].high)
+                    grouped.append(entry)
+            return pd.DataFrame(grouped)
         rows: list[dict[str, Any]] = []
         expected = self.expected_error or []
         for i, q in enumerate(self.quantiles):

@@ -474,7 +474,7 @@ async function main() {
   $("sign-out").addEventListener("click", signOut);
   $("query-form").addEventListener("submit", submitQuery);
   for (const id of ["query-quantiles", "query-epsilon", "query-delta", "query-method", "query-column",
-    "query-group", "query-keys"]) {
+    "query-group", "query-keys", "query-hints"]) {
     $(id).addEventListener("input", scheduleQuote);
   }
   $("query-group").addEventListener("change", () => { syncKeys(); scheduleQuote(); });

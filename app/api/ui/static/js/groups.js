@@ -30,6 +30,7 @@ export function syncKeys() {
   const chosen = picker.selectedOptions[0];
   const grouped = Boolean(picker.value);
   $("query-keys-field").hidden = !grouped;
+  $("query-hints-field").hidden = !grouped;
   const declared = chosen && chosen.dataset.keys;
   $("query-keys").placeholder = declared ? `declared: ${declared}` : "required: the keys to answer";
 }
@@ -43,15 +44,31 @@ export function readGrouping(body) {
     if (new Set(keys).size !== keys.length) return "keys: list each key once";
     body.keys = keys;
   }
+  const hints = {};
+  for (const entry of $("query-hints").value.split(",").map((h) => h.trim()).filter(Boolean)) {
+    const cut = entry.lastIndexOf("=");
+    const key = cut > 0 ? entry.slice(0, cut).trim() : "";
+    const rows = cut > 0 ? entry.slice(cut + 1).trim() : "";
+    if (!key || !/^[1-9][0-9]{0,11}$/.test(rows)) {
+      return `size hints: write key=rows with a whole number of rows, e.g. north=1200 (not "${entry}")`;
+    }
+    if (key in hints) return `size hints: ${key} is given twice`;
+    hints[key] = Number(rows);
+  }
+  if (Object.keys(hints).length) body.size_hints = hints;
   return null;
 }
 
-// "By group size: 100 rows ≈ 12 pts · 1000 rows ≈ 15 pts; fewer than 240 rows: mostly noise"
+// "By group size: 100 rows ≈ 12 pts · 1000 rows ≈ 15 pts; fewer than 240 rows: mostly noise",
+// then the hinted keys: "north (hint 1200 rows) ≈ 14 pts"
 export function groupErrorText(g) {
   if (!g || !g.by_size) return null;
   const ladder = g.by_size.filter((r) => r.size >= 100 && r.size <= 100000)
     .map((r) => `${r.size} rows ≈ ${Number(r.mean.toPrecision(2))} pts`).join(" · ");
-  return ladder + (g.min_size ? `; groups under ${g.min_size} rows: mostly noise` : "");
+  const hinted = (g.by_key || []).slice(0, 10)
+    .map((r) => `${r.key} (hint ${r.size} rows) ≈ ${Number(r.mean.toPrecision(2))} pts`).join(" · ");
+  return ladder + (g.min_size ? `; groups under ${g.min_size} rows: mostly noise` : "") +
+    (hinted ? `; ${hinted}` : "");
 }
 
 // "≈ 8.9 pts at 1000 rows" for the releases table (the group sizes themselves are private).
@@ -121,12 +138,21 @@ function drawGroups(release, ds) {
     key.scope = "row";
     key.textContent = g.key;
     row.append(key);
-    for (const e of g.estimates || []) {
+    (g.estimates || []).forEach((e, j) => {
       const td = document.createElement("td");
       td.className = "num mono";
       td.textContent = formatNumber(e);
+      const bar = g.intervals && g.intervals[j];
+      if (bar) {
+        const span = document.createElement("span");
+        span.className = "bar muted small";
+        span.setAttribute("data-testid", "group-bar");
+        span.textContent = ` [${formatNumber(bar.low)}, ${formatNumber(bar.high)}]`;
+        td.title = `90 % bar at the size hint ${g.expected_error ? g.expected_error.size : ""} rows`;
+        td.append(span);
+      }
       row.append(td);
-    }
+    });
     body.append(row);
     if (i >= MULTIPLES_MAX) return;
     const fig = document.createElement("figure");
@@ -137,7 +163,8 @@ function drawGroups(release, ds) {
     svg.setAttribute("data-testid", "group-cdf");
     svg.setAttribute("aria-label", `Step CDF of group ${g.key}`);
     drawStepCdf(svg, { quantiles: release.quantiles, estimates: g.estimates,
-      lower: ds ? ds.lower : 0, upper: ds ? ds.upper : 1, title: `Group ${g.key}` });
+      lower: ds ? ds.lower : 0, upper: ds ? ds.upper : 1, title: `Group ${g.key}`,
+      intervals: g.intervals || null });
     const caption = document.createElement("figcaption");
     caption.textContent = g.key;
     fig.append(svg, caption);
