@@ -479,6 +479,12 @@ BAD_DISCOVERY = [
     ({"keys": "discover", "selection": {"epsilon": "1", "delta": "1e-6", "max_keys": 10000},
       "quantiles": [0.1 * i for i in range(1, 10)] + [0.95, 0.99]}, "max_keys", "estimates"),
     ({"keys": "somewhere"}, "keys", ""),
+    ({"keys": "discover", "selection": {"epsilon": "1", "delta": "1e-6"},
+      "size_hints": {"a\x00b": 5}}, "size_hints", "NUL"),
+    ({"keys": "discover", "selection": {"epsilon": "1", "delta": "1e-6"},
+      "size_hints": {"\ud800": 5}}, "size_hints", "surrogate"),
+    ({"keys": "discover", "selection": {"epsilon": "1", "delta": "1e-6"},
+      "size_hints": {"": 5}}, "size_hints", ""),
 ]  # fmt: skip
 
 
@@ -489,7 +495,8 @@ def test_bad_discovery_queries_are_refused_and_nothing_is_debited(
     ds = discover_table(api, client)
     body = {"quantiles": [0.5], "epsilon": "1", "method": "jointexp", "group_by": "region",
             **extra}  # fmt: skip
-    r = client.post(f"/v1/datasets/{ds}/quantiles", json=body, headers=api.admin)
+    r = client.post(f"/v1/datasets/{ds}/quantiles", content=json.dumps(body),
+                    headers={**api.admin, "content-type": "application/json"})  # fmt: skip
     assert r.status_code == 422, r.text
     assert field.split(".")[-1] in r.text and words in r.text, r.text
     assert "hermit" not in r.text
