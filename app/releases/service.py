@@ -110,8 +110,7 @@ class ReleaseRecord:
     group_error: dict[str, Any] | None = None
     #: ``"keys": "discover"``: the keys the selection kept (None until done)
     selected_keys: list[str] | None = None
-    #: Error bars in the data's units (None until done, and where none could be formed);
-    #: a grouped release's: one entry per group answered, None for a key without a hint
+    #: Error bars (None until done or unformed); grouped: one entry per group (None: no hint)
     intervals: list[Any] | None = None
 
     @classmethod
@@ -546,15 +545,10 @@ def with_outcome(release: ReleaseRecord, outcome: Mapping[str, Any]) -> ReleaseR
 
 
 def _bars(entry: Any, group_by: str | None) -> Any:
-    """One announced entry of ``intervals``: a bar, or for a grouped release a group's bars
-    (None for a key without a hint)."""
+    """One announced ``intervals`` entry: a bar, or a group's bars (None: no size hint)."""
     if group_by is None:
         return dict(entry)
-    if entry is None:
-        return None
-    if not isinstance(entry, list):
-        raise TypeError("a group's bars are a list")
-    return [dict(bar) for bar in entry]
+    return None if entry is None else [dict(bar) for bar in entry]
 
 
 def is_finished(release: ReleaseRecord) -> bool:
