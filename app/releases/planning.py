@@ -121,7 +121,7 @@ def request_fingerprint(query: QuantileQuery) -> str:
         canonical["keys"] = query.keys
         if query.selection is not None:
             canonical["selection"] = query.selection.model_dump(mode="json")
-        if query.size_hints is not None:  # (absent: the fingerprints of earlier releases)
+        if query.size_hints:  # (absent or empty: the fingerprints of earlier releases)
             canonical["size_hints"] = query.size_hints
     return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
 

@@ -395,6 +395,12 @@ def test_idempotent_grouped_queries_replay_and_other_keys_conflict(
     assert replay.json()["id"] == first.json()["id"]
     other = client.post(url, json={**body, "keys": ["north", "east"]}, headers=headers)
     assert other.status_code == 409 and other.json()["type"] == "idempotency_conflict"
+    # size hints are part of the query: other hints conflict, none and {} are the same query
+    hinted = client.post(url, json={**body, "size_hints": {"north": 90}}, headers=headers)
+    assert hinted.status_code == 409 and hinted.json()["type"] == "idempotency_conflict"
+    empty = client.post(url, json={**body, "size_hints": {}}, headers=headers)
+    assert empty.headers["idempotent-replayed"] == "true"
+    assert empty.json()["id"] == first.json()["id"]
     assert spent(api, ds["id"]) == Decimal("1")
 
 
