@@ -563,14 +563,17 @@ def test_discovery_keeps_large_groups_and_drops_one_unit_groups(
     assert len(debits) == 20 and {e["delta"] for e in debits} == {"0.000001"}
 
 
+@pytest.mark.parametrize("hints", [None, {"west": 200}, {"west": 200, "north": 5}])
 def test_a_key_without_rows_answers_in_the_shape_of_a_key_with_rows(
-    api: Api, client: TestClient
+    api: Api, client: TestClient, hints: dict[str, int] | None
 ) -> None:
+    extra = {} if hints is None else {"size_hints": hints}
+
     def release(regions: list[str]) -> dict[str, Any]:
         ds = table(api)
         upload(client, api, ds["id"], rows_csv(400, regions=regions))
         r = api.query(ds["id"], quantiles=[0.1, 0.5, 0.9], epsilon="1", method="jointexp",
-                      group_by="region", keys=["north", "west"])  # fmt: skip
+                      group_by="region", keys=["north", "west"], **extra)  # fmt: skip
         assert r.status_code == 201, r.text
         out: dict[str, Any] = r.json()
         return out
@@ -583,14 +586,25 @@ def test_a_key_without_rows_answers_in_the_shape_of_a_key_with_rows(
     assert with_rows["group_error"] == without["group_error"]
 
     def masked(value: Any, key: str = "") -> Any:
-        # what may differ: ids, times and the released numbers (estimates are post-processing
-        # of the draw); every field, list length, key and public figure must be the same
+        # what may differ: ids, times and the released numbers (estimates and their bars are
+        # post-processing of the draw); every field, list length, key and public figure
+        # must be the same
         if isinstance(value, dict):
             return {k: masked(v, k) for k, v in value.items()}
         if isinstance(value, list):
             return [masked(v, key) for v in value]
-        if key == "estimates" or key.endswith(("id", "_at")) or key in ("dataset", "etag"):
+        if (
+            key in ("estimates", "low", "high")
+            or key.endswith(("id", "_at"))
+            or key
+            in (
+                "dataset",
+                "etag",
+            )
+        ):
             return type(value).__name__
         return value
 
     assert masked(with_rows) == masked(without)
+    west = [rel["groups"][1]["intervals"] for rel in (with_rows, without)]
+    assert (west[0] is None) == (west[1] is None) == (hints is None)
