@@ -29,8 +29,7 @@ Pure: depends on public figures and the release's own output only.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -57,51 +56,83 @@ def interval_cells(
         bound90: The planner's 90 % bound on missed points per quantile.
         size: The public size the bound is computed at (rows).
     """
-    m = len(quantiles)
-    if (
-        m == 0
-        or len(cells) != m
-        or size < 1
-        or not math.isfinite(bound90)
-        or bound90 < 0
-        or steps < 1
-    ):
+    if len(cells) != len(quantiles):
+        return None
+    out = interval_cells_many(quantiles, [cells], steps=steps, bound90=[bound90], size=[size])
+    if out is None or out[0] is None:
+        return None
+    return out[0]
+
+
+def interval_cells_many(
+    quantiles: Sequence[float],
+    cells: Sequence[Sequence[int]],
+    *,
+    steps: int,
+    bound90: Sequence[float],
+    size: Sequence[int],
+) -> list[list[tuple[int, int]] | None] | None:
+    """:func:`interval_cells` for many releases of the same levels at once (a grouped
+    release's groups: one row of ``cells``, one bound and one size each), in array
+    operations; an entry is None where its bound or size does not allow bars, the whole
+    None where the levels or the shapes do not."""
+    m, g = len(quantiles), len(cells)
+    if m == 0 or steps < 1 or len(bound90) != g or len(size) != g:
+        return None
+    if any(len(row) != m for row in cells):
         return None
     levels = np.asarray(quantiles, dtype=np.float64)
     if not np.all(np.diff(levels) > 0):
         return None
-    half = min((bound90 + 1.0) / size, 1.0)
-    curve = _curve(levels, np.sort(np.asarray(cells, dtype=np.float64)), float(steps))
-    out: list[tuple[int, int]] = []
-    for q, k in zip(levels.tolist(), cells, strict=True):
-        lo = math.floor(curve(max(q - half, 0.0)) + 1e-9)
-        hi = math.ceil(curve(min(q + half, 1.0)) - 1e-9)
-        out.append((max(0, min(lo, int(k))), min(steps, max(hi, int(k)))))
-    return out
+    raw = np.asarray(cells, dtype=np.float64).reshape(g, m)
+    bounds = np.asarray(bound90, dtype=np.float64)
+    sizes = np.asarray(size, dtype=np.float64)
+    ok = np.isfinite(bounds) & (bounds >= 0) & (sizes >= 1)
+    half = np.minimum((np.where(ok, bounds, 0.0) + 1.0) / np.maximum(sizes, 1.0), 1.0)
+    values = np.sort(raw, axis=1)
+    top = float(steps)
+    low_p = np.maximum(levels[None, :] - half[:, None], 0.0)
+    high_p = np.minimum(levels[None, :] + half[:, None], 1.0)
+    lo = np.floor(_curve(levels, values, top, low_p) + 1e-9)
+    hi = np.ceil(_curve(levels, values, top, high_p) - 1e-9)
+    lo = np.maximum(0.0, np.minimum(lo, raw)).astype(np.int64)
+    hi = np.minimum(top, np.maximum(hi, raw)).astype(np.int64)
+    return [
+        list(zip(lo[i].tolist(), hi[i].tolist(), strict=True)) if ok[i] else None for i in range(g)
+    ]
 
 
-def _curve(levels: np.ndarray, values: np.ndarray, top: float) -> Callable[[float], float]:
-    """The piecewise-linear quantile curve on [0, top]: through the estimates; beyond the
-    outermost ones at :data:`TAIL_STEEPENING` times the nearest segment's slope; within the
-    bounds. With one estimate: from the lower bound through it to the upper bound."""
+def _curve(levels: np.ndarray, values: np.ndarray, top: float, p: np.ndarray) -> np.ndarray:
+    """The piecewise-linear quantile curves (one per row of ``values``) on [0, top] at the
+    levels ``p`` (same shape): through the estimates; beyond the outermost ones at
+    :data:`TAIL_STEEPENING` times the nearest segment's slope; within the bounds. With one
+    estimate: from the lower bound through it to the upper bound. Inside, each value is
+    ``np.interp``'s: ``slope (p - x_j) + y_j``, the knot's own value at a knot."""
     if levels.size == 1:
-        knots_p = np.array([0.0, levels[0], 1.0])
-        knots_v = np.array([0.0, values[0], top])
-        return lambda p: float(np.interp(p, knots_p, knots_v))
-    first, last = float(levels[0]), float(levels[-1])
-    low_slope = TAIL_STEEPENING * (values[1] - values[0]) / (levels[1] - levels[0])
-    high_slope = TAIL_STEEPENING * (values[-1] - values[-2]) / (levels[-1] - levels[-2])
-
-    def curve(p: float) -> float:
-        if p < first:
-            v = float(values[0] - low_slope * (first - p))
-        elif p > last:
-            v = float(values[-1] + high_slope * (p - last))
-        else:
-            v = float(np.interp(p, levels, values))
-        return min(max(v, 0.0), top)
-
-    return curve
+        xs = np.array([0.0, levels[0], 1.0])
+        ys = np.stack([np.zeros(len(values)), values[:, 0], np.full(len(values), top)], axis=1)
+        single: np.ndarray = np.clip(_interp(xs, ys, p), 0.0, top)
+        return single
+    first, last = levels[0], levels[-1]
+    low_slope = TAIL_STEEPENING * (values[:, 1] - values[:, 0]) / (levels[1] - levels[0])
+    high_slope = TAIL_STEEPENING * (values[:, -1] - values[:, -2]) / (levels[-1] - levels[-2])
+    inside = _interp(levels, values, np.clip(p, first, last))
+    below = values[:, :1] - low_slope[:, None] * (first - p)
+    above = values[:, -1:] + high_slope[:, None] * (p - last)
+    v = np.where(p < first, below, np.where(p > last, above, inside))
+    return np.clip(v, 0.0, top)
 
 
-__all__ = ["TAIL_STEEPENING", "interval_cells"]
+def _interp(xs: np.ndarray, ys: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Row-wise ``np.interp(p[i], xs, ys[i])`` for ``xs[0] <= p <= xs[-1]``, with numpy's
+    arithmetic (the same doubles)."""
+    j = np.clip(np.searchsorted(xs, p, side="right") - 1, 0, xs.size - 2)
+    rows = np.arange(ys.shape[0])[:, None]
+    y0, y1 = ys[rows, j], ys[rows, j + 1]
+    slope = (y1 - y0) / (xs[j + 1] - xs[j])
+    out = slope * (p - xs[j]) + y0
+    out = np.where(p == xs[j], y0, out)
+    return np.where(p >= xs[-1], ys[:, -1:], out)
+
+
+__all__ = ["TAIL_STEEPENING", "interval_cells", "interval_cells_many"]

@@ -37,7 +37,7 @@ from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
 from app.mechanisms.grouped import chain_length, run_groups
 from app.mechanisms.partition import select_keys
-from app.planner.intervals import interval_cells
+from app.planner.intervals import interval_cells, interval_cells_many
 from app.releases.service import PENDING_CHANNEL
 
 Connection = psycopg.Connection[Any]
@@ -462,12 +462,31 @@ def group_intervals_of(
         return None
     if not hinted or len(estimates) != m * len(answered):
         return None
-    out: list[list[dict[str, float]] | None] = []
-    for i, key in enumerate(answered):
-        figures = hinted.get(key)
-        own = estimates[i * m : i * m + m]
-        out.append(None if figures is None else _bars(params, own, bound=figures[0],
-                                                      size=figures[1]))  # fmt: skip
+    try:
+        quantiles = [float(q) for q in params["quantiles"]]
+        lower, upper = float(params["lower"]), float(params["upper"])
+        step = float(params["granularity"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    rows = [i for i, key in enumerate(answered) if key in hinted]
+    cells = cell_of(estimates, lower, upper, step).reshape(len(answered), m)
+    bars = interval_cells_many(
+        quantiles, cells[rows].tolist(), steps=grid_size(lower, upper, step) - 1,
+        bound90=[hinted[answered[i]][0] for i in rows],
+        size=[hinted[answered[i]][1] for i in rows],
+    )  # fmt: skip
+    out: list[list[dict[str, float]] | None] = [None] * len(answered)
+    if bars is None:
+        return out
+    formed = [(i, b) for i, b in zip(rows, bars, strict=True) if b is not None]
+    ends = [end for _, b in formed for pair in b for end in pair]
+    values = grid_values(ends, lower, step).tolist() if ends else []
+    for k, (i, _) in enumerate(formed):
+        own = values[2 * m * k : 2 * m * (k + 1)]
+        out[i] = [
+            {"quantile": q, "low": own[2 * j], "high": own[2 * j + 1]}
+            for j, q in enumerate(quantiles)
+        ]
     return out
 
 

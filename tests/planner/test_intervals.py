@@ -17,7 +17,7 @@ from app.experiments.runner import evenly_spaced_quantiles, stream
 from app.mechanisms import MECHANISMS
 from app.mechanisms.histogram import GridHistogram
 from app.planner import expected_error
-from app.planner.intervals import TAIL_STEEPENING
+from app.planner.intervals import TAIL_STEEPENING, interval_cells_many
 from app.releases.runner import intervals_of
 
 
@@ -109,6 +109,64 @@ def test_one_estimate_runs_the_curve_from_the_lower_bound_through_it_to_the_uppe
         [0.5], [50.0], lower=0.0, upper=100.0, granularity=0.1, bound90=19, size=1000
     )
     assert bars == [(pytest.approx(48.0), pytest.approx(52.0))]
+
+
+def reference_cells(
+    quantiles: list[float], cells: list[int], steps: int, bound90: float, size: int
+) -> list[tuple[int, int]] | None:
+    """The rule stated point by point (module docstring), each curve value from np.interp."""
+    if size < 1 or not math.isfinite(bound90) or bound90 < 0:
+        return None
+    levels = np.asarray(quantiles)
+    values = np.sort(np.asarray(cells, dtype=np.float64))
+    half = min((bound90 + 1.0) / size, 1.0)
+
+    def curve(p: float) -> float:
+        if levels.size == 1:
+            return float(np.interp(p, [0.0, levels[0], 1.0], [0.0, values[0], float(steps)]))
+        if p < levels[0]:
+            slope = TAIL_STEEPENING * (values[1] - values[0]) / (levels[1] - levels[0])
+            v = float(values[0] - slope * (levels[0] - p))
+        elif p > levels[-1]:
+            slope = TAIL_STEEPENING * (values[-1] - values[-2]) / (levels[-1] - levels[-2])
+            v = float(values[-1] + slope * (p - levels[-1]))
+        else:
+            v = float(np.interp(p, levels, values))
+        return min(max(v, 0.0), float(steps))
+
+    out = []
+    for q, k in zip(quantiles, cells, strict=True):
+        lo = math.floor(curve(max(q - half, 0.0)) + 1e-9)
+        hi = math.ceil(curve(min(q + half, 1.0)) - 1e-9)
+        out.append((max(0, min(lo, k)), min(steps, max(hi, k))))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_the_batched_bars_are_the_point_by_point_rule_exactly(data: st.DataObject) -> None:
+    """A grouped release's groups go through :func:`interval_cells_many` in array
+    operations; each group's bars are the rule applied point by point, bit for bit (levels
+    on and off the knots, bounds and sizes that allow no bars, one level and many)."""
+    m = data.draw(st.integers(1, 25))
+    levels = sorted(set(data.draw(st.lists(st.integers(1, 999), min_size=m, max_size=m))))
+    quantiles = [k / 1000 for k in levels]
+    steps = data.draw(st.integers(1, 5000))
+    groups = data.draw(st.integers(1, 8))
+    cells = [
+        data.draw(st.lists(st.integers(0, steps), min_size=len(levels), max_size=len(levels)))
+        for _ in range(groups)
+    ]
+    bound = st.one_of(
+        st.integers(0, 2000).map(float), st.floats(-5, 1e4), st.sampled_from([math.inf, -1.0])
+    )
+    bounds = [data.draw(st.one_of(bound, st.just(math.nan))) for _ in range(groups)]
+    sizes = [data.draw(st.one_of(st.sampled_from([0, 1, 1000]), st.integers(1, 10**6)))
+             for _ in range(groups)]  # fmt: skip
+    got = interval_cells_many(quantiles, cells, steps=steps, bound90=bounds, size=sizes)
+    assert got is not None and len(got) == groups
+    for row, bound, size, bars in zip(cells, bounds, sizes, got, strict=True):
+        assert bars == reference_cells(quantiles, row, steps, bound, size)
 
 
 def test_no_interval_without_the_figures_it_needs() -> None:
