@@ -147,7 +147,7 @@ function drawGroups(release, ds) {
         const span = document.createElement("span");
         span.className = "bar muted small";
         span.setAttribute("data-testid", "group-bar");
-        span.textContent = ` [${formatNumber(bar.low)}, ${formatNumber(bar.high)}]`;
+        span.textContent = `[${formatNumber(bar.low)}, ${formatNumber(bar.high)}]`;
         td.title = `90 % bar at the size hint ${g.expected_error ? g.expected_error.size : ""} rows`;
         td.append(span);
       }
