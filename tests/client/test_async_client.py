@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -97,5 +98,38 @@ def test_async_get_or_create_and_typed_methods(server: LiveServer) -> None:
             methods = await admin.methods()
             assert {m.name for m in methods} >= {"jointexp", "indexp", "aq"}
             assert all(m.guarantee in ("pure_dp", "approx_dp", "zcdp") for m in methods)
+
+    run(scenario)
+
+
+def test_async_grouped_release_with_size_hints(server: LiveServer, tmp_path: Path) -> None:
+    csv = tmp_path / "rows.csv"
+    csv.write_text("v,side\n" + "".join(
+        f"{x},{'left' if i % 2 else 'right'}\n" for i, x in enumerate(VALUES)))  # fmt: skip
+
+    async def scenario() -> None:
+        async with AsyncClient(server.base_url, server.admin_key, backoff=0.01) as admin:
+            ds = await admin.create_dataset(
+                name(),
+                epsilon="2",
+                columns=[
+                    {"name": "v", "type": "numeric", "lower": 0, "upper": 250, "granularity": 1},
+                    {"name": "side", "type": "categorical", "keys": ["left", "right"]},
+                ],
+            )
+            assert (await admin.upload(ds.id, path=csv)).n == len(VALUES)
+            quote = await admin.quote(ds.id, [0.5], epsilon="1", group_by="side",
+                                      size_hints={"right": 50})  # fmt: skip
+            assert quote.group_error is not None and quote.group_error.by_key is not None
+            assert [(k.key, k.size) for k in quote.group_error.by_key] == [("right", 50)]
+            release = await admin.quantiles(ds.id, [0.25, 0.75], epsilon="1", group_by="side",
+                                            size_hints={"right": 50})  # fmt: skip
+            assert release.groups is not None
+            left, right = release.groups
+            assert left.intervals is None and left.expected_error is None
+            assert right.intervals is not None and right.estimates is not None
+            assert right.expected_error is not None and right.expected_error.size == 50
+            for bar, estimate in zip(right.intervals, right.estimates, strict=True):
+                assert bar.low <= estimate <= bar.high
 
     run(scenario)
