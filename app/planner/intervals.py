@@ -1,8 +1,10 @@
 """Error bars in the data's units, by post-processing a release (no budget).
 
 A release gives the estimates ``x_1 .. x_m`` of the quantile levels ``q_1 < .. < q_m`` and the
-planner's 90 % bound ``b`` on each estimate's rank error (missed points, at the public size
-``n``). In 90 % of runs at most ``b`` data points lie between the estimate of ``q_j`` and
+planner's 90 % bound ``b`` on one estimate's rank error (missed points, at the public size
+``n``: :func:`app.planner.estimate_bound90`, wider than ``bound90``, the bound on their mean
+over the release's quantiles: one estimate varies more than a mean of m). In 90 % of runs
+at most ``b`` data points lie between the estimate of ``q_j`` and
 the true ``q_j``-quantile, which is itself a data point: the truth is then at most ``b + 1``
 points away, between the values at the ranks ``q_j n - b - 1`` and ``q_j n + b + 1``. Those
 values are unknown, but the release itself is an estimate of the quantile function: the
@@ -53,7 +55,8 @@ def interval_cells(
         cells: The released estimates' grid indices, one per level (sorted first where a
             method's independent picks cross: the curve is monotone).
         steps: The grid's last index (``grid_size - 1``).
-        bound90: The planner's 90 % bound on missed points per quantile.
+        bound90: The planner's 90 % bound on one estimate's missed points
+            (:func:`app.planner.estimate_bound90`).
         size: The public size the bound is computed at (rows).
     """
     if len(cells) != len(quantiles):

@@ -195,11 +195,18 @@ def expectation(
             query.method, size, query.quantiles, epsilon, delta, "add_remove",
             grid_points=grid_points,
         )  # fmt: skip
-        if err is None:
+        each = planner.estimate_bound90(
+            query.method, size, query.quantiles, epsilon, delta, "add_remove",
+            grid_points=grid_points,
+        )  # fmt: skip
+        if err is None or each is None:
             return {"by_size": None, "min_size": None}, [
                 f"expected error unknown: no error model for method {query.method!r}"
             ]
-        rows.append({"size": size, "mean": _figures(err[0]), "bound90": _figures(err[1])})
+        rows.append(
+            {"size": size, "mean": _figures(err[0]), "bound90": _figures(err[1]),
+             "bound90_each": _figures(each)}
+        )  # fmt: skip
     min_size = noise_floor(query, epsilon, delta, grid_points=grid_points)
     warnings = []
     if min_size is not None:
@@ -216,11 +223,16 @@ def expectation(
                 query.method, hint, query.quantiles, epsilon, delta, "add_remove",
                 grid_points=grid_points,
             )  # fmt: skip
-            if err is None:
+            each = planner.estimate_bound90(
+                query.method, hint, query.quantiles, epsilon, delta, "add_remove",
+                grid_points=grid_points,
+            )  # fmt: skip
+            if err is None or each is None:
                 continue
             by_key.append(
-                {"key": key, "size": hint, "mean": _figures(err[0]), "bound90": _figures(err[1])}
-            )
+                {"key": key, "size": hint, "mean": _figures(err[0]),
+                 "bound90": _figures(err[1]), "bound90_each": _figures(each)}
+            )  # fmt: skip
             small += min_size is not None and hint < min_size
         if small:
             warnings.append(

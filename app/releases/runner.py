@@ -37,7 +37,7 @@ from app.ledger.service import mechanism_float
 from app.mechanisms import GridHistogram, MechanismInputError, get_mechanism
 from app.mechanisms.grouped import chain_length, run_groups
 from app.mechanisms.partition import select_keys
-from app.planner.intervals import interval_cells, interval_cells_many
+from app.planner.intervals import interval_cells_many
 from app.releases.service import PENDING_CHANNEL
 
 Connection = psycopg.Connection[Any]
@@ -434,12 +434,14 @@ def intervals_of(
         return None
     try:
         size = expected[0].get("size")
-        bound = max(float(row["bound90"]) for row in expected)
+        bound = max(_bar_bound(row) for row in expected)
         if size is None:
             return None
+        table = np.asarray(estimates, dtype=np.float64).reshape(1, -1)
+        bars = _grid_bars(params, table, [(bound, int(size))])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return _bars(params, estimates, bound=bound, size=int(size))
+    return None if bars is None else bars[0]
 
 
 def group_intervals_of(
@@ -453,34 +455,56 @@ def group_intervals_of(
         return None
     try:
         hinted = {
-            str(row["key"]): (float(row["bound90"]), int(row["size"]))
+            str(row["key"]): (_bar_bound(row), int(row["size"]))
             for row in (params.get("group_error") or {}).get("by_key") or []
         }
         answered = list(keys) if keys is not None else [str(k) for k in params["group_keys"]]
         m = len(params["quantiles"])
+        if not hinted or len(estimates) != m * len(answered):
+            return None
+        rows = [i for i, key in enumerate(answered) if key in hinted]
+        table = np.asarray(estimates, dtype=np.float64).reshape(len(answered), m)
+        bars = _grid_bars(params, table[rows], [hinted[answered[i]] for i in rows])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if not hinted or len(estimates) != m * len(answered):
-        return None
-    try:
-        quantiles = [float(q) for q in params["quantiles"]]
-        lower, upper = float(params["lower"]), float(params["upper"])
-        step = float(params["granularity"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    rows = [i for i, key in enumerate(answered) if key in hinted]
-    cells = cell_of(estimates, lower, upper, step).reshape(len(answered), m)
-    bars = interval_cells_many(
-        quantiles, cells[rows].tolist(), steps=grid_size(lower, upper, step) - 1,
-        bound90=[hinted[answered[i]][0] for i in rows],
-        size=[hinted[answered[i]][1] for i in rows],
-    )  # fmt: skip
     out: list[list[dict[str, float]] | None] = [None] * len(answered)
+    for i, bar in zip(rows, bars or [None] * len(rows), strict=True):
+        out[i] = bar
+    return out
+
+
+def _bar_bound(row: Mapping[str, Any]) -> float:
+    """The bound an error bar spans: one estimate's (``bound90_each``), or for releases
+    stored before it existed the release mean's (``bound90``)."""
+    each = row.get("bound90_each")
+    return float(row["bound90"] if each is None else each)
+
+
+def _grid_bars(
+    params: Mapping[str, Any],
+    rows: NDArray[np.float64],
+    bounds: Sequence[tuple[float, int]],
+) -> list[list[dict[str, float]] | None] | None:
+    """Error bars for rows of estimates of the release's levels on its grid, one
+    ``(bound, size)`` per row, as grid values like the estimates (one batched pass of
+    :func:`app.planner.intervals.interval_cells_many`); an entry is None where its bound
+    or size does not allow bars, the whole None where the levels do not."""
+    quantiles = [float(q) for q in params["quantiles"]]
+    lower, upper = float(params["lower"]), float(params["upper"])
+    step = float(params["granularity"])
+    m = len(quantiles)
+    grid = cell_of(rows.ravel(), lower, upper, step).reshape(rows.shape)
+    cells = [[int(c) for c in row] for row in grid]
+    bars = interval_cells_many(
+        quantiles, cells, steps=grid_size(lower, upper, step) - 1,
+        bound90=[b for b, _ in bounds], size=[n for _, n in bounds],
+    )  # fmt: skip
     if bars is None:
-        return out
-    formed = [(i, b) for i, b in zip(rows, bars, strict=True) if b is not None]
+        return None
+    formed = [(i, b) for i, b in enumerate(bars) if b is not None]
     ends = [end for _, b in formed for pair in b for end in pair]
     values = grid_values(ends, lower, step).tolist() if ends else []
+    out: list[list[dict[str, float]] | None] = [None] * len(rows)
     for k, (i, _) in enumerate(formed):
         own = values[2 * m * k : 2 * m * (k + 1)]
         out[i] = [
@@ -488,29 +512,6 @@ def group_intervals_of(
             for j, q in enumerate(quantiles)
         ]
     return out
-
-
-def _bars(
-    params: Mapping[str, Any], estimates: Sequence[float], *, bound: float, size: int
-) -> list[dict[str, float]] | None:
-    try:
-        quantiles = [float(q) for q in params["quantiles"]]
-        lower, upper = float(params["lower"]), float(params["upper"])
-        step = float(params["granularity"])
-        bars = interval_cells(
-            quantiles, cell_of(estimates, lower, upper, step).tolist(),
-            steps=grid_size(lower, upper, step) - 1, bound90=bound, size=size,
-        )  # fmt: skip
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if bars is None:
-        return None
-    lows = grid_values([lo for lo, _ in bars], lower, step).tolist()
-    highs = grid_values([hi for _, hi in bars], lower, step).tolist()
-    return [
-        {"quantile": q, "low": lo, "high": hi}
-        for q, lo, hi in zip(quantiles, lows, highs, strict=True)
-    ]
 
 
 def _intervals(

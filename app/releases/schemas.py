@@ -163,6 +163,12 @@ class ExpectedError(BaseModel):
     quantile: float
     mean: float = Field(description="Expected missed points.")
     bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
+    bound90_each: float | None = Field(
+        default=None,
+        description="One estimate's missed points stayed below this in 90 % of trials (the "
+        "span of its error bar); `bound90` bounds their mean over the release's quantiles, "
+        "which varies less. Null on releases stored before it was computed.",
+    )
     size: int | None = Field(
         default=None,
         description="The public size (rows) the figures are computed at: n under swap "
@@ -185,6 +191,12 @@ class SizeError(BaseModel):
     size: int = Field(description="Rows in the group.")
     mean: float = Field(description="Expected missed points per quantile.")
     bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
+    bound90_each: float | None = Field(
+        default=None,
+        description="One estimate's missed points stayed below this in 90 % of trials (the "
+        "span of its error bar); `bound90` bounds their mean over the release's quantiles, "
+        "which varies less. Null on releases stored before it was computed.",
+    )
 
 
 class KeySizeError(BaseModel):
@@ -194,6 +206,12 @@ class KeySizeError(BaseModel):
     size: int = Field(description="The query's size hint for the key (public), never its rows.")
     mean: float = Field(description="Expected missed points per quantile at that size.")
     bound90: float = Field(description="Missed points stayed below this in 90 % of trials.")
+    bound90_each: float | None = Field(
+        default=None,
+        description="One estimate's missed points stayed below this in 90 % of trials (the "
+        "span of its error bar); `bound90` bounds their mean over the release's quantiles, "
+        "which varies less. Null on releases stored before it was computed.",
+    )
 
 
 class GroupError(BaseModel):
@@ -288,7 +306,8 @@ class ReleasePublic(BaseModel):
     intervals: list[EstimateInterval] | None = Field(
         default=None,
         description="Error bars in the data's units, one per estimate, for 90 % nominal "
-        "coverage: the values between the levels q -/+ (bound90 + 1)/size on the piecewise-linear "
+        "coverage: the values between the levels q -/+ (bound90_each + 1)/size on the "
+        "piecewise-linear "
         "curve through the release's own estimates (continued beyond the outermost ones at "
         "twice the nearest slope, within the public bounds), widened to the grid. "
         "Post-processing: no extra budget. An approximation, not a guarantee: it inherits "

@@ -16,7 +16,7 @@ from app.experiments.errormap import LOWER, UPPER, sample_shape
 from app.experiments.runner import evenly_spaced_quantiles, stream
 from app.mechanisms import MECHANISMS
 from app.mechanisms.histogram import GridHistogram
-from app.planner import expected_error
+from app.planner import estimate_bound90, expected_error
 from app.planner.intervals import TAIL_STEEPENING, interval_cells_many
 from app.releases.runner import intervals_of
 
@@ -183,8 +183,8 @@ def coverage(shape: str, n: int, m: int, eps: float, trials: int, scale: float =
     """Share of (trial, quantile) pairs whose interval holds the data's true quantile, for
     JointExp on the grid as a release runs it, with the planner's bound times ``scale``."""
     qs = evenly_spaced_quantiles(m)
-    err = expected_error("jointexp", n, list(qs), eps, None, "swap")
-    assert err is not None
+    bound = estimate_bound90("jointexp", n, list(qs), eps, None, "swap")
+    assert bound is not None
     step = 1e-3
     hits: list[bool] = []
     for t in range(trials):
@@ -198,7 +198,7 @@ def coverage(shape: str, n: int, m: int, eps: float, trials: int, scale: float =
         values = grid_values(np.repeat(cells, counts), LOWER, step)
         bars = estimate_intervals(
             list(qs), [float(e) for e in est], lower=LOWER, upper=UPPER, granularity=step,
-            bound90=scale * err[1], size=n,
+            bound90=scale * bound, size=n,
         )  # fmt: skip
         assert bars is not None
         truth = values[np.maximum(np.ceil(qs * n).astype(int), 1) - 1]
@@ -213,3 +213,38 @@ def test_where_the_bound_is_calibrated_the_intervals_cover_about_90_percent() ->
     assert 0.8 <= covered <= 0.99
     # the check can fail: a bound ten times too small covers far less
     assert coverage("gaussian", 20_000, 9, 1.0, trials=30, scale=0.1) < 0.6
+
+
+@pytest.mark.parametrize("regime", ["continuous", "tied", "clamped"])
+def test_one_estimates_bound_is_never_below_the_bound_on_the_mean(regime: str) -> None:
+    # A mean over m quantiles varies less than any one of them: the bars' bound (one
+    # estimate's) is bound90 at m = 1 and never narrower than it.
+    for method in ("jointexp", "jointexp_smooth", "aq", "indexp"):
+        for m in (1, 5, 49):
+            qs = list(evenly_spaced_quantiles(m))
+            err = expected_error(method, 20_000, qs, 1.0, None, "swap", regime=regime)
+            each = estimate_bound90(method, 20_000, qs, 1.0, None, "swap", regime=regime)
+            assert err is not None and each is not None
+            assert each >= err[1] >= err[0]
+            if m == 1:
+                assert each == pytest.approx(err[1])
+            elif regime == "continuous":  # (a sparse map's fitted spread may rise with m)
+                assert each > err[1], (method, m)
+            assert each <= 20_000
+
+
+def test_bars_span_one_estimates_bound_and_fall_back_to_the_mean_bound() -> None:
+    # a release stored with bound90_each spans it; one stored before it existed, bound90
+    quantiles, estimates = [0.25, 0.5, 0.75], [25.0, 50.0, 75.0]
+    base = {"quantiles": quantiles, "lower": 0.0, "upper": 100.0, "granularity": 0.01}
+    rows = [{"quantile": q, "bound90": 9.0, "size": 1000} for q in quantiles]
+    legacy = intervals_of(base | {"expected_error": rows}, estimates)
+    each = intervals_of(
+        base | {"expected_error": [r | {"bound90_each": 49.0} for r in rows]}, estimates
+    )
+    wide = intervals_of(base | {"expected_error": [r | {"bound90": 49.0} for r in rows]}, estimates)
+    assert legacy is not None and each is not None
+    assert each == wide != legacy
+    # the linear case: (49 + 1) / 1000 of the levels either side is 5 in value (10 beyond
+    # the outermost estimates, where the curve steepens twofold)
+    assert [(b["low"], b["high"]) for b in each] == [(15.0, 30.0), (45.0, 55.0), (70.0, 85.0)]

@@ -28,7 +28,7 @@ def recomputed(body: dict[str, Any], lower: float, upper: float, step: float) ->
     bars = interval_cells(
         body["quantiles"], cell_of(body["estimates"], lower, upper, step).tolist(),
         steps=grid_size(lower, upper, step) - 1,
-        bound90=max(e["bound90"] for e in body["expected_error"]), size=first["size"],
+        bound90=max(e["bound90_each"] for e in body["expected_error"]), size=first["size"],
     )  # fmt: skip
     assert bars is not None
     lows = grid_values([lo for lo, _ in bars], lower, step).tolist()
@@ -45,6 +45,8 @@ def test_a_release_has_error_bars_from_its_own_estimates_and_public_figures(
     assert created.status_code == 201, created.text
     body = created.json()
     assert [e["size"] for e in body["expected_error"]] == [3000] * 5  # n: public under swap
+    # the bars span one estimate's bound, wider than the bound on the mean of five
+    assert all(e["bound90_each"] > e["bound90"] for e in body["expected_error"])
     bars = body["intervals"]
     assert [b["quantile"] for b in bars] == QUANTILES
     for bar, estimate in zip(bars, body["estimates"], strict=True):
@@ -106,9 +108,12 @@ def test_a_grouped_release_has_error_bars_only_for_the_keys_given_a_size_hint(
         assert groups[key]["estimates"] is not None
     for row in by_key:
         group = groups[row["key"]]
-        assert group["expected_error"] == {k: row[k] for k in ("size", "mean", "bound90")}
+        figures = ("size", "mean", "bound90", "bound90_each")
+        assert group["expected_error"] == {k: row[k] for k in figures}
+        assert row["bound90_each"] > row["bound90"]  # one estimate varies more than a mean
         alone = {"quantiles": QUANTILES, "estimates": group["estimates"],
-                 "expected_error": [{"size": row["size"], "bound90": row["bound90"]}]}  # fmt: skip
+                 "expected_error": [{"size": row["size"], "bound90_each": row["bound90_each"],
+                                     "bound90": row["bound90"]}]}  # fmt: skip
         assert group["intervals"] == recomputed(alone, 0.0, 1000.0, 1.0)
         for bar, estimate in zip(group["intervals"], group["estimates"], strict=True):
             assert bar["low"] <= estimate <= bar["high"]

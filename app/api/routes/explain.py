@@ -23,15 +23,17 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=DecimalJSONRoute
 
 READING = [
     "Expected error is in missed points: the number of data points between the true "
-    "quantile and the estimate. `mean` is its a-priori mean and `bound90` a value it stayed "
-    "below in 90 % of trials, both computed before the release from public figures only.",
+    "quantile and the estimate. `mean` is its a-priori mean per quantile, `bound90` a value "
+    "that mean over the release's quantiles stayed below in 90 % of trials and "
+    "`bound90_each` the same for any one estimate (wider: one estimate varies more than a "
+    "mean), all computed before the release from public figures only.",
     "Estimates lie on the column's public grid (lower + k·granularity); values outside "
     "[lower, upper] were moved to the nearest bound before the release (how many is "
     "admin-only, since it depends on the data).",
     "The cost was debited when the release was reserved, whatever its outcome; reading the "
     "release and this explanation is free.",
     "Error bars (intervals) are in the data's units: for each estimate, the values between "
-    "the levels q -/+ (bound90 + 1)/size on the curve through the release's own "
+    "the levels q -/+ (bound90_each + 1)/size on the curve through the release's own "
     "estimates (steeper beyond the outermost ones, within the bounds), widened to the grid. "
     "They cost nothing (post-processing) and are approximate: they aim at 90 % coverage, "
     "inherit the expected error's model and assume the data's quantile function is near "

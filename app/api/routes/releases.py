@@ -69,7 +69,12 @@ def present(
         else:
             keys = release.group_keys
         hinted = {
-            row["key"]: {"size": row["size"], "mean": row["mean"], "bound90": row["bound90"]}
+            row["key"]: {
+                "size": row["size"],
+                "mean": row["mean"],
+                "bound90": row["bound90"],
+                "bound90_each": row.get("bound90_each"),
+            }
             for row in (release.group_error or {}).get("by_key") or []
         }
         bars = release.intervals if estimates is not None else None

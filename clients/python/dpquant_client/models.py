@@ -86,8 +86,9 @@ class ExpectedError(_Model):
 
     quantile: float
     mean: float
-    bound90: float
+    bound90: float  # bounds the mean over the release's quantiles in 90 % of trials
     size: int | None = None  # the public size the figures assume (n, or the size hint)
+    bound90_each: float | None = None  # bounds any one estimate (the error bars' span)
 
 
 class EstimateInterval(_Model):
@@ -105,6 +106,7 @@ class SizeError(_Model):
     size: int
     mean: float
     bound90: float
+    bound90_each: float | None = None
 
 
 class KeySizeError(SizeError):
