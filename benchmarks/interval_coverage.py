@@ -6,7 +6,7 @@ Cells are drawn at random with the fixed seed (log-uniform n in [10^3, 10^5], m 
 epsilon in [0.05, 10]; shapes cycled over the error map's five, ``app.experiments.errormap``);
 none of them is tuned on. Each cell runs the method ``auto`` picks (the planner, as a release
 does) ``trials`` times on fresh samples; each estimate's interval (the release worker's
-``intervals_of`` over ``app.planner.intervals``, from the planner's ``bound90`` at the true n,
+``intervals_of`` over ``app.planner.intervals``, from the planner's ``bound90_each`` at the true n,
 the public bounds [-100, 100] and the service's default grid step for them, 10^-4, or 1 for
 the integer-valued shape) is checked, as a release runs (``run_grid`` on the data's grid
 histogram), against the data's true quantile (the ``ceil(q n)``-th smallest value). Prints,
@@ -32,7 +32,7 @@ from app.experiments.errormap import LOWER, SHAPES, UPPER, sample_shape
 from app.experiments.runner import evenly_spaced_quantiles, stream
 from app.mechanisms import MECHANISMS
 from app.mechanisms.histogram import GridHistogram
-from app.planner import expected_error, recommend
+from app.planner import estimate_bound90, expected_error, recommend
 from app.releases.runner import intervals_of
 
 #: The service's default grid step for the bounds [-100, 100]; integer-valued data are
@@ -71,7 +71,8 @@ def run(cells: int, trials: int, seed: int) -> int:
         points = grid_size(LOWER, UPPER, step)
         method = recommend(n, list(qs), eps, None, "swap", grid_points=points)
         err = expected_error(method, n, list(qs), eps, None, "swap", grid_points=points)
-        assert err is not None
+        each = estimate_bound90(method, n, list(qs), eps, None, "swap", grid_points=points)
+        assert err is not None and each is not None
         mech = MECHANISMS[method]
         hits: list[bool] = []
         missed: list[float] = []
@@ -88,7 +89,7 @@ def run(cells: int, trials: int, seed: int) -> int:
             data = grid_values(np.repeat(cells_, counts), LOWER, step)
             bars = intervals_of(
                 {"quantiles": list(qs), "lower": LOWER, "upper": UPPER, "granularity": step,
-                 "expected_error": [{"bound90": err[1], "size": n}]},
+                 "expected_error": [{"bound90": err[1], "bound90_each": each, "size": n}]},
                 [float(e) for e in est],
             )  # fmt: skip
             assert bars is not None
