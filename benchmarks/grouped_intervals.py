@@ -10,7 +10,7 @@ grid histograms (the service's default grid step for the bounds [-100, 100], 10^
 for the integer-valued shape), add/remove neighbours, the method ``auto`` picks at the
 median hint. Each group's bars are the release worker's
 (``app.releases.runner.group_intervals_of``) from its hint's ``bound90_each``
-(``app.planner.estimate_bound90`` at the hint, as the quote computes it), with the hints
+(``app.planner.expected_error`` at the hint, as the quote computes it), with the hints
 exact, half the rows and twice the rows: the same release, three sets of bars (the method
 is the one picked at the exact hints). A bar covers when the group's true quantile (the
 ``ceil(q n)``-th smallest of its snapped values) lies within it. Prints the share covered
@@ -34,7 +34,7 @@ from app.experiments.runner import evenly_spaced_quantiles, stream
 from app.mechanisms import MECHANISMS
 from app.mechanisms.grouped import GROUPED_METHODS, run_groups
 from app.mechanisms.histogram import GridHistogram
-from app.planner import estimate_bound90, expected_error, recommend
+from app.planner import expected_error, recommend
 from app.releases.runner import group_intervals_of
 
 STEP = 1e-4
@@ -70,11 +70,8 @@ def run(trials: int, seed: int, groups: int, rows: int) -> int:
                 hint = max(1, int(round(size * factor)))
                 err = expected_error(method, hint, list(qs), eps, None, "add_remove",
                                      grid_points=points)  # fmt: skip
-                each = estimate_bound90(method, hint, list(qs), eps, None, "add_remove",
-                                        grid_points=points)  # fmt: skip
-                assert err is not None and each is not None
-                rows_.append({"key": key, "size": hint, "mean": err[0], "bound90": err[1],
-                              "bound90_each": each})  # fmt: skip
+                assert err is not None
+                rows_.append({"key": key, "size": hint, **err._asdict()})
             by_factor[factor] = rows_
         cell: dict[float, list[bool]] = defaultdict(list)
         for t in range(trials):

@@ -6,10 +6,10 @@ neighbours; the admin-declared ``size_hint`` under ``add_remove``, where n is pr
 quantile levels, ε, δ and the neighbour relation. The error model and its validation are
 described in :mod:`app.planner.model` and docs/experiments.md.
 
-* :func:`expected_error` -> ``(mean, bound90)`` missed points per quantile, or ``None`` when
-  the method has no fitted model (e.g. registered after the committed map was fitted).
-* :func:`estimate_bound90`: the 90 % bound on one estimate's missed points (what error bars
-  span), where ``bound90`` bounds their mean over the release's quantiles.
+* :func:`expected_error` -> ``(mean, bound90, bound90_each)`` missed points per quantile
+  (:class:`ErrorFigures`: ``bound90`` bounds their mean over the release's quantiles,
+  ``bound90_each`` any one estimate, what error bars span), or ``None`` when the method has
+  no fitted model (e.g. registered after the committed map was fitted).
 * :func:`eligible_methods`: the methods a query may resolve to: the dataset's neighbour
   relation must be covered, pure ε-DP methods are always allowed, approximate ones only when
   the query gives δ.
@@ -28,13 +28,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
+from typing import NamedTuple
 
 from app.mechanisms import MECHANISMS, MechanismInputError
-from app.planner.model import OFFSET, REGIMES, MethodModel, load_models
+from app.planner.model import OFFSET, REGIMES, load_models
 
 #: ``n`` used to rank methods for ``auto`` when no public size is known (add_remove without
 #: a size hint): a fixed, public figure, so the choice still depends on public inputs only.
 NOMINAL_N = 10_000
+
+
+class ErrorFigures(NamedTuple):
+    """A method's a-priori error at some public figures, in missed points per quantile."""
+
+    #: The expected missed points per quantile (averaged over the release's quantiles).
+    mean: float
+    #: That average over the release's m quantiles stayed below this in 90 % of trials.
+    bound90: float
+    #: Any *one* estimate's missed points stayed below this in 90 % of trials: the span of
+    #: its error bar (:mod:`app.planner.intervals`). A mean of m varies less than any one
+    #: of them, so this is the mean times the model's spread at m = 1 (``ratio90(1)``,
+    #: ≈ ln 10 ≈ 2.3, the 90 % point of an exponential tail), never below ``bound90``.
+    bound90_each: float
 
 
 def expected_error(
@@ -47,8 +62,8 @@ def expected_error(
     *,
     grid_points: int | None = None,
     regime: str | None = None,
-) -> tuple[float, float] | None:
-    """Predicted mean missed points per quantile and its 90 % bound, from public figures.
+) -> ErrorFigures | None:
+    """Predicted mean missed points per quantile and its 90 % bounds, from public figures.
 
     Args:
         method: A registered method name.
@@ -63,61 +78,23 @@ def expected_error(
             ``grid_points``.
 
     Returns:
-        ``(mean, bound90)``, or ``None`` when the method has no fitted model.
+        ``(mean, bound90, bound90_each)`` (:class:`ErrorFigures`), each within
+        ``[mean, n]``, or ``None`` when the method has no fitted model.
     """
     del delta, neighbors  # see the docstring: fitted at δ = 1e-6 under swap
-    fitted = _fitted(method, n, quantiles, epsilon, grid_points=grid_points, regime=regime)
-    if fitted is None:
-        return None
-    model, mean = fitted
-    bound = min(mean * model.ratio90(len(quantiles)), float(n))
-    return mean, max(bound, mean)
-
-
-def estimate_bound90(
-    method: str,
-    n: int,
-    quantiles: Sequence[float],
-    epsilon: float,
-    delta: float | None,
-    neighbors: str,
-    *,
-    grid_points: int | None = None,
-    regime: str | None = None,
-) -> float | None:
-    """The 90 % bound on *one* estimate's missed points (the span of its error bar,
-    :mod:`app.planner.intervals`), where :func:`expected_error`'s ``bound90`` bounds their
-    mean over the release's quantiles. A mean over m quantiles varies less than any one of
-    them: one estimate's error spreads like a single quantile's release, so its bound is
-    the mean times the model's ratio at m = 1 (``ratio90(1)``, ≈ ln 10 ≈ 2.3: the 90 %
-    point of an exponential tail), never below ``bound90`` and never above n. Same
-    arguments and None as :func:`expected_error`."""
-    del delta, neighbors  # as in expected_error
-    fitted = _fitted(method, n, quantiles, epsilon, grid_points=grid_points, regime=regime)
-    if fitted is None:
-        return None
-    model, mean = fitted
-    m = len(quantiles)
-    bound = min(mean * max(model.ratio90(1), model.ratio90(m)), float(n))
-    return max(bound, mean)
-
-
-def _fitted(
-    method: str,
-    n: int,
-    quantiles: Sequence[float],
-    epsilon: float,
-    *,
-    grid_points: int | None,
-    regime: str | None,
-) -> tuple[MethodModel, float] | None:
-    """The model answering for ``method`` at these public figures and its mean, or None."""
     if regime is None:
         regime = "tied" if ties_forced(n, grid_points) else "continuous"
     model = load_models(regime).get(method)
     if model is None or n < 1 or epsilon <= 0 or not quantiles:
         return None
-    return model, model.mean(float(n), len(quantiles), float(epsilon))
+    m = len(quantiles)
+    mean = model.mean(float(n), m, float(epsilon))
+    spread, single = model.ratio90(m), model.ratio90(1)
+    return ErrorFigures(
+        mean,
+        max(min(mean * spread, float(n)), mean),
+        max(min(mean * max(spread, single), float(n)), mean),
+    )
 
 
 def eligible_methods(*, delta_given: bool, neighbors: str) -> list[str]:
@@ -274,8 +251,8 @@ __all__ = [
     "NOMINAL_N",
     "REGIMES",
     "TOLERANCE",
+    "ErrorFigures",
     "eligible_methods",
-    "estimate_bound90",
     "expected_error",
     "open_regimes",
     "recommend",

@@ -2,9 +2,9 @@
 
 A release gives the estimates ``x_1 .. x_m`` of the quantile levels ``q_1 < .. < q_m`` and the
 planner's 90 % bound ``b`` on one estimate's rank error (missed points, at the public size
-``n``: :func:`app.planner.estimate_bound90`, wider than ``bound90``, the bound on their mean
-over the release's quantiles: one estimate varies more than a mean of m). In 90 % of runs
-at most ``b`` data points lie between the estimate of ``q_j`` and
+``n``: ``bound90_each`` of :func:`app.planner.expected_error`, wider than ``bound90``, the
+bound on their mean over the release's quantiles: one estimate varies more than a mean of
+m). In 90 % of runs at most ``b`` data points lie between the estimate of ``q_j`` and
 the true ``q_j``-quantile, which is itself a data point: the truth is then at most ``b + 1``
 points away, between the values at the ranks ``q_j n - b - 1`` and ``q_j n + b + 1``. Those
 values are unknown, but the release itself is an estimate of the quantile function: the
@@ -56,7 +56,7 @@ def interval_cells(
             method's independent picks cross: the curve is monotone).
         steps: The grid's last index (``grid_size - 1``).
         bound90: The planner's 90 % bound on one estimate's missed points
-            (:func:`app.planner.estimate_bound90`).
+            (``bound90_each`` of :func:`app.planner.expected_error`).
         size: The public size the bound is computed at (rows).
     """
     if len(cells) != len(quantiles):

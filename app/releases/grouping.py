@@ -195,18 +195,11 @@ def expectation(
             query.method, size, query.quantiles, epsilon, delta, "add_remove",
             grid_points=grid_points,
         )  # fmt: skip
-        each = planner.estimate_bound90(
-            query.method, size, query.quantiles, epsilon, delta, "add_remove",
-            grid_points=grid_points,
-        )  # fmt: skip
-        if err is None or each is None:
+        if err is None:
             return {"by_size": None, "min_size": None}, [
                 f"expected error unknown: no error model for method {query.method!r}"
             ]
-        rows.append(
-            {"size": size, "mean": _figures(err[0]), "bound90": _figures(err[1]),
-             "bound90_each": _figures(each)}
-        )  # fmt: skip
+        rows.append({"size": size, **_error_row(err)})
     min_size = noise_floor(query, epsilon, delta, grid_points=grid_points)
     warnings = []
     if min_size is not None:
@@ -223,16 +216,9 @@ def expectation(
                 query.method, hint, query.quantiles, epsilon, delta, "add_remove",
                 grid_points=grid_points,
             )  # fmt: skip
-            each = planner.estimate_bound90(
-                query.method, hint, query.quantiles, epsilon, delta, "add_remove",
-                grid_points=grid_points,
-            )  # fmt: skip
-            if err is None or each is None:
+            if err is None:
                 continue
-            by_key.append(
-                {"key": key, "size": hint, "mean": _figures(err[0]),
-                 "bound90": _figures(err[1]), "bound90_each": _figures(each)}
-            )  # fmt: skip
+            by_key.append({"key": key, "size": hint, **_error_row(err)})
             small += min_size is not None and hint < min_size
         if small:
             warnings.append(
@@ -259,6 +245,11 @@ def noise_floor(
         if err[0] < NOISE_SHARE * size:
             return size
     return None
+
+
+def _error_row(err: planner.ErrorFigures) -> dict[str, float]:
+    """A stored expected-error row's figures, at four significant digits."""
+    return {name: _figures(value) for name, value in err._asdict().items()}
 
 
 def _figures(value: float) -> float:

@@ -372,20 +372,11 @@ def expectation(
     )
     if err is None:
         return None, [f"expected error unknown: no error model for method {query.method!r}"]
-    mean, bound = _figures(err[0]), _figures(err[1])
-    each = planner.estimate_bound90(
-        query.method,
-        size,
-        query.quantiles,
-        figures.row_epsilon(float(query.epsilon)),
-        None,
-        figures.neighbors,
-        grid_points=grid_points(query, figures),
-    )
-    row = {"mean": mean, "bound90": bound, "size": size}
-    if each is not None:
-        row["bound90_each"] = _figures(each)
-    expected = [{"quantile": q, **row} for q in query.quantiles]
+    mean, bound, each = (_figures(v) for v in err)
+    expected = [
+        {"quantile": q, "mean": mean, "bound90": bound, "bound90_each": each, "size": size}
+        for q in query.quantiles
+    ]
     warnings: list[str] = []
     share = mean / size
     m = len(query.quantiles)

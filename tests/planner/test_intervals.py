@@ -16,7 +16,7 @@ from app.experiments.errormap import LOWER, UPPER, sample_shape
 from app.experiments.runner import evenly_spaced_quantiles, stream
 from app.mechanisms import MECHANISMS
 from app.mechanisms.histogram import GridHistogram
-from app.planner import estimate_bound90, expected_error
+from app.planner import expected_error
 from app.planner.intervals import TAIL_STEEPENING, interval_cells_many
 from app.releases.runner import intervals_of
 
@@ -183,8 +183,9 @@ def coverage(shape: str, n: int, m: int, eps: float, trials: int, scale: float =
     """Share of (trial, quantile) pairs whose interval holds the data's true quantile, for
     JointExp on the grid as a release runs it, with the planner's bound times ``scale``."""
     qs = evenly_spaced_quantiles(m)
-    bound = estimate_bound90("jointexp", n, list(qs), eps, None, "swap")
-    assert bound is not None
+    err = expected_error("jointexp", n, list(qs), eps, None, "swap")
+    assert err is not None
+    bound = err.bound90_each
     step = 1e-3
     hits: list[bool] = []
     for t in range(trials):
@@ -223,8 +224,8 @@ def test_one_estimates_bound_is_never_below_the_bound_on_the_mean(regime: str) -
         for m in (1, 5, 49):
             qs = list(evenly_spaced_quantiles(m))
             err = expected_error(method, 20_000, qs, 1.0, None, "swap", regime=regime)
-            each = estimate_bound90(method, 20_000, qs, 1.0, None, "swap", regime=regime)
-            assert err is not None and each is not None
+            assert err is not None
+            each = err.bound90_each
             assert each >= err[1] >= err[0]
             if m == 1:
                 assert each == pytest.approx(err[1])

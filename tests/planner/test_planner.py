@@ -144,11 +144,11 @@ def fake_errors(
     import app.planner as planner
 
     def fake(method: str, n: int, *a: object, grid_points: int | None = None,
-             regime: str | None = None, **k: object) -> tuple[float, float] | None:  # fmt: skip
+             regime: str | None = None, **k: object) -> planner.ErrorFigures | None:  # fmt: skip
         if regime is None:
             regime = "tied" if planner.ties_forced(n, grid_points) else "continuous"
         table = errors if regime == "continuous" or tied is None else tied
-        return (table[method], table[method]) if method in table else None
+        return planner.ErrorFigures(*[table[method]] * 3) if method in table else None
 
     monkeypatch.setattr(planner, "expected_error", fake)
 

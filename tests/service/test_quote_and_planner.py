@@ -147,11 +147,11 @@ def test_auto_runs_the_smoothed_jointexp_on_tied_and_continuous_data_alike(
     # a model that ranks IndExp far ahead in every regime: auto follows it on both grids
     real = planner.expected_error
 
-    def indexp_first(method: str, *args: Any, **kwargs: Any) -> tuple[float, float] | None:
+    def indexp_first(method: str, *args: Any, **kwargs: Any) -> planner.ErrorFigures | None:
         err = real(method, *args, **kwargs)
         if err is None or method == "indexp":
             return err
-        return 10 * err[0] + 10, 10 * err[1] + 10
+        return planner.ErrorFigures(*(10 * v + 10 for v in err))
 
     monkeypatch.setattr(planner, "expected_error", indexp_first)
     for step in (1.0, 0.0001):
