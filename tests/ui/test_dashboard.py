@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.live import LiveServer
 from tests.ui.conftest import Seed, Watched
@@ -346,6 +347,14 @@ def test_the_query_form_explains_itself(watched: Watched, seed: Seed) -> None:
     screenshot(watched, "unaffordable")
     epsilon.fill("0.2")
     page.wait_for_selector("[data-testid=query-submit]:not([disabled])", timeout=TIMEOUT)
+    # the quote tells the bound on the average from the bound on one estimate (the bars')
+    page.wait_for_selector("#quote:has-text('any one estimate ≤')", timeout=TIMEOUT)
+    method = page.locator("#query-method").input_value()
+    body = {"quantiles": [0.5, 0.9], "epsilon": "0.2", "method": method}
+    quoted = seed.http.post(f"/v1/datasets/{ds['id']}/quote", json=body).json()["expected_error"]
+    shown = re.search(r"any one estimate ≤ ([0-9.e+]+)", page.locator("#quote").inner_text())
+    assert shown is not None
+    assert float(shown[1]) == pytest.approx(max(r["bound90_each"] for r in quoted), rel=5e-3)
     with page.expect_response(lambda r: r.url.endswith(f"/v1/datasets/{ds['id']}/quantiles")):
         page.get_by_test_id("query-submit").click()
     page.wait_for_selector("#query-result:has-text('Released:')", timeout=TIMEOUT)

@@ -57,13 +57,16 @@ export function scheduleQuote() {
 }
 
 function expectedText(e) {
-  // One {quantile, mean, bound90} per quantile, in missed points (data points between the
-  // true quantile and the estimate); null when unknown.
+  // One {quantile, mean, bound90, bound90_each} per quantile, in missed points (data points
+  // between the true quantile and the estimate); null when unknown. bound90 bounds the
+  // average over the release's quantiles, bound90_each any one estimate (the error bars).
   if (e === undefined || e === null) return null;
   if (!Array.isArray(e) || !e.length || typeof e[0] !== "object") return JSON.stringify(e);
   const mean = e.reduce((s, x) => s + x.mean, 0) / e.length;
   const bound = Math.max(...e.map((x) => x.bound90));
-  return `≈ ${mean.toPrecision(3)} missed points per quantile (90 %: ≤ ${bound.toPrecision(3)})`;
+  const each = e.map((x) => x.bound90_each).filter((b) => typeof b === "number");
+  const one = each.length ? `, any one estimate ≤ ${Math.max(...each).toPrecision(3)}` : "";
+  return `≈ ${mean.toPrecision(3)} missed points per quantile (90 %: their average ≤ ${bound.toPrecision(3)}${one})`;
 }
 
 // The explanation of one release (GET /v1/releases/{id}/explanation), as a short list.
