@@ -6,10 +6,11 @@ neighbours; the admin-declared ``size_hint`` under ``add_remove``, where n is pr
 quantile levels, ε, δ and the neighbour relation. The error model and its validation are
 described in :mod:`app.planner.model` and docs/experiments.md.
 
-* :func:`expected_error` -> ``(mean, bound90, bound90_each)`` missed points per quantile
-  (:class:`ErrorFigures`: ``bound90`` bounds their mean over the release's quantiles,
-  ``bound90_each`` any one estimate, what error bars span), or ``None`` when the method has
-  no fitted model (e.g. registered after the committed map was fitted).
+* :func:`expected_error` -> ``(mean, bound90, bound90_each, bound90_each_atom)`` missed
+  points per quantile (:class:`ErrorFigures`: ``bound90`` bounds their mean over the
+  release's quantiles, ``bound90_each`` any one estimate, what error bars span,
+  ``bound90_each_atom`` the same with an atom at a public bound), or ``None`` when the
+  method has no fitted model (e.g. registered after the committed map was fitted).
 * :func:`eligible_methods`: the methods a query may resolve to: the dataset's neighbour
   relation must be covered, pure ε-DP methods are always allowed, approximate ones only when
   the query gives δ.
@@ -31,7 +32,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
 from app.mechanisms import MECHANISMS, MechanismInputError
-from app.planner.model import OFFSET, REGIMES, load_models
+from app.planner.model import OFFSET, REGIMES, MethodModel, load_models
 
 #: ``n`` used to rank methods for ``auto`` when no public size is known (add_remove without
 #: a size hint): a fixed, public figure, so the choice still depends on public inputs only.
@@ -50,6 +51,11 @@ class ErrorFigures(NamedTuple):
     #: of them, so this is the mean times the model's spread at m = 1 (``ratio90(1)``,
     #: ≈ ln 10 ≈ 2.3, the 90 % point of an exponential tail), never below ``bound90``.
     bound90_each: float
+    #: ``bound90_each`` where the data hold an atom at a public bound (values clamped there):
+    #: the clamped model set's, never below ``bound90_each``. Which applies is private, but a
+    #: release that puts an estimate at a bound shows it, so its bars span this one
+    #: (:func:`app.releases.runner.intervals_of`: post-processing of the release).
+    bound90_each_atom: float
 
 
 def expected_error(
@@ -78,8 +84,8 @@ def expected_error(
             ``grid_points``.
 
     Returns:
-        ``(mean, bound90, bound90_each)`` (:class:`ErrorFigures`), each within
-        ``[mean, n]``, or ``None`` when the method has no fitted model.
+        ``(mean, bound90, bound90_each, bound90_each_atom)`` (:class:`ErrorFigures`), each
+        within ``[mean, n]``, or ``None`` when the method has no fitted model.
     """
     del delta, neighbors  # see the docstring: fitted at δ = 1e-6 under swap
     if regime is None:
@@ -89,12 +95,22 @@ def expected_error(
         return None
     m = len(quantiles)
     mean = model.mean(float(n), m, float(epsilon))
-    spread, single = model.ratio90(m), model.ratio90(1)
+    each = _each(model, float(n), m, float(epsilon), mean)
+    clamped = load_models("clamped").get(method)
+    atom = each if clamped is None else max(each, _each(clamped, float(n), m, float(epsilon)))
     return ErrorFigures(
         mean,
-        max(min(mean * spread, float(n)), mean),
-        max(min(mean * max(spread, single), float(n)), mean),
+        max(min(mean * model.ratio90(m), float(n)), mean),
+        each,
+        atom,
     )
+
+
+def _each(model: MethodModel, n: float, m: int, epsilon: float, mean: float | None = None) -> float:
+    """One estimate's 90 % bound under ``model``: its mean times its spread at m = 1 (or at m,
+    where wider), within ``[mean, n]``."""
+    mean = model.mean(n, m, epsilon) if mean is None else mean
+    return max(min(mean * max(model.ratio90(m), model.ratio90(1)), n), mean)
 
 
 def eligible_methods(*, delta_given: bool, neighbors: str) -> list[str]:

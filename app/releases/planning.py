@@ -372,11 +372,9 @@ def expectation(
     )
     if err is None:
         return None, [f"expected error unknown: no error model for method {query.method!r}"]
-    mean, bound, each = (_figures(v) for v in err)
-    expected = [
-        {"quantile": q, "mean": mean, "bound90": bound, "bound90_each": each, "size": size}
-        for q in query.quantiles
-    ]
+    figures_ = {name: _figures(value) for name, value in err._asdict().items()}
+    expected = [{"quantile": q, **figures_, "size": size} for q in query.quantiles]
+    mean = figures_["mean"]
     warnings: list[str] = []
     share = mean / size
     m = len(query.quantiles)

@@ -434,11 +434,11 @@ def intervals_of(
         return None
     try:
         size = expected[0].get("size")
-        bound = max(_bar_bound(row) for row in expected)
         if size is None:
             return None
         table = np.asarray(estimates, dtype=np.float64).reshape(1, -1)
-        bars = _grid_bars(params, table, [(bound, int(size))])
+        bounds = [max(_bar_bound(row, atom) for row in expected) for atom in (False, True)]
+        bars = _grid_bars(params, table, [(bounds[0], bounds[1], int(size))])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     return None if bars is None else bars[0]
@@ -455,7 +455,7 @@ def group_intervals_of(
         return None
     try:
         hinted = {
-            str(row["key"]): (_bar_bound(row), int(row["size"]))
+            str(row["key"]): (_bar_bound(row, False), _bar_bound(row, True), int(row["size"]))
             for row in (params.get("group_error") or {}).get("by_key") or []
         }
         answered = list(keys) if keys is not None else [str(k) for k in params["group_keys"]]
@@ -473,32 +473,40 @@ def group_intervals_of(
     return out
 
 
-def _bar_bound(row: Mapping[str, Any]) -> float:
-    """The bound an error bar spans: one estimate's (``bound90_each``), or for releases
-    stored before it existed the release mean's (``bound90``)."""
-    each = row.get("bound90_each")
-    return float(row["bound90"] if each is None else each)
+def _bar_bound(row: Mapping[str, Any], atom: bool) -> float:
+    """The bound an error bar spans: one estimate's (``bound90_each``), or with ``atom``
+    (the release put an estimate at a public bound) the same with an atom there
+    (``bound90_each_atom``); for releases stored before those existed, the one before them,
+    down to the release mean's (``bound90``)."""
+    for name in ("bound90_each_atom", "bound90_each") if atom else ("bound90_each",):
+        if row.get(name) is not None:
+            return float(row[name])
+    return float(row["bound90"])
 
 
 def _grid_bars(
     params: Mapping[str, Any],
     rows: NDArray[np.float64],
-    bounds: Sequence[tuple[float, int]],
+    bounds: Sequence[tuple[float, float, int]],
 ) -> list[list[dict[str, float]] | None] | None:
     """Error bars for rows of estimates of the release's levels on its grid, one
-    ``(bound, size)`` per row, as grid values like the estimates (one batched pass of
-    :func:`app.planner.intervals.interval_cells_many`); an entry is None where its bound
-    or size does not allow bars, the whole None where the levels do not."""
+    ``(bound, bound with an atom at a public bound, size)`` per row, as grid values like the
+    estimates (one batched pass of :func:`app.planner.intervals.interval_cells_many`); a row
+    with an estimate at either end of the grid spans the second bound: values clamped to a
+    bound pile up there, which the release shows, and the error model fitted on such data
+    applies (post-processing). An entry is None where its bound or size does not allow bars,
+    the whole None where the levels do not."""
     quantiles = [float(q) for q in params["quantiles"]]
     lower, upper = float(params["lower"]), float(params["upper"])
     step = float(params["granularity"])
-    m = len(quantiles)
+    m, last = len(quantiles), grid_size(lower, upper, step) - 1
     grid = cell_of(rows.ravel(), lower, upper, step).reshape(rows.shape)
     cells = [[int(c) for c in row] for row in grid]
+    hit = [bool(np.any((row == 0) | (row == last))) for row in grid]
+    bound = [b[1] if h else b[0] for b, h in zip(bounds, hit, strict=True)]
     bars = interval_cells_many(
-        quantiles, cells, steps=grid_size(lower, upper, step) - 1,
-        bound90=[b for b, _ in bounds], size=[n for _, n in bounds],
-    )  # fmt: skip
+        quantiles, cells, steps=last, bound90=bound, size=[n for _, _, n in bounds]
+    )
     if bars is None:
         return None
     formed = [(i, b) for i, b in enumerate(bars) if b is not None]

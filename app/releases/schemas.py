@@ -156,6 +156,16 @@ class QuantileQuery(BaseModel):
         return value
 
 
+#: The description of ``bound90_each_atom`` (three models carry it).
+ATOM_BOUND = (
+    "`bound90_each` where the data hold an atom at a public bound (values clamped there): "
+    "the error model fitted on such data, never below `bound90_each`. Whether the data do "
+    "is private, but a release that puts an estimate at a bound shows it: its error bars "
+    "then span this bound instead (post-processing of the release). Null on releases "
+    "stored before it was computed."
+)
+
+
 class ExpectedError(BaseModel):
     """A-priori error of one quantile, in missed points (data points between the true
     quantile and the estimate), from public figures only (see GET /v1/methods, README)."""
@@ -169,6 +179,7 @@ class ExpectedError(BaseModel):
         "span of its error bar); `bound90` bounds their mean over the release's quantiles, "
         "which varies less. Null on releases stored before it was computed.",
     )
+    bound90_each_atom: float | None = Field(default=None, description=ATOM_BOUND)
     size: int | None = Field(
         default=None,
         description="The public size (rows) the figures are computed at: n under swap "
@@ -197,6 +208,7 @@ class SizeError(BaseModel):
         "span of its error bar); `bound90` bounds their mean over the release's quantiles, "
         "which varies less. Null on releases stored before it was computed.",
     )
+    bound90_each_atom: float | None = Field(default=None, description=ATOM_BOUND)
 
 
 class KeySizeError(BaseModel):
@@ -212,6 +224,7 @@ class KeySizeError(BaseModel):
         "span of its error bar); `bound90` bounds their mean over the release's quantiles, "
         "which varies less. Null on releases stored before it was computed.",
     )
+    bound90_each_atom: float | None = Field(default=None, description=ATOM_BOUND)
 
 
 class GroupError(BaseModel):
@@ -307,14 +320,15 @@ class ReleasePublic(BaseModel):
         default=None,
         description="Error bars in the data's units, one per estimate, for 90 % nominal "
         "coverage: the values between the levels q -/+ (bound90_each + 1)/size on the "
-        "piecewise-linear "
-        "curve through the release's own estimates (continued beyond the outermost ones at "
-        "twice the nearest slope, within the public bounds), widened to the grid. "
-        "Post-processing: no extra budget. An approximation, not a guarantee: it inherits "
-        "the planner's fitted bound and assumes the quantile function is near linear between "
-        "released levels (measured coverage per data shape: docs/experiments.md). Null "
-        "until done, where the expected error is unknown, and for grouped releases (whose "
-        "hinted groups carry their own: `groups[].intervals`).",
+        "piecewise-linear curve through the release's own estimates (continued beyond the "
+        "outermost ones at twice the nearest slope, within the public bounds), widened to "
+        "the grid; `bound90_each_atom` in place of `bound90_each` where an estimate lies at "
+        "a public bound (values clamped there). Post-processing: no extra budget. An "
+        "approximation, not a guarantee: it inherits the planner's fitted bound and assumes "
+        "the quantile function is near linear between released levels (measured coverage "
+        "per data shape: docs/experiments.md). Null until done, where the expected error "
+        "is unknown, and for grouped releases (whose hinted groups carry their own: "
+        "`groups[].intervals`).",
     )
     warnings: list[str] = Field(
         default_factory=list,

@@ -18,7 +18,7 @@ from app.mechanisms import MECHANISMS
 from app.mechanisms.histogram import GridHistogram
 from app.planner import expected_error
 from app.planner.intervals import TAIL_STEEPENING, interval_cells_many
-from app.releases.runner import intervals_of
+from app.releases.runner import group_intervals_of, intervals_of
 
 
 def estimate_intervals(
@@ -249,3 +249,44 @@ def test_bars_span_one_estimates_bound_and_fall_back_to_the_mean_bound() -> None
     # the linear case: (49 + 1) / 1000 of the levels either side is 5 in value (10 beyond
     # the outermost estimates, where the curve steepens twofold)
     assert [(b["low"], b["high"]) for b in each] == [(15.0, 30.0), (45.0, 55.0), (70.0, 85.0)]
+
+
+def test_the_atom_bound_is_the_clamped_models_and_never_narrower() -> None:
+    for method in ("jointexp", "jointexp_smooth", "aq", "indexp"):
+        for n, m, eps in ((2_845, 57, 0.74), (20_000, 5, 1.0), (300, 1, 0.1)):
+            qs = list(evenly_spaced_quantiles(m))
+            err = expected_error(method, n, qs, eps, None, "swap")
+            clamped = expected_error(method, n, qs, eps, None, "swap", regime="clamped")
+            assert err is not None and clamped is not None
+            assert err.bound90_each_atom == max(err.bound90_each, clamped.bound90_each)
+            assert err.bound90_each <= err.bound90_each_atom <= n
+    # many quantiles near an atom: the clamped model's bound is the wider
+    qs = list(evenly_spaced_quantiles(57))
+    err = expected_error("jointexp_smooth", 2_845, qs, 0.74, None, "swap")
+    assert err is not None and err.bound90_each_atom > 2 * err.bound90_each
+
+
+def test_bars_span_the_atom_bound_only_where_an_estimate_lies_at_a_public_bound() -> None:
+    quantiles = [0.25, 0.5, 0.75]
+    base = {"quantiles": quantiles, "lower": 0.0, "upper": 100.0, "granularity": 0.01}
+    rows = [{"quantile": q, "bound90": 9.0, "bound90_each": 19.0, "size": 1000}
+            for q in quantiles]  # fmt: skip
+    atom = base | {"expected_error": [r | {"bound90_each_atom": 99.0} for r in rows]}
+    plain = base | {"expected_error": rows}
+    wide = base | {"expected_error": [r | {"bound90_each": 99.0} for r in rows]}
+    inside, top, bottom = [25.0, 50.0, 75.0], [25.0, 50.0, 100.0], [0.0, 50.0, 75.0]
+    assert intervals_of(atom, inside) == intervals_of(plain, inside) != intervals_of(wide, inside)
+    for estimates in (top, bottom):
+        assert intervals_of(atom, estimates) == intervals_of(wide, estimates)
+        # stored before the atom bound existed: one estimate's bound, as before
+        assert intervals_of(plain, estimates) != intervals_of(wide, estimates)
+    # grouped: per group, by its own estimates
+    grouped = base | {
+        "group_by": "region", "group_keys": ["a", "b"],
+        "group_error": {"by_key": [{"key": k, "size": 1000, "mean": 5.0, "bound90": 9.0,
+                                    "bound90_each": 19.0, "bound90_each_atom": 99.0}
+                                   for k in ("a", "b")]},
+    }  # fmt: skip
+    bars = group_intervals_of(grouped, inside + top)
+    assert bars is not None
+    assert bars[0] == intervals_of(plain, inside) and bars[1] == intervals_of(wide, top)

@@ -148,7 +148,7 @@ def fake_errors(
         if regime is None:
             regime = "tied" if planner.ties_forced(n, grid_points) else "continuous"
         table = errors if regime == "continuous" or tied is None else tied
-        return planner.ErrorFigures(*[table[method]] * 3) if method in table else None
+        return planner.ErrorFigures(*[table[method]] * 4) if method in table else None
 
     monkeypatch.setattr(planner, "expected_error", fake)
 

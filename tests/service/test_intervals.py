@@ -21,14 +21,16 @@ def values(n: int, seed: int = 5) -> list[float]:
     return [float(v) for v in np.clip(np.random.default_rng(seed).normal(50, 12, n), 0, 100)]
 
 
-def recomputed(body: dict[str, Any], lower: float, upper: float, step: float) -> list[Any]:
+def recomputed(
+    body: dict[str, Any], lower: float, upper: float, step: float, bound: str = "bound90_each"
+) -> list[Any]:
     """The intervals from the release's public fields alone: the planner's grid indices,
     turned into values by the codec that made the estimates."""
     (first, *_) = body["expected_error"]
     bars = interval_cells(
         body["quantiles"], cell_of(body["estimates"], lower, upper, step).tolist(),
         steps=grid_size(lower, upper, step) - 1,
-        bound90=max(e["bound90_each"] for e in body["expected_error"]), size=first["size"],
+        bound90=max(e[bound] for e in body["expected_error"]), size=first["size"],
     )  # fmt: skip
     assert bars is not None
     lows = grid_values([lo for lo, _ in bars], lower, step).tolist()
@@ -60,6 +62,24 @@ def test_a_release_has_error_bars_from_its_own_estimates_and_public_figures(
     assert again.content == created.content
     analyst = client.get(f"/v1/releases/{body['id']}", headers=api.key("analyst"))
     assert analyst.json()["intervals"] == bars
+
+
+def test_a_release_with_an_estimate_at_a_bound_spans_the_atom_bound(api: Api) -> None:
+    # 40 % of the values clamped to the upper bound: the release puts its top estimates
+    # there, which shows the atom, and its bars span the clamped model's wider bound
+    rng = np.random.default_rng(8)
+    data = np.clip(rng.normal(80, 20, 4000), 0, 100)
+    data[:1600] = 100.0
+    ds = api.dataset(values=[float(v) for v in data], epsilon="10", granularity=0.01)
+    quantiles = [0.1, 0.3, 0.5, 0.9, 0.95]
+    created = api.query(ds["id"], quantiles=quantiles, epsilon="1", method="jointexp_smooth")
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert 100.0 in body["estimates"]
+    rows = body["expected_error"]
+    assert all(r["bound90_each_atom"] > r["bound90_each"] for r in rows)
+    assert body["intervals"] == recomputed(body, 0.0, 100.0, 0.01, "bound90_each_atom")
+    assert body["intervals"] != recomputed(body, 0.0, 100.0, 0.01)
 
 
 def test_add_remove_error_bars_use_the_size_hint_and_are_absent_without_one(
@@ -108,7 +128,7 @@ def test_a_grouped_release_has_error_bars_only_for_the_keys_given_a_size_hint(
         assert groups[key]["estimates"] is not None
     for row in by_key:
         group = groups[row["key"]]
-        figures = ("size", "mean", "bound90", "bound90_each")
+        figures = ("size", "mean", "bound90", "bound90_each", "bound90_each_atom")
         assert group["expected_error"] == {k: row[k] for k in figures}
         assert row["bound90_each"] > row["bound90"]  # one estimate varies more than a mean
         alone = {"quantiles": QUANTILES, "estimates": group["estimates"],

@@ -35,10 +35,12 @@ READING = [
     "Error bars (intervals) are in the data's units: for each estimate, the values between "
     "the levels q -/+ (bound90_each + 1)/size on the curve through the release's own "
     "estimates (steeper beyond the outermost ones, within the bounds), widened to the grid. "
+    "Where the release puts an estimate at a public bound, which shows values clamped "
+    "there, they span `bound90_each_atom` instead (the error model fitted on such data). "
     "They cost nothing (post-processing) and are approximate: they aim at 90 % coverage, "
     "inherit the expected error's model and assume the data's quantile function is near "
-    "linear between released levels; tied or clamped data and small epsilon can be covered "
-    "less often (measured per data shape in docs/experiments.md).",
+    "linear between released levels; tied data and small epsilon can be covered "
+    "more or less often (measured per data shape in docs/experiments.md).",
 ]
 GROUPED_READING = (
     "A grouped release answers every key with the method run on that key's rows alone; the "

@@ -74,6 +74,7 @@ def present(
                 "mean": row["mean"],
                 "bound90": row["bound90"],
                 "bound90_each": row.get("bound90_each"),
+                "bound90_each_atom": row.get("bound90_each_atom"),
             }
             for row in (release.group_error or {}).get("by_key") or []
         }

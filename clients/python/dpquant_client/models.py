@@ -89,6 +89,9 @@ class ExpectedError(_Model):
     bound90: float  # bounds the mean over the release's quantiles in 90 % of trials
     size: int | None = None  # the public size the figures assume (n, or the size hint)
     bound90_each: float | None = None  # bounds any one estimate (the error bars' span)
+    # the same where the data hold an atom at a public bound (bars span it when the release
+    # puts an estimate at a bound)
+    bound90_each_atom: float | None = None
 
 
 class EstimateInterval(_Model):
@@ -107,6 +110,7 @@ class SizeError(_Model):
     mean: float
     bound90: float
     bound90_each: float | None = None
+    bound90_each_atom: float | None = None
 
 
 class KeySizeError(SizeError):
