@@ -22,7 +22,8 @@ share of cells that the best possible public quote gets right under the harness'
 * default-grid cells: ``best / 4`` (the cell's shape is one of the four, equally likely);
 * integer-valued cells (a column declared integer, step 1, a public figure that sets them
   apart): counted as 1 in the *harness* ceiling (the harness has one integer-valued shape,
-  which a quote could be fitted to), and ``best / 3`` in the *extended* ceiling, whose twins
+  which a quote could be fitted to), except a cell measured at exactly 0 on the plain
+  reading, which no quote reaches; ``best / 3`` in the *extended* ceiling, whose twins
   are two other integer-valued shapes with the same figures: integers spread wider
   (round N(0, 25²), ~150 values in use) and ratings 1-5 (five heavy atoms).
 
@@ -179,8 +180,10 @@ def ceilings(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             for r in rows:
                 size = len(r["measured"])
                 if r["cell"]["shape"] == "integer" and scope == "harness":
-                    probs.append(1.0)  # one integer-valued shape: a quote could fit it
+                    # one integer-valued shape: a quote could fit it, except that a
+                    # measured 0 is within no ratio of any quote (the plain reading)
                     own = r["measured"]["integer"]
+                    probs.append(float(reading == "offset" or own > 0))
                     q = r["quote"] if reading == "plain" else (r["quote"] or 0.0) + OFFSET
                     actual.append(float(within(q, own if reading == "plain" else own + OFFSET)))
                 else:
@@ -284,9 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", type=int, default=None, help="only the first N cells")
     p.add_argument("--out", type=Path, default=None, help="write JSON + markdown here")
     p.add_argument("--maps", type=Path, nargs="+", default=None, help="read maps, run nothing")
+    p.add_argument(
+        "--summarize", type=Path, default=None,
+        help="print the report of a JSON written by --out again (runs nothing)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.maps:
         print(map_report(args.maps))
+        return 0
+    if args.summarize is not None:
+        rows = json.loads(args.summarize.read_text(encoding="utf-8"))
+        print(report(rows, args.trials, args.seed))
         return 0
     results = json.loads(args.results.read_text(encoding="utf-8"))[: args.cells]
     start = time.perf_counter()

@@ -96,17 +96,22 @@ def test_ceilings_count_what_one_quote_can_reach() -> None:
     wide = cell_row(_result("gaussian", 11.0, 10.0),
                     {"lognormal": 12.0, "bimodal": 20.0, "clamped": 100.0})  # fmt: skip
     assert (wide["best"], wide["quote_count"]) == (3, 2)
-    # an integer cell measured at 0 with twins at 5 and 6: the harness grants it
-    tied = cell_row(_result("integer", 5.5, 0.0), {"integer_wide": 5.0, "ratings": 6.0})
+    # an integer cell measured at 0.5 with twins at 5 and 6: the harness grants it
+    tied = cell_row(_result("integer", 5.5, 0.5), {"integer_wide": 5.0, "ratings": 6.0})
     assert (tied["best"], tied["quote_count"]) == (2, 2)
     got = ceilings([wide, tied])
     assert got["plain/harness"]["ceiling"] == pytest.approx((3 / 4 + 1.0) / 2)
     assert got["plain/extended"]["ceiling"] == pytest.approx((3 / 4 + 2 / 3) / 2)
-    # the harness reading of the actual quote: 5.5 against the integer cell's own 0 fails
+    # the harness reading of the actual quote: 5.5 against the integer cell's own 0.5 fails
     assert got["plain/harness"]["actual"] == pytest.approx((2 / 4 + 0.0) / 2)
     assert got["plain/extended"]["p_pass"] == pytest.approx(3 / 4 * 2 / 3)
     # on (error + 1/4) the 0 cell is within reach of a small quote
     assert tied["best_offset"] == 2
+    assert got["offset/harness"]["ceiling"] == pytest.approx((3 / 4 + 1.0) / 2)
+    # an integer cell measured above 0 is granted on the plain reading; one at 0 is not
+    zero = cell_row(_result("integer", 0.1, 0.0), {"integer_wide": 5.0, "ratings": 6.0})
+    assert ceilings([wide, zero])["plain/harness"]["ceiling"] == pytest.approx(3 / 8)
+    assert ceilings([wide, zero])["offset/harness"]["ceiling"] == pytest.approx(7 / 8)
     text = report([wide, tied], 10, 1)
     assert "| 0 | gaussian | 1000 | 3 | 1 | aq | 11.0 |" in text
     assert "3 of 4 | 2 of 4 |" in text
