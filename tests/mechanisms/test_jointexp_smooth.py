@@ -257,64 +257,141 @@ def test_run_grid_is_jointexp_on_the_jittered_histogram() -> None:
             hist, q, epsilon=1.0, delta=None, neighbors=nb, rng=np.random.default_rng(5)
         )
         rng = np.random.default_rng(5)
-        b = js.substep_bits(hist.grid_points, hist.n if nb == "swap" else None)
+        k1 = hist.grid_points
+        b = js.substep_bits(k1, hist.n if nb == "swap" else None)
+        s = js.stretch_bits(k1, b)
+        assert s == 1  # 201 points: each end cell weighs two
         fine_cells, fine_counts = js.jitter_cells(hist.cells, hist.counts, b, rng)
-        fine = GridHistogram(fine_cells, fine_counts, hist.grid_points << b)
+        fine = GridHistogram(
+            js.warp(fine_cells, k1, b, s), fine_counts, js.stretched_points(k1, b, s)
+        )
         ref = MECHANISMS["jointexp"].run_grid(
             fine, q, epsilon=1.0, delta=None, neighbors=nb, rng=rng
         )
-        assert np.array_equal(out, ref >> b)
+        assert np.array_equal(out, js.unwarp_cells(ref, k1, b, s))
+
+
+def test_the_end_cells_are_stretched_by_a_public_share_of_the_grid() -> None:
+    assert js.stretch_bits(2_000_001, 10) == 14  # 2^14 >= 2^-7 * 2,000,001 > 2^13
+    assert js.stretch_bits(201, 10) == 1 and js.stretch_bits(129, 10) == 1
+    assert js.stretch_bits(128, 10) == 0 and js.stretch_bits(5, 3) == 0
+    assert js.stretch_bits(2, 10) == 0 and js.stretch_bits(1, 0) == 0
+    # lowered where the stretched grid would pass 2^53 points
+    k1 = 1 << 44  # refined by 2^9 to exactly 2^53 points: no room left to stretch
+    assert js.substep_bits(k1, 1) == 9 and js.stretch_bits(k1, 9) == 0
+    k1 = (1 << 44) - (1 << 30)  # some room
+    s = js.stretch_bits(k1, 9)
+    assert 0 < s < 37  # 2^37 would be 2^-7 of the grid
+    assert js.stretched_points(k1, 9, s) <= 2**53 < js.stretched_points(k1, 9, s + 1)
+    for k1, b, s in ((5, 2, 1), (7, 1, 3), (40, 3, 5), (3, 0, 2)):
+        r, big = 1 << b, 1 << s
+        fine = np.arange(k1 * r, dtype=np.int64)
+        pos = js.warp(fine, k1, b, s)
+        assert np.all(np.diff(pos) > 0)  # increasing: sorted histograms stay sorted
+        assert pos[0] == 0 and pos[-1] < js.stretched_points(k1, b, s)
+        assert js.stretched_points(k1, b, s) == 2 * r * big + (k1 - 2) * r
+        # the end cells' sub-cells 2^s apart, the others one apart
+        assert set(np.diff(pos[:r]).tolist()) <= {big}
+        assert set(np.diff(pos[r : (k1 - 1) * r]).tolist()) <= {1}
+        assert set(np.diff(pos[(k1 - 1) * r :]).tolist()) <= {big}
+        # every position maps back to the cell whose span holds it
+        every = np.arange(js.stretched_points(k1, b, s), dtype=np.int64)
+        cells = js.unwarp_cells(every, k1, b, s)
+        assert np.all(np.diff(cells) >= 0) and cells[0] == 0 and cells[-1] == k1 - 1
+        assert np.array_equal(js.unwarp_cells(pos, k1, b, s), fine >> b)
+        counts = np.bincount(cells, minlength=k1)
+        assert counts[0] == counts[-1] == r * big and set(counts[1:-1].tolist()) <= {r}
+    # the service's default grid: the ends of the refined grid and a few cells in between
+    k1, b, s = 2_000_001, 10, 14
+    fine = np.array([0, 1023, 1024, 5 << 10, (k1 - 1) << 10, (k1 << 10) - 1], dtype=np.int64)
+    pos = js.warp(fine, k1, b, s)
+    top = (1 << 24) + ((k1 - 2) << 10)  # where the top cell's span starts
+    assert pos.tolist() == [0, 1023 << 14, 1 << 24, (1 << 24) + (4 << 10), top,
+                            top + (1023 << 14)]  # fmt: skip
+    assert js.unwarp_cells(pos, k1, b, s).tolist() == [0, 0, 1, 5, k1 - 1, k1 - 1]
 
 
 # ----------------------------------------------------------------------- exact law, privacy
 
 
 def smooth_law(
-    records: list[int], q: list[float], *, epsilon: float, k1: int, nb: str, bits: int
+    records: list[int],
+    q: list[float],
+    *,
+    epsilon: float,
+    k1: int,
+    nb: str,
+    bits: int,
+    stretch: int = 0,
 ) -> dict[tuple[int, ...], float]:
     """The mechanism's law from its definition: average over every offset vector (2^bits per
     record, uniform) of the exponential mechanism over ordered tuples on the refined grid,
-    each output tuple mapped back by floor(y / 2^bits)."""
-    r = 1 << bits
+    each output tuple mapped back to the cell whose positions hold it. With ``stretch``,
+    the end cells' sub-cells lie 2^stretch positions apart (written out here, not through
+    the module's own map)."""
+    r, big = 1 << bits, 1 << stretch
     sens = jointexp_sens(q, nb)
+
+    def position(x: int, o: int) -> int:
+        if x == 0:
+            return o * big
+        if x == k1 - 1:
+            return r * big + (k1 - 2) * r + o * big
+        return r * big + (x - 1) * r + o
+
+    def cell(y: int) -> int:
+        if y < r * big:
+            return 0
+        if y >= r * big + (k1 - 2) * r:
+            return k1 - 1
+        return 1 + (y - r * big) // r
+
+    points = 2 * r * big + (k1 - 2) * r
     law: collections.defaultdict[tuple[int, ...], float] = collections.defaultdict(float)
     for offs in itertools.product(range(r), repeat=len(records)):
-        fine = [x * r + o for x, o in zip(records, offs, strict=True)]
+        fine = [position(x, o) for x, o in zip(records, offs, strict=True)]
         inner = grid_tuple_probs(
-            fine, q, epsilon=epsilon, grid_points=k1 * r, neighbors=nb, sensitivity=sens
+            fine, q, epsilon=epsilon, grid_points=points, neighbors=nb, sensitivity=sens
         )
         for y, p in inner.items():
-            law[tuple(v // r for v in y)] += p / r ** len(records)
+            law[tuple(cell(v) for v in y)] += p / r ** len(records)
     return dict(law)
 
 
 LAW_CASES = [
-    # (records as grid cells, quantiles, epsilon, grid_points, neighbors)
-    ([1, 1, 1, 3], [0.3, 0.7], 2.0, 5, "swap"),  # an atom holding both quantiles
-    ([0, 0, 2, 4, 4], [0.25, 0.75], 3.0, 5, "add_remove"),  # atoms at both ends
-    ([2, 2, 2, 2, 3], [0.3, 0.5, 0.8], 1.5, 5, "swap"),  # one long tie run, m = 3
+    # (records as grid cells, quantiles, epsilon, grid_points, neighbors, stretch)
+    ([1, 1, 1, 3], [0.3, 0.7], 2.0, 5, "swap", 0),  # an atom holding both quantiles
+    ([0, 0, 2, 4, 4], [0.25, 0.75], 3.0, 5, "add_remove", 0),  # atoms at both ends
+    ([2, 2, 2, 2, 3], [0.3, 0.5, 0.8], 1.5, 5, "swap", 0),  # one long tie run, m = 3
+    ([0, 0, 2, 4, 4], [0.25, 0.75], 3.0, 5, "add_remove", 2),  # the ends stretched 4x
+    ([1, 2, 4, 4, 4], [0.5, 0.8], 2.0, 5, "swap", 1),  # a clamped pile at the top, 2x
 ]
 
 
-@pytest.mark.parametrize("case", LAW_CASES, ids=["atom", "ends", "tie-run"])
+@pytest.mark.parametrize(
+    "case", LAW_CASES, ids=["atom", "ends", "tie-run", "ends-stretched", "top-pile-stretched"]
+)
 def test_grid_law_is_exact_and_1_5_eps_is_rejected(case) -> None:
-    records, q, eps, k1, nb = case
+    records, q, eps, k1, nb, stretch = case
     hist = hist_of(records, k1)
     sup = support_from_grid(hist, q, epsilon=eps, neighbors=nb)
     rng = np.random.default_rng(41 + len(records))
     draws = 20_000
     observed: collections.Counter[tuple[int, ...]] = collections.Counter()
     for _ in range(draws):
-        out = js.jointexp_smooth_core(sup, rng, bits=1)
+        out = js.jointexp_smooth_core(sup, rng, bits=1, stretch=stretch)
         observed[tuple(int(v) for v in out)] += 1
-    exact = smooth_law(records, q, epsilon=eps, k1=k1, nb=nb, bits=1)
+    exact = smooth_law(records, q, epsilon=eps, k1=k1, nb=nb, bits=1, stretch=stretch)
     assert abs(sum(exact.values()) - 1.0) < 1e-12
     assert chi_square_p(observed, exact, draws) > 1e-4  # type: ignore[arg-type]
-    wrong = smooth_law(records, q, epsilon=1.5 * eps, k1=k1, nb=nb, bits=1)
+    wrong = smooth_law(records, q, epsilon=1.5 * eps, k1=k1, nb=nb, bits=1, stretch=stretch)
     assert chi_square_p(observed, wrong, draws) < 1e-4  # type: ignore[arg-type]
+    if stretch:  # the stretch changes the law: the check tells the two apart
+        flat = smooth_law(records, q, epsilon=eps, k1=k1, nb=nb, bits=1)
+        assert chi_square_p(observed, flat, draws) < 1e-4  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize(("bits", "stretch"), [(1, 0), (2, 0), (1, 2)])
 @pytest.mark.parametrize(
     ("records", "neighbour", "nb"),
     [
@@ -325,12 +402,14 @@ def test_grid_law_is_exact_and_1_5_eps_is_rejected(case) -> None:
         ([0, 2, 2, 4], [0, 2, 4], "add_remove"),
     ],
 )
-def test_privacy_ratio_of_exact_laws_is_bounded_by_e_eps(bits, records, neighbour, nb) -> None:
+def test_privacy_ratio_of_exact_laws_is_bounded_by_e_eps(
+    bits, stretch, records, neighbour, nb
+) -> None:
     """Every output's probability under X and a neighbour X' (exact, from the definition)
     differ by at most e^eps, as the coupling argument in the module docstring says."""
     q, eps, k1 = [0.3, 0.7], 1.0, 5
-    p = smooth_law(records, q, epsilon=eps, k1=k1, nb=nb, bits=bits)
-    p2 = smooth_law(neighbour, q, epsilon=eps, k1=k1, nb=nb, bits=bits)
+    p = smooth_law(records, q, epsilon=eps, k1=k1, nb=nb, bits=bits, stretch=stretch)
+    p2 = smooth_law(neighbour, q, epsilon=eps, k1=k1, nb=nb, bits=bits, stretch=stretch)
     assert set(p) == set(p2)
     worst = max(max(p[y] / p2[y], p2[y] / p[y]) for y in p)
     assert worst <= math.exp(eps) * (1 + 1e-9)
@@ -348,6 +427,9 @@ def test_raw_path_parameters_and_bounds() -> None:
     assert np.all((est >= -10.0) & (est <= 10.0))
     # the atom at the upper bound is answered by the bound itself
     assert est[-1] == 10.0
+    # an atom at the lower bound too (its records are jittered below it, then clipped)
+    low = SMOOTH(-x, q, epsilon=5.0, lower=-10.0, upper=10.0, rng=np.random.default_rng(1))
+    assert low[0] == -10.0 and np.all((low >= -10.0) & (low <= 10.0))
     for bad in (0.0, -1.0, math.inf, math.nan, "1", True):
         with pytest.raises(MechanismInputError) as err:
             SMOOTH(x, q, epsilon=1.0, lower=-10.0, upper=10.0, smoothing=bad)
@@ -381,3 +463,22 @@ def test_smoothing_fixes_jointexp_on_integer_data() -> None:
         smooth.append(missed_points(x, q, -100.0 + idx.astype(np.float64)))
     assert np.mean(plain) > 500
     assert np.mean(smooth) < 100
+
+
+def test_a_pile_at_a_bound_no_longer_pulls_the_estimates_below_it() -> None:
+    """16 % of the records clamped to the upper bound, the service's fine default grid: with
+    the end cells weighing as much as a share of the grid, the estimates below the pile are
+    as accurate as on the same data without it (unstretched: several times worse)."""
+    rng = np.random.default_rng(12)
+    x = np.clip(rng.normal(80.0, 20.0, 2845), -100.0, 100.0)
+    q = np.arange(1, 58) / 58
+    hist = GridHistogram.from_values(x, -100.0, 100.0, 1e-4)
+    sup = support_from_grid(hist, q, epsilon=0.74, neighbors="swap")
+    grid = hist.cells.repeat(hist.counts).astype(np.float64)
+    stretched, flat = [], []
+    for t in range(6):
+        for out, s in ((stretched, None), (flat, 0)):
+            idx = js.jointexp_smooth_core(sup, np.random.default_rng(t), stretch=s)
+            out.append(missed_points(grid, q, idx.astype(np.float64)).mean())
+    assert np.mean(flat) > 2.5 * np.mean(stretched)
+    assert np.mean(stretched) < 45
