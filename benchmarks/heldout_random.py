@@ -64,8 +64,10 @@ from app.releases.schedule import run_bound_s
 #: (docs/experiments.md §10.4), 20261210 for the three model sets and the regret rule (§10.6),
 #: 20261213 for every cell run as a release runs, on its grid, and the tied models fitted on
 #: the grid path (§10.7); 20261216 for the fit with the small-n map (§10.9), fixed before
-#: any of its results exist.
-SEED = 20261222
+#: any of its results exist; 20261222 for the fit on every cell (§10.14); 20261228 for
+#: ``jointexp_smooth`` with the bounds' cells stretched and its clamped model refitted
+#: (§10.17), fixed before the run.
+SEED = 20261228
 
 
 @dataclass(frozen=True)
