@@ -58,6 +58,7 @@ from app.experiments.errormap import _init as init_worker  # one thread, warmed 
 from app.experiments.runner import evenly_spaced_quantiles, single_threaded_env, stream
 from app.mechanisms import MECHANISMS
 from app.releases.schedule import run_bound_s
+from benchmarks import write_results
 
 #: The evaluation's seed, chosen and committed before the evaluation was run. Each seed is
 #: reported once and never tuned on: 20261208 for the rank-form model
@@ -283,10 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     text += f"\nwall time {time.perf_counter() - start:.0f} s, --max-seconds {args.max_seconds}\n"
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
         stem = f"heldout_{'named' if args.named else 'random'}_seed{args.seed}"
-        (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-        (args.out / f"{stem}.md").write_text(text)
+        write_results(args.out, stem, results, text)
     return 0
 
 

@@ -54,6 +54,7 @@ import numpy as np
 from app.experiments.errormap import LOWER, UPPER, grid_step, on_grid, run_cell, sample_shape
 from app.experiments.errormap import _init as init_worker
 from app.experiments.runner import evenly_spaced_quantiles, single_threaded_env, stream
+from benchmarks import write_results
 
 #: Shapes that share every public figure in the harness (bounds, the default grid step).
 DEFAULT_GRID = ("gaussian", "lognormal", "bimodal", "clamped")
@@ -322,10 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     text += f"\nfrom {args.results}; wall time {time.perf_counter() - start:.0f} s\n"
     print(text)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = f"quote_ceiling_{args.results.stem}"
-        (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
-        (args.out / f"{stem}.md").write_text(text)
+        write_results(args.out, f"quote_ceiling_{args.results.stem}", rows, text)
     return 0
 
 
