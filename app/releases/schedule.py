@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.codec.grid import grid_size
+from app.mechanisms.aq import recursion_depth
 from app.mechanisms.jointexp_smooth import REFINED_MAX, substep_bits
 
 #: Every run's bound includes this much: loading the job, the database round trips and the
@@ -48,14 +49,14 @@ PER_CELL_S = 4e-7
 #: tilted or log-space path: ~1.3e-8 s on the benchmark's 10 %-clamped data, up to ~6e-8 on
 #: grids with ties of ~10 records a cell and 12.5 % at each bound); the exponential-mechanism
 #: methods' weights (IndExp: ~5e-8 at m = 999).
-PER_CELL_QUANTILE_S = {"jointexp": 1e-7, "smooth": 5e-8, "other": 5e-8}
+PER_CELL_QUANTILE_S = {"jointexp": 1e-7, "smooth": 5e-8, "other": 5e-8, "tree": 5e-8}
 #: Per quantile (Python work per row or node; smooth sensitivity's per-quantile search,
 #: ~9 ms, plus its O(n) pass over the ranks, n public under swap, the only relation it
 #: runs on) and, for JointExp, per quantile squared: many quantiles in few cells keep up to
 #: m repeat levels a row (10 cells, m = 999: ~2.8 s).
-PER_QUANTILE_S = {"jointexp": 1e-4, "smooth": 2e-2, "other": 1e-4}
-PER_QUANTILE_RECORD_S = {"jointexp": 0.0, "smooth": 2e-7, "other": 0.0}
-PER_QUANTILE_SQ_S = {"jointexp": 3e-6, "smooth": 0.0, "other": 0.0}
+PER_QUANTILE_S = {"jointexp": 1e-4, "smooth": 2e-2, "other": 1e-4, "tree": 1e-4}
+PER_QUANTILE_RECORD_S = {"jointexp": 0.0, "smooth": 2e-7, "other": 0.0, "tree": 0.0}
+PER_QUANTILE_SQ_S = {"jointexp": 3e-6, "smooth": 0.0, "other": 0.0, "tree": 0.0}
 #: JointExp per quantile and cell within the kernel's reach (~3000 / epsilon ranks, so at
 #: most that many cells): small epsilon widens every row (10^5 values, m = 99, epsilon =
 #: 0.01: ~3 s on rows that take 0.05 s at epsilon = 1; the smoothed variant on its refined
@@ -69,7 +70,17 @@ PER_TABLE_ENTRY_S = 3e-8
 SCALED_TABLE_MAX = 1 << 20
 #: The exponential mechanism's decay tables: ``693 / c_j`` ranks per quantile, c_j =
 #: epsilon / (4 m) for IndExp's split budget, in steps of 64 (exponential.fill_weights).
+#: AQ ("tree") passes over the cells once per level of its recursion, not once per quantile:
+#: D = floor(log2 m) + 1 levels whose nodes hold disjoint cells, each node's reach
+#: ``693 / c`` with c >= epsilon / (4 D), at most m nodes a level.
 PER_NODE_RANK_S = 1.5e-8 / 64.0
+
+
+def passes(method: str, m: int) -> int:
+    """How many times a run of ``method`` with ``m`` quantiles weighs every cell: once per
+    quantile, except AQ, once per level of its recursion (its nodes of a level are
+    disjoint)."""
+    return recursion_depth(m) if _family(method) == "tree" else m
 
 
 def cells_bound(
@@ -105,7 +116,7 @@ def run_bound_s(
     family = _family(method)
     raw = (
         FLOOR_S
-        + cells * (PER_CELL_S + PER_CELL_QUANTILE_S[family] * m)
+        + cells * (PER_CELL_S + PER_CELL_QUANTILE_S[family] * passes(method, m))
         + m * (PER_QUANTILE_S[family] + PER_QUANTILE_RECORD_S[family] * records)
         + PER_QUANTILE_SQ_S[family] * m * m
     )
@@ -113,6 +124,9 @@ def run_bound_s(
         reach = min(records, 3000.0 / eps + 2.0)
         raw += TABLE_PASSES * PER_TABLE_ENTRY_S * (reach + min(records, SCALED_TABLE_MAX))
         raw += PER_QUANTILE_RANK_S * m * min(float(cells), reach)
+    elif family == "tree":
+        levels = recursion_depth(m)
+        raw += levels * PER_NODE_RANK_S * min(records, 2800.0 * m * levels / eps)
     else:
         raw += m * PER_NODE_RANK_S * min(records, 2800.0 * m / eps)
     bound = scale * raw
@@ -123,7 +137,7 @@ def run_bound_s(
 #: per-quantile terms every run pays. Measured on groups of 0 to 30 cells (2-core machine,
 #: warm): JointExp 0.13 ms + 0.018 ms per quantile, the other methods 0.01 ms + 0.007 ms per
 #: quantile; these floors with PER_QUANTILE_S keep >= 3x above both at every m.
-GROUP_FLOOR_S = {"jointexp": 4e-4, "smooth": 1e-3, "other": 5e-5}
+GROUP_FLOOR_S = {"jointexp": 4e-4, "smooth": 1e-3, "other": 5e-5, "tree": 5e-5}
 
 
 #: Partition selection draws exact discrete Laplace noise for every stored key (at most
@@ -159,7 +173,7 @@ def grouped_bound_s(
         FLOOR_S
         + g
         * (GROUP_FLOOR_S[family] + m * PER_QUANTILE_S[family] + PER_QUANTILE_SQ_S[family] * m * m)
-        + total_cells * (PER_CELL_S + PER_CELL_QUANTILE_S[family] * m)
+        + total_cells * (PER_CELL_S + PER_CELL_QUANTILE_S[family] * passes(method, m))
         + m * PER_QUANTILE_RECORD_S[family] * records
     )
     if family == "jointexp":
@@ -170,6 +184,9 @@ def grouped_bound_s(
             * (min(records + g, g * reach) + min(records + g, g * float(SCALED_TABLE_MAX)))
         )
         raw += PER_QUANTILE_RANK_S * m * min(total_cells, g * reach)
+    elif family == "tree":
+        levels = recursion_depth(m)
+        raw += levels * PER_NODE_RANK_S * min(records + g, g * 2800.0 * m * levels / eps)
     else:
         raw += m * PER_NODE_RANK_S * min(records + g, g * 2800.0 * m / eps)
     bound = scale * raw
@@ -179,6 +196,8 @@ def grouped_bound_s(
 def _family(method: str) -> str:
     if method.startswith("jointexp"):
         return "jointexp"
+    if method == "aq":
+        return "tree"
     return "smooth" if method in ("smooth", "csmooth") else "other"
 
 
