@@ -13,6 +13,23 @@ with ``[left, v]`` and the quantiles below go to the left child, the points ``> 
 ``[v, right]`` and the quantiles above to the right child. Children are index ranges into the
 one sorted array: nothing is copied or re-sorted.
 
+The bounds' cells. The exponential mechanism weighs an output interval by its width, and the
+public bounds are where clamping piles records up: on a pile at a bound the interval that
+holds it is one grid cell (or, on raw values, of width zero) against gaps of thousands of
+cells below, so every quantile inside the pile was drawn below it, off by up to the pile's
+size (docs/experiments.md §10.5: hundreds of times the error on continuous data). AQ's base
+measure therefore weighs each end cell of the grid as ``S = 2^s`` cells (``s`` from
+:func:`app.mechanisms.histogram.stretch_bits` with no refinement: ``S >= 2^-7 K1`` on grids
+of at least 129 points, 1 below): the run takes place on the stretched grid
+(:func:`app.mechanisms.histogram.warp`: the first cell's records at position 0, the last
+cell's at the first of its ``S`` positions, so an output anywhere in an end cell's positions
+counts the records of that cell) and each output is mapped back to its cell. On raw values
+the domain reaches ``W = 2^-7 (upper - lower)`` beyond each bound and the outputs are clipped
+to the bounds. The base measure depends on public figures only (and, in a child node, on the
+earlier outputs on the stretched grid, which the composition below conditions on), so the
+calibration below holds unchanged; the released cells and clipped values are
+post-processing of the stretched outputs.
+
 Privacy calibration (derived here for both relations; checked in the tests by exact density
 ratios). Let ``D`` be the number of levels of the recursion tree, which depends only on m
 (``D = floor(log2 m) + 1``, never more than the ``ceil(log2 m) + 1`` levels budgeted by KSS),
@@ -51,9 +68,16 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from app.mechanisms.exponential import node_pick
-from app.mechanisms.histogram import Support, support_from_values
+from app.mechanisms.histogram import (
+    BOUND_SHARE,
+    Support,
+    stretch_bits,
+    stretched_points,
+    support_from_values,
+)
+from app.mechanisms.jointexp_smooth import jitter_cells
 from app.mechanisms.registry import Mechanism, PrivacyNotion, bounded_range_rho
-from app.mechanisms.rng import make_rng, uniform_integer
+from app.mechanisms.rng import make_rng, uniform_bits, uniform_integer
 from app.mechanisms.validation import FloatArray, IntArray
 
 
@@ -67,8 +91,109 @@ def recursion_depth(m: int) -> int:
     return depth
 
 
-def aq_core(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
-    """AQ on a prepared support (distinct values with counts; values or grid).
+def aq_core(
+    sup: Support, rng: np.random.Generator, *, stretch: int | None = None
+) -> FloatArray | IntArray:
+    """AQ on a prepared support, the bounds' cells stretched and their records spread over
+    them (module docstring).
+
+    Grid: the run on the stretched grid, each output mapped back to its cell (``stretch``
+    overrides :func:`stretch_bits`; tests use it on small grids). Values: the run on the
+    domain ``[lower - W, upper + W]``, the outputs clipped to the bounds.
+    """
+    if sup.grid:
+        k1 = int(sup.edges[-1])
+        s = stretch_bits(k1, 0) if stretch is None else int(stretch)
+        if s == 0 or k1 < 3:
+            return _aq_tree(sup, rng)
+        at: IntArray = np.asarray(_aq_tree(_stretched_grid(sup, k1, s, rng), rng), np.int64)
+        # back to cells (unwarp_cells with no refinement): the first cell's positions end at
+        # S - 1, the others' begin S - 1 past their cell, the last cell's run to the end
+        cells: IntArray = np.clip(at - np.int64((1 << s) - 1), 0, k1 - 1)
+        return cells
+    lo, hi = sup.lower, sup.upper
+    reach = BOUND_SHARE * (hi - lo)
+    if not (np.isfinite(lo - reach) and np.isfinite(hi + reach)):  # bounds near the doubles' end
+        return _aq_tree(sup, rng)
+    values: FloatArray = np.clip(
+        np.asarray(_aq_tree(_spread_values(sup, reach, rng), rng), np.float64), lo, hi
+    )
+    return values
+
+
+def _with_arrays(sup: Support, edges: FloatArray, cum: IntArray) -> Support:
+    """``sup``'s quantiles, epsilon and neighbours on other intervals and positions."""
+    return Support(
+        edges=edges, cum=cum, quantiles=sup.quantiles, epsilon=sup.epsilon,
+        neighbors=sup.neighbors, grid=sup.grid,
+    )  # fmt: skip
+
+
+def _stretched_grid(sup: Support, k1: int, s: int, rng: np.random.Generator) -> Support:
+    """The support on the stretched grid: inner cells moved by ``S - 1``, each record of an
+    end cell at one of its ``S`` positions, uniformly and independently (the first cell's
+    positions ``0 .. S - 1``, the last cell's from ``S + K1 - 2``; :func:`warp`)."""
+    edges, cum = sup.edges, sup.cum
+    d = edges.size - 2
+    shift = float((1 << s) - 1)
+    points = float(stretched_points(k1, 0, s))
+    first = 1 if d and edges[1] == 0.0 else 0  # records in the first cell: one distinct value
+    last = 1 if d > first and edges[-2] == float(k1 - 1) else 0
+    if not (first or last):  # nothing to spread: every cell moves by S - 1
+        moved = edges + shift
+        moved[0], moved[-1] = 0.0, points
+        return _with_arrays(sup, moved, cum)
+    keys: list[FloatArray] = [np.zeros(1)]
+    cums: list[IntArray] = [np.zeros(1, np.int64)]
+    if first:  # positions 0 .. S - 1; the first cell's records are the first cum[1]
+        spread, spread_counts = _spread_cell(int(cum[1]), s, rng)
+        keys.append(spread)
+        cums.append(np.cumsum(spread_counts))
+    keys.append(edges[1 + first : d + 1 - last] + shift)
+    cums.append(cum[1 + first : d + 1 - last])  # the records at or below each inner cell
+    if last:  # positions from S + K1 - 2; the last cell's records are the last n - cum[d-1]
+        spread, spread_counts = _spread_cell(int(cum[d] - cum[d - 1]), s, rng)
+        keys.append(spread + float((1 << s) + k1 - 2))
+        cums.append(cum[d - 1] + np.cumsum(spread_counts))
+    keys.append(np.array([points]))
+    moved, new_cum = np.concatenate(keys), np.concatenate(cums)
+    return _with_arrays(sup, moved, new_cum)
+
+
+def _spread_cell(count: int, s: int, rng: np.random.Generator) -> tuple[FloatArray, IntArray]:
+    """``count`` records at independent uniform offsets ``0 .. 2^s - 1``: the distinct
+    offsets (as doubles, increasing) and their counts. One raw word per record up to
+    ``max(2^(s+1), 4096)`` records, else the binomial split of :func:`jitter_cells` (the same
+    law)."""
+    if count <= max(2 << s, 4096):
+        offsets, offset_counts = np.unique(uniform_bits(s, count, rng), return_counts=True)
+        return offsets.astype(np.float64), offset_counts.astype(np.int64)
+    fine, fine_counts = jitter_cells(np.zeros(1, np.int64), np.array([count]), s, rng)
+    return fine.astype(np.float64), fine_counts
+
+
+def _spread_values(sup: Support, reach: float, rng: np.random.Generator) -> Support:
+    """The support with the records at ``lower`` moved to ``lower - reach u`` and those at
+    ``upper`` to ``upper + reach u`` (``u`` uniform on [0, 1), 53 bits, per record), in the
+    domain ``[lower - reach, upper + reach]``."""
+    lo, hi = sup.lower, sup.upper
+    values = sup.edges[1:-1]
+    counts = np.diff(sup.cum)
+    at_lo, at_hi = values <= lo, values >= hi
+    n_lo, n_hi = int(counts[at_lo].sum()), int(counts[at_hi].sum())
+    u = uniform_bits(53, n_lo + n_hi, rng).astype(np.float64) * 2.0**-53
+    below, below_counts = np.unique(lo - reach * u[:n_lo], return_counts=True)
+    above, above_counts = np.unique(hi + reach * u[n_lo:], return_counts=True)
+    inner = ~(at_lo | at_hi)
+    keys = np.concatenate(([lo - reach], below, values[inner], above, [hi + reach]))
+    cnts = np.concatenate((below_counts, counts[inner], above_counts)).astype(np.int64)
+    cum = np.zeros(cnts.size + 1, dtype=np.int64)
+    np.cumsum(cnts, out=cum[1:])
+    return _with_arrays(sup, keys, cum)
+
+
+def _aq_tree(sup: Support, rng: np.random.Generator) -> FloatArray | IntArray:
+    """AQ's recursion on a prepared support (distinct values with counts; values or grid).
 
     A node is a run ``edges[lo:hi]`` of distinct values with the domain ``[left, right]``;
     positions inside it are cumulative counts. On a grid support the domain is the grid

@@ -307,3 +307,64 @@ def _grid_support_arrays(hist: GridHistogram) -> tuple[FloatArray, IntArray]:
     cum[0] = 0
     np.cumsum(hist.counts, out=cum[1:])
     return edges, cum
+
+
+# ----------------------------------------------------------------- the bounds' cells
+
+#: Each end cell of the grid (a public bound, where clamping piles records up) weighs about
+#: this share of the whole grid in the base measure of the smoothed JointExp and of AQ
+#: (:func:`stretch_bits`); on the raw-value path the domain reaches this share of
+#: (upper - lower) beyond each bound (the smoothed JointExp jitters the records at a bound
+#: over it).
+BOUND_SHARE = 2.0**-7
+
+
+def stretch_bits(grid_points: int, bits: int) -> int:
+    """``s``: each of the grid's two end cells spans ``2^s`` times the positions of the others
+    on the refined grid (:func:`warp`), the smallest power of two at least
+    ``BOUND_SHARE * grid_points``, lowered while the stretched grid would pass 2^53 points;
+    0 on grids of fewer than 3 points. Public quantities only."""
+    k1 = int(grid_points)
+    if k1 < 3:
+        return 0
+    s = 0
+    while (1 << s) < BOUND_SHARE * k1:
+        s += 1
+    while s > 0 and stretched_points(k1, bits, s) > 2**53:
+        s -= 1
+    return s
+
+
+def stretched_points(grid_points: int, bits: int, stretch: int) -> int:
+    """The size of the refined grid with both end cells stretched (:func:`warp`)."""
+    r, k1 = 1 << bits, int(grid_points)
+    if k1 < 3:
+        return k1 * r
+    return 2 * (r << stretch) + (k1 - 2) * r
+
+
+def warp(fine: IntArray, grid_points: int, bits: int, stretch: int) -> IntArray:
+    """Refined cells (``k 2^bits + o``) to positions on the stretched grid: the first and last
+    cells' sub-cells ``2^stretch`` apart (each end cell spans ``2^(bits+stretch)`` positions),
+    the others one apart after the first cell. Increasing, so sorted input stays sorted."""
+    fine = np.asarray(fine, dtype=np.int64)
+    k1 = int(grid_points)
+    if stretch == 0 or k1 < 3:
+        return fine.copy()
+    r, big = np.int64(1 << bits), np.int64(1 << stretch)
+    top = (k1 - 1) * r
+    out = fine + r * (big - 1)
+    out = np.where(fine < r, fine * big, out)
+    return np.where(fine >= top, r * big + (k1 - 2) * r + (fine - top) * big, out)
+
+
+def unwarp_cells(y: IntArray, grid_points: int, bits: int, stretch: int) -> IntArray:
+    """Positions on the stretched grid to the original grid cells holding them."""
+    y = np.asarray(y, dtype=np.int64)
+    k1 = int(grid_points)
+    if stretch == 0 or k1 < 3:
+        return y >> np.int64(bits)
+    r, span = np.int64(1 << bits), np.int64(1 << (bits + stretch))
+    top = span + (k1 - 2) * r
+    middle = 1 + (y - span) // r
+    return np.where(y < span, 0, np.where(y >= top, k1 - 1, middle)).astype(np.int64)

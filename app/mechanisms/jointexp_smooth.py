@@ -108,7 +108,17 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from app.mechanisms.errors import MechanismInputError
-from app.mechanisms.histogram import GridHistogram, Support, support_from_grid, support_from_values
+from app.mechanisms.histogram import (
+    BOUND_SHARE,
+    GridHistogram,
+    Support,
+    stretch_bits,
+    stretched_points,
+    support_from_grid,
+    support_from_values,
+    unwarp_cells,
+    warp,
+)
 from app.mechanisms.jointexp import jointexp_core
 from app.mechanisms.registry import Mechanism, PrivacyNotion, pure_dp_rho
 from app.mechanisms.rng import make_rng, uniform_bits
@@ -132,10 +142,6 @@ CHUNK = 1 << 21
 LIGHT_FACTOR = 2
 #: Default raw-value width as a fraction of (upper - lower).
 DEFAULT_RELATIVE_WIDTH = 2.0**-20
-#: Each end cell of the grid (a public bound, where clamping piles records up) weighs about
-#: this share of the whole grid in JointExp's base measure (:func:`stretch_bits`); on the
-#: raw-value path the records at a bound are jittered over this share of (upper - lower).
-BOUND_SHARE = 2.0**-7
 
 
 def substep_bits(grid_points: int, n: int | None = None) -> int:
@@ -155,57 +161,6 @@ def substep_bits(grid_points: int, n: int | None = None) -> int:
             cap += 1
         b = min(b, cap)
     return b
-
-
-def stretch_bits(grid_points: int, bits: int) -> int:
-    """``s``: each of the grid's two end cells spans ``2^s`` times the positions of the others
-    on the refined grid (:func:`warp`), the smallest power of two at least
-    ``BOUND_SHARE * grid_points``, lowered while the stretched grid would pass 2^53 points;
-    0 on grids of fewer than 3 points. Public quantities only."""
-    k1 = int(grid_points)
-    if k1 < 3:
-        return 0
-    s = 0
-    while (1 << s) < BOUND_SHARE * k1:
-        s += 1
-    while s > 0 and stretched_points(k1, bits, s) > 2**53:
-        s -= 1
-    return s
-
-
-def stretched_points(grid_points: int, bits: int, stretch: int) -> int:
-    """The size of the refined grid with both end cells stretched (:func:`warp`)."""
-    r, k1 = 1 << bits, int(grid_points)
-    if k1 < 3:
-        return k1 * r
-    return 2 * (r << stretch) + (k1 - 2) * r
-
-
-def warp(fine: IntArray, grid_points: int, bits: int, stretch: int) -> IntArray:
-    """Refined cells (``k 2^bits + o``) to positions on the stretched grid: the first and last
-    cells' sub-cells ``2^stretch`` apart (each end cell spans ``2^(bits+stretch)`` positions),
-    the others one apart after the first cell. Increasing, so sorted input stays sorted."""
-    fine = np.asarray(fine, dtype=np.int64)
-    k1 = int(grid_points)
-    if stretch == 0 or k1 < 3:
-        return fine.copy()
-    r, big = np.int64(1 << bits), np.int64(1 << stretch)
-    top = (k1 - 1) * r
-    out = fine + r * (big - 1)
-    out = np.where(fine < r, fine * big, out)
-    return np.where(fine >= top, r * big + (k1 - 2) * r + (fine - top) * big, out)
-
-
-def unwarp_cells(y: IntArray, grid_points: int, bits: int, stretch: int) -> IntArray:
-    """Positions on the stretched grid to the original grid cells holding them."""
-    y = np.asarray(y, dtype=np.int64)
-    k1 = int(grid_points)
-    if stretch == 0 or k1 < 3:
-        return y >> np.int64(bits)
-    r, span = np.int64(1 << bits), np.int64(1 << (bits + stretch))
-    top = span + (k1 - 2) * r
-    middle = 1 + (y - span) // r
-    return np.where(y < span, 0, np.where(y >= top, k1 - 1, middle)).astype(np.int64)
 
 
 def _jitter_light(

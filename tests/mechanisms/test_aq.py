@@ -84,18 +84,21 @@ def aq_log_density(
     upper: float,
     neighbors: str,
     scale: float = 1.0,
+    reach: float = 0.0,
 ) -> float:
     """log density of AQ's output vector ``out`` on ``data`` (product of node EM densities).
 
     Written from the algorithm's definition: node EM density at v is
-    exp(-c |#{y <= v} - q' k|) / sum_j width_j exp(-c |j - q' k|) on [left, right].
+    exp(-c |#{y <= v} - q' k|) / sum_j width_j exp(-c |j - q' k|) on [left, right], the
+    root's domain ``[lower - reach, upper + reach]`` (``data`` already spread there).
     ``scale`` multiplies every node's c (negative control: an over-spending calibration).
     """
     m = len(qs)
     per_level = node_nodes_per_level(m)
     eps_l = epsilon / len(per_level)
     total = 0.0
-    level = [(clamp_sort(data, lower, upper), lower, upper, 0, m, 0.0, 1.0)]
+    a, b = lower - reach, upper + reach
+    level = [(clamp_sort(data, a, b), a, b, 0, m, 0.0, 1.0)]
     depth = 0
     while level:
         nxt = []
@@ -141,20 +144,56 @@ def test_recursion_depth(m: int) -> None:
 TINY = [0.3, 1.7, 1.7, 4.0, -2.0, 9.0, 2.2]  # a tie and two points clamped to [0, 5]
 
 
+def spread_single_law(q: float, c: float, *, stretched: bool = True) -> np.ndarray:
+    """The law of AQ's clipped output with m = 1 on TINY in [0, 5], by class: ``[at 0,
+    (0, 0.3), (0.3, 1.7), (1.7, 2.2), (2.2, 4), (4, 5), at 5]``.
+
+    From the definition: TINY's one record below 0 sits at ``-u1 REACH`` and its one record
+    above 5 at ``5 + u2 REACH`` (u1, u2 uniform, independent), the exponential mechanism
+    runs on ``[-REACH, 5 + REACH]``, and every output beyond a bound is clipped to it; the law
+    is the average over (u1, u2), by the midpoint rule on a 64 x 64 grid (the integrand is
+    smooth in u). ``stretched=False``: the mechanism without the reach (the law before it:
+    the records at a bound in zero-width intervals, never output).
+    """
+    inner, n = [0.3, 1.7, 2.2, 4.0], 7
+    ranks = [1, 2, 4, 5, 6]  # records <= any output in (0, .3), (.3, 1.7), ..., (4, 5)
+    widths = np.diff([0.0, *inner, 5.0])
+    t = q * n
+    mid = np.exp(-c * np.abs(np.array(ranks) - t)) * widths
+    if not stretched:
+        return np.concatenate(([0.0], mid, [0.0])) / mid.sum()
+    law = np.zeros(7)
+    us = (np.arange(64) + 0.5) / 64
+    for u1 in us:
+        for u2 in us:
+            at0 = REACH * (1 - u1) * math.exp(-c * t) + REACH * u1 * math.exp(-c * abs(1 - t))
+            at5 = REACH * u2 * math.exp(-c * abs(6 - t)) + REACH * (1 - u2) * math.exp(-c * (n - t))
+            row = np.concatenate(([at0], mid, [at5]))
+            law += row / row.sum()
+    return law / law.sum()
+
+
 @pytest.mark.parametrize(("neighbors", "q"), [("swap", 0.5), ("swap", 0.2), ("add_remove", 0.2)])
 def test_single_quantile_is_the_exponential_mechanism(neighbors: str, q: float) -> None:
+    """m = 1 on raw values: the exponential mechanism on the domain reaching 2^-7 of the
+    range beyond each bound, the records at a bound spread over that reach, the output
+    clipped; the law without the reach and the law at 1.5 epsilon are rejected."""
     eps, lower, upper = 2.0, 0.0, 5.0
-    edges = dense_edges(TINY, lower, upper)
     sens = 1.0 if neighbors == "swap" else max(q, 1 - q)
     draws = 20_000
     rng = np.random.default_rng(17)
     counts: collections.Counter[int] = collections.Counter()
+    cuts = [0.3, 1.7, 2.2, 4.0]
     for _ in range(draws):
         o = aq(TINY, [q], epsilon=eps, lower=lower, upper=upper, neighbors=neighbors, rng=rng)
-        counts[int(np.searchsorted(edges, o[0], side="right")) - 1] += 1
-    assert chi_square_p(counts, em_interval_probs(edges, q, eps / (2 * sens)), draws) > 1e-4
-    # Negative control: the law for 1.5 epsilon is rejected.
-    assert chi_square_p(counts, em_interval_probs(edges, q, 1.5 * eps / (2 * sens)), draws) < 1e-4
+        v = float(o[0])
+        counts[0 if v == lower else 6 if v == upper else 1 + int(np.searchsorted(cuts, v))] += 1
+    c = eps / (2 * sens)
+    assert chi_square_p(counts, spread_single_law(q, c), draws) > 1e-4
+    assert chi_square_p(counts, spread_single_law(q, 1.5 * c), draws) < 1e-4
+    # without the reach no output lies on a bound (probability 0); here 80-340 of 20,000 do
+    assert spread_single_law(q, c, stretched=False)[[0, 6]].sum() == 0.0
+    assert counts[0] + counts[6] >= 20
 
 
 def test_log_domain_fallback_on_fully_tied_data() -> None:
@@ -305,11 +344,22 @@ def test_node_pick_gives_a_tiny_weight_its_share() -> None:
 # --------------------------------------------------------------------- privacy of the release
 
 
+#: 2^-7 of the range [0, 5]: how far AQ's raw-value domain reaches beyond each bound.
+REACH = 5.0 / 128.0
+
+
+def spread(v: float, u: float) -> float:
+    """A value clamped to [0, 5] as AQ places it: at a bound, ``u * REACH`` beyond it."""
+    return -u * REACH if v <= 0.0 else 5.0 + u * REACH if v >= 5.0 else v
+
+
 def neighbours(data: list[float], rng: np.random.Generator, relation: str) -> list[list[float]]:
+    """Neighbours of ``data`` (inside (0, 5)); a new value clamped to a bound is spread
+    beyond it by a uniform share of REACH (the ratio bound holds for every spread)."""
     out = []
     for _ in range(12):
         i = int(rng.integers(len(data)))
-        new = float(rng.uniform(-1.0, 6.0))
+        new = spread(float(rng.uniform(-1.0, 6.0)), float(rng.random()))
         if relation == "swap":
             out.append([*data[:i], new, *data[i + 1 :]])
         else:
@@ -322,7 +372,10 @@ def worst_log_ratio(relation: str, qs: list[float], scale: float) -> float:
     """Largest |log f_X(o) - log f_X'(o)| over random small datasets, neighbours and outputs."""
     eps, lower, upper = 1.0, 0.0, 5.0
     rng = np.random.default_rng(31)
-    kw = {"epsilon": eps, "lower": lower, "upper": upper, "neighbors": relation, "scale": scale}
+    kw = {
+        "epsilon": eps, "lower": lower, "upper": upper, "neighbors": relation, "scale": scale,
+        "reach": REACH,
+    }  # fmt: skip
     worst = -math.inf
     for _ in range(25):
         data = list(rng.uniform(lower, upper, size=int(rng.integers(2, 7))))
@@ -428,15 +481,16 @@ def test_privacy_loss_sup_over_all_outputs(relation: str, qs: list[float]) -> No
     worst = {1.0: -math.inf, 3.0: -math.inf}
     for _ in range(12):
         n = int(rng.integers(2, 8))
-        x = [min(float(v), 5.0) for v in rng.uniform(0, 5, size=n) ** rng.choice([1.0, 3.0, 0.3])]
+        powers = rng.uniform(0, 5, size=n) ** rng.choice([1.0, 3.0, 0.3])
+        x = [spread(min(float(v), 5.0), float(rng.random())) for v in powers]
         i = int(rng.integers(n))
         if relation == "swap":
-            other = [*x[:i], float(rng.uniform(0, 5)), *x[i + 1 :]]
+            other = [*x[:i], spread(float(rng.uniform(-1, 6)), float(rng.random())), *x[i + 1 :]]
         else:
             other = [*x[:i], *x[i + 1 :]]
         for spend in worst:
             calib = (per_level, spend / len(per_level), relation)
-            root = (0.0, 5.0, 0, len(qs), 0.0, 1.0, 0)
+            root = (-REACH, 5.0 + REACH, 0, len(qs), 0.0, 1.0, 0)
             up, down = sup_log_ratio(sorted(x), sorted(other), root, qs, calib)
             worst[spend] = max(worst[spend], up, down)
     assert worst[1.0] <= 1.0 + 1e-9
