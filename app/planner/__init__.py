@@ -125,6 +125,12 @@ def eligible_methods(*, delta_given: bool, neighbors: str) -> list[str]:
 #: ``auto`` treats methods whose expected errors are within this factor of the lowest as
 #: equally accurate and takes the fastest of them.
 NEAR = 1.10
+#: ... comparing their run-time bounds in steps of this many seconds: waits that differ by
+#: less are the same to a caller, and the registry's order then decides. (Where every
+#: method's error model saturates, at tiny epsilon on small data, all are "near" and a
+#: bound of 0.02 s against 0.05 s would otherwise decide: AQ's, measured 1.1-1.5x behind
+#: IndExp there on seeds 20261222 and 20261228.)
+SPEED_STEP_S = 0.25
 
 
 #: How far behind the best a method may be, in a regime the public figures leave open but
@@ -160,9 +166,11 @@ def recommend(
     methods left, ``(E + 1/4) / (E_best + 1/4)``, divided by the regime's tolerance (1 for
     distinct values, :data:`TOLERANCE` for ties and a clamped share; never below 1).
     ``auto`` takes the fastest of the methods whose regret is within :data:`NEAR` of the
-    lowest (without ``seconds``, the first in registry order). So AQ, best on distinct
-    values at many quantiles but hundreds of times behind where a clamped atom holds some
-    of them, gives way to a method close to the best on both (docs/experiments.md §10.5).
+    lowest, run times compared in steps of :data:`SPEED_STEP_S` (within a step, and without
+    ``seconds``, the first in registry order). So a method best on distinct values but far
+    behind where a clamped atom holds some of the quantiles (AQ before its bounds' cells
+    were stretched: hundreds of times, docs/experiments.md §10.5) gives way to a method
+    close to the best on both.
 
     ``jointexp_smooth`` (the same mechanism on jittered records) takes JointExp's place
     wherever both are left: JointExp's utility goes flat on atoms heavier than the gaps
@@ -238,7 +246,7 @@ def recommend(
 
     lowest = min(regret(s[0]) for s in scored)
     near = [s for s in scored if regret(s[0]) <= NEAR * lowest]
-    return min(near, key=lambda s: (s[1], s[2]))[3]
+    return min(near, key=lambda s: (math.ceil(s[1] / SPEED_STEP_S), s[2]))[3]
 
 
 def open_regimes(n: int, grid_points: int | None) -> list[tuple[str, float]]:

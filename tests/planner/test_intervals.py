@@ -260,14 +260,16 @@ def test_the_atom_bound_is_the_clamped_models_and_never_narrower() -> None:
             assert err is not None and clamped is not None
             assert err.bound90_each_atom == max(err.bound90_each, clamped.bound90_each)
             assert err.bound90_each <= err.bound90_each_atom <= n
-    # many quantiles near an atom: the clamped model's bound is the wider, by far for AQ
-    # (hundreds of times behind where an atom holds some of its quantiles), a little for the
-    # smoothed JointExp (whose end cells are stretched for that very case)
+    # many quantiles near an atom: the clamped model's bound is the wider, by far for
+    # JointExp (whose utility goes flat on the atom), a little for the smoothed JointExp;
+    # for AQ, whose bounds' cells are stretched and spread, no wider
     qs = list(evenly_spaced_quantiles(57))
-    aq = expected_error("aq", 2_845, qs, 0.74, None, "swap")
+    plain = expected_error("jointexp", 2_845, qs, 0.74, None, "swap")
     smooth = expected_error("jointexp_smooth", 2_845, qs, 0.74, None, "swap")
-    assert aq is not None and aq.bound90_each_atom > 5 * aq.bound90_each
+    aq = expected_error("aq", 2_845, qs, 0.74, None, "swap")
+    assert plain is not None and plain.bound90_each_atom > 5 * plain.bound90_each
     assert smooth is not None and smooth.bound90_each < smooth.bound90_each_atom
+    assert aq is not None and aq.bound90_each_atom < 1.5 * aq.bound90_each
 
 
 def test_bars_span_the_atom_bound_only_where_an_estimate_lies_at_a_public_bound() -> None:

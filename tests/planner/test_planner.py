@@ -415,3 +415,21 @@ def test_the_fit_keeps_the_knee_with_the_lowest_held_out_error(tmp_path: Path) -
     raw = math.exp(float(truth @ features(5_000, 19, 0.5, "rank", 3.0))) - OFFSET
     assert math.isclose(model.mean(5_000, 19, 0.5), (raw**-2 + 1250**-2) ** -0.5, rel_tol=1e-3)
     assert je["cv_rms_log_residual"] < 0.01
+
+
+def test_run_times_a_caller_cannot_tell_apart_leave_the_pick_to_the_registry_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Methods within NEAR of each other: the faster is taken only when its bound is a
+    SPEED_STEP_S step below the other's; within one step the registry's order decides (where
+    every error model saturates, 0.02 s against 0.05 s must not pick the less accurate)."""
+    import app.planner as planner
+
+    fake_errors(monkeypatch, {"indexp": 30.0, "aq": 30.0})
+    pick = planner.recommend
+    close = {"indexp": 0.05, "aq": 0.02}.__getitem__
+    assert pick(300, QS9, 0.01, None, "swap", seconds=close) == "indexp"
+    apart = {"indexp": 0.05 + planner.SPEED_STEP_S, "aq": 0.02}.__getitem__
+    assert pick(300, QS9, 0.01, None, "swap", seconds=apart) == "aq"
+    slower_aq = {"indexp": 0.02, "aq": 0.05 + planner.SPEED_STEP_S}.__getitem__
+    assert pick(300, QS9, 0.01, None, "swap", seconds=slower_aq) == "indexp"
