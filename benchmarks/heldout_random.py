@@ -67,8 +67,10 @@ from benchmarks import write_results
 #: the grid path (§10.7); 20261216 for the fit with the small-n map (§10.9), fixed before
 #: any of its results exist; 20261222 for the fit on every cell (§10.14); 20261228 for
 #: ``jointexp_smooth`` with the bounds' cells stretched and its clamped model refitted
-#: (§10.17), fixed before the run.
-SEED = 20261228
+#: (§10.17), fixed before the run; 20261230 for AQ with the bounds' cells stretched and
+#: spread, its clamped model refitted, its run-time bound by levels and run times compared
+#: in quarter-second steps (§10.18), fixed before the run.
+SEED = 20261230
 
 
 @dataclass(frozen=True)
