@@ -16,7 +16,8 @@ described in :mod:`app.planner.model` and docs/experiments.md.
   the query gives δ.
 * :func:`recommend`: the method ``auto`` runs: the eligible method (within the release time
   limit) least behind the best *in every regime the public figures leave open* (distinct
-  values, ties, a clamped share), the fastest of those within 10 %.
+  values, ties, a clamped share), the fastest of those within 10 % (bounds compared in
+  quarter-second steps).
 
 Three model sets (:mod:`app.planner.model`): ``continuous`` (fitted on distinct values),
 ``tied`` (integer-valued data, every quantile on a run of ties) and ``clamped`` (a share
@@ -215,7 +216,7 @@ def recommend(
     if time_limit_s is not None:
         in_time = [s for s in scored if s[1] <= time_limit_s]
         # none in time: the fastest, and among equally fast ones the least behind (the
-        # bounds of methods that share a run-time model tie: AQ and IndExp)
+        # bounds of methods that share a run-time model tie: IndExp and AppIndExp)
         fastest = min(s[1] for s in scored)
         scored = in_time or [s for s in scored if s[1] == fastest]
     if {"jointexp", "jointexp_smooth"} <= {s[3] for s in scored}:

@@ -13,8 +13,9 @@ from app.core.amounts import AmountPublic, DecimalText
 from app.core.text import StorableText
 from app.mechanisms import MECHANISMS
 
-#: ``method: "auto"``: the planner picks the fastest eligible method whose expected error is
-#: within 10 % of the lowest (app.planner.recommend).
+#: ``method: "auto"``: the planner picks the fastest eligible method (run-time bounds in
+#: quarter-second steps) whose expected error is within 10 % of the lowest
+#: (app.planner.recommend).
 AUTO = "auto"
 #: The method names of the OpenAPI enum: the mechanism registry, whatever it holds, and auto.
 METHOD_NAMES = (*MECHANISMS, AUTO)
@@ -90,9 +91,10 @@ class QuantileQuery(BaseModel):
         "given) whose public run-time bound fits the release time limit, the planner picks "
         "the one least behind the best in every regime it cannot see (distinct values, "
         "ties, a clamped share; ties may cost up to 3x before they count), the fastest of "
-        "those within 10 %, with jointexp_smooth in jointexp's place; where the public "
-        "figures force ties (more records than grid points) jointexp_smooth unless it is "
-        "expected to be 3x behind; the release records the method chosen.",
+        "those within 10 % (run-time bounds compared in 0.25 s steps), with "
+        "jointexp_smooth in jointexp's place; where the public figures force ties (more "
+        "records than grid points) jointexp_smooth unless it is expected to be 3x behind; "
+        "the release records the method chosen.",
     )
     delta: PositiveDecimal | None = Field(
         default=None, description="Only for methods that need one (approximate DP / zCDP)."
