@@ -13,22 +13,25 @@ with ``[left, v]`` and the quantiles below go to the left child, the points ``> 
 ``[v, right]`` and the quantiles above to the right child. Children are index ranges into the
 one sorted array: nothing is copied or re-sorted.
 
-The bounds' cells. The exponential mechanism weighs an output interval by its width, and the
-public bounds are where clamping piles records up: on a pile at a bound the interval that
-holds it is one grid cell (or, on raw values, of width zero) against gaps of thousands of
-cells below, so every quantile inside the pile was drawn below it, off by up to the pile's
-size (docs/experiments.md §10.5: hundreds of times the error on continuous data). AQ's base
-measure therefore weighs each end cell of the grid as ``S = 2^s`` cells (``s`` from
-:func:`app.mechanisms.histogram.stretch_bits` with no refinement: ``S >= 2^-7 K1`` on grids
-of at least 129 points, 1 below): the run takes place on the stretched grid
-(:func:`app.mechanisms.histogram.warp`: the first cell's records at position 0, the last
-cell's at the first of its ``S`` positions, so an output anywhere in an end cell's positions
-counts the records of that cell) and each output is mapped back to its cell. On raw values
-the domain reaches ``W = 2^-7 (upper - lower)`` beyond each bound and the outputs are clipped
-to the bounds. The base measure depends on public figures only (and, in a child node, on the
-earlier outputs on the stretched grid, which the composition below conditions on), so the
-calibration below holds unchanged; the released cells and clipped values are
-post-processing of the stretched outputs.
+The bounds' cells. The public bounds are where clamping piles records up, and a pile
+defeats AQ twice: the exponential mechanism weighs an output interval by its width, and the
+pile's interval is one grid cell (raw values: zero width, never output) against gaps of
+thousands of cells below; and a node made mostly of the pile has its rescaled targets inside
+the pile's ranks, which no output at or below the pile meets (about half the pile off either
+way). AQ took the gaps: hundreds of times the error on continuous data (docs/experiments.md
+§10.5, §10.18). So AQ runs on a stretched grid: each end cell spans ``S = 2^s`` positions
+(``s`` from :func:`app.mechanisms.histogram.stretch_bits` with no refinement: ``S >= 2^-7
+K1`` on grids of at least 129 points, 1 below), the other cells one position each, and each
+record of an end cell sits at one of its cell's positions, uniformly and independently (the
+per-record jitter of :mod:`app.mechanisms.jointexp_smooth`); each output is mapped back to
+the cell whose positions hold it. Inside a pile the positions then run through its ranks.
+On raw values the domain reaches ``W = 2^-7 (upper - lower)`` beyond each bound, the records
+at a bound are moved ``u W`` beyond it (``u`` uniform, per record) and the outputs are
+clipped to the bounds. Privacy: the base measure depends on public figures only (and, in a
+child node, on earlier outputs on the stretched grid, which the composition below
+conditions on); with the offsets of shared records coupled, the spread data sets of two
+neighbours are neighbours for every offsets, so the calibration below holds for each and
+for their average; mapping back and clipping are post-processing.
 
 Privacy calibration (derived here for both relations; checked in the tests by exact density
 ratios). Let ``D`` be the number of levels of the recursion tree, which depends only on m
