@@ -77,11 +77,17 @@ from app.mechanisms.histogram import (
     stretch_bits,
     stretched_points,
     support_from_values,
+    unwarp_cells,
 )
 from app.mechanisms.jointexp_smooth import jitter_cells
 from app.mechanisms.registry import Mechanism, PrivacyNotion, bounded_range_rho
 from app.mechanisms.rng import make_rng, uniform_bits, uniform_integer
 from app.mechanisms.validation import FloatArray, IntArray
+
+#: An end cell's records are spread one raw word each up to this many; beyond, by
+#: :func:`app.mechanisms.jointexp_smooth.jitter_cells` (one word each up to 2^(s+1), else its
+#: binomial split).
+SPREAD_LIGHT_MAX = 4096
 
 
 def recursion_depth(m: int) -> int:
@@ -109,11 +115,8 @@ def aq_core(
         s = stretch_bits(k1, 0) if stretch is None else int(stretch)
         if s == 0 or k1 < 3:
             return _aq_tree(sup, rng)
-        at: IntArray = np.asarray(_aq_tree(_stretched_grid(sup, k1, s, rng), rng), np.int64)
-        # back to cells (unwarp_cells with no refinement): the first cell's positions end at
-        # S - 1, the others' begin S - 1 past their cell, the last cell's run to the end
-        cells: IntArray = np.clip(at - np.int64((1 << s) - 1), 0, k1 - 1)
-        return cells
+        at = np.asarray(_aq_tree(_stretched_grid(sup, k1, s, rng), rng), dtype=np.int64)
+        return unwarp_cells(at, k1, 0, s)
     lo, hi = sup.lower, sup.upper
     reach = BOUND_SHARE * (hi - lo)
     if not (np.isfinite(lo - reach) and np.isfinite(hi + reach)):  # bounds near the doubles' end
@@ -166,9 +169,9 @@ def _stretched_grid(sup: Support, k1: int, s: int, rng: np.random.Generator) -> 
 def _spread_cell(count: int, s: int, rng: np.random.Generator) -> tuple[FloatArray, IntArray]:
     """``count`` records at independent uniform offsets ``0 .. 2^s - 1``: the distinct
     offsets (as doubles, increasing) and their counts. One raw word per record up to
-    ``max(2^(s+1), 4096)`` records, else the binomial split of :func:`jitter_cells` (the same
-    law)."""
-    if count <= max(2 << s, 4096):
+    SPREAD_LIGHT_MAX records (no set-up: a grouped release spreads its groups' end cells one
+    by one), else :func:`jitter_cells` (the same law)."""
+    if count <= SPREAD_LIGHT_MAX:
         offsets, offset_counts = np.unique(uniform_bits(s, count, rng), return_counts=True)
         return offsets.astype(np.float64), offset_counts.astype(np.int64)
     fine, fine_counts = jitter_cells(np.zeros(1, np.int64), np.array([count]), s, rng)

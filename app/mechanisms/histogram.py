@@ -364,6 +364,9 @@ def unwarp_cells(y: IntArray, grid_points: int, bits: int, stretch: int) -> IntA
     k1 = int(grid_points)
     if stretch == 0 or k1 < 3:
         return y >> np.int64(bits)
+    if bits == 0:  # one position a cell between the end cells' spans: a shift and a clip
+        cells: IntArray = np.clip(y - np.int64((1 << stretch) - 1), 0, k1 - 1)
+        return cells
     r, span = np.int64(1 << bits), np.int64(1 << (bits + stretch))
     top = span + (k1 - 2) * r
     middle = 1 + (y - span) // r

@@ -74,6 +74,18 @@ def node_nodes_per_level(m: int) -> list[int]:
     return out
 
 
+def node_c(eps_l: float, rel: float, relation: str, nodes_on_level: int) -> float:
+    """A node's exponential-mechanism parameter, from the calibration in aq.py's docstring:
+    ``eps_L / (2 Delta)`` under add/remove, ``eps_L / 2`` on a single-node swap level,
+    ``eps_L / (4 Delta)`` on a swap level with several nodes (``Delta = max(q', 1 - q')``)."""
+    sens = max(rel, 1 - rel)
+    if relation == "add_remove":
+        return eps_l / (2 * sens)
+    if nodes_on_level == 1:
+        return eps_l / 2
+    return eps_l / (4 * sens)
+
+
 def aq_log_density(
     data: list[float],
     qs: list[float],
@@ -105,14 +117,7 @@ def aq_log_density(
         for pts, left, right, qa, qb, qlo, qhi in level:
             mid = qa + (qb - qa - 1) // 2
             rel = (qs[mid] - qlo) / (qhi - qlo)
-            sens = max(rel, 1 - rel)
-            if neighbors == "add_remove":
-                c = eps_l / (2 * sens)
-            elif per_level[depth] == 1:
-                c = eps_l / 2
-            else:
-                c = eps_l / (4 * sens)
-            c *= scale
+            c = node_c(eps_l, rel, neighbors, per_level[depth]) * scale
             k = len(pts)
             target = rel * k
             ends = [left, *pts, right]
@@ -429,13 +434,7 @@ def sup_log_ratio(
     per_level, eps_l, relation = calib
     mid = qa + (qb - qa - 1) // 2
     rel = (qs[mid] - q_lo) / (q_hi - q_lo)
-    sens = max(rel, 1 - rel)
-    if relation == "add_remove":
-        c = eps_l / (2 * sens)
-    elif per_level[depth] == 1:
-        c = eps_l / 2
-    else:
-        c = eps_l / (4 * sens)
+    c = node_c(eps_l, rel, relation, per_level[depth])
     cuts = sorted({left, right, *p, *r})
     inner = qa < mid or mid + 1 < qb
     fracs = np.linspace(0.001, 0.999, grid) if inner else [0.5]
@@ -529,14 +528,7 @@ def test_sampler_uses_the_calibrated_node_parameters(
     assert len(seen) == len(qs)
     for (_k, target, c), (q, qlo, qhi), lev in zip(seen, order, levels, strict=True):
         rel = (q - qlo) / (qhi - qlo)
-        sens = max(rel, 1 - rel)
-        if relation == "add_remove":
-            want = eps_l / (2 * sens)
-        elif per_level[lev] == 1:
-            want = eps_l / 2
-        else:
-            want = eps_l / (4 * sens)
-        assert c == pytest.approx(want, rel=1e-12)
+        assert c == pytest.approx(node_c(eps_l, rel, relation, per_level[lev]), rel=1e-12)
         assert target == pytest.approx(rel, rel=1e-12)  # the fraction of the node's count
     assert np.all(np.diff(out) >= 0)
 

@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 import app.mechanisms.aq as aqmod
+import app.mechanisms.jointexp_smooth as jsmod
 from app.mechanisms import GridHistogram
 from app.mechanisms.histogram import support_from_grid, support_from_values
 from tests.mechanisms.exact import chi_square_p
+from tests.mechanisms.test_aq import node_c
 
 Law = dict[tuple[int, ...], float]
 
@@ -58,13 +60,7 @@ def aq_grid_law(records: list[int], qs: list[float], eps: float, k1: int, big: i
         (pts, left, right, qa, qb, q_lo, q_hi, depth), rest = pending[0], pending[1:]
         mid = qa + (qb - qa - 1) // 2
         rel = min(max((qs[mid] - q_lo) / (q_hi - q_lo), 0.0), 1.0)
-        sens = max(rel, 1.0 - rel)
-        if nb == "add_remove":
-            c = eps_l / (2 * sens)
-        elif per_level[depth] == 1:
-            c = eps_l / 2
-        else:
-            c = eps_l / (4 * sens)
+        c = node_c(eps_l, rel, nb, per_level[depth])
         for y, p in zip(range(left, right), node_probs(pts, left, right, rel, c), strict=True):
             kids = []
             if qa < mid:
@@ -99,16 +95,31 @@ CASES = [
     ([0, 2, 3, 5, 5], [0.2, 0.5, 0.9], 2.0, 6, 2, "swap"),
     # a heavier top pile, two quantiles, add/remove, S = 2
     ([0, 0, 2, 4, 4, 4], [0.3, 0.8], 2.5, 5, 1, "add_remove"),
+    # a pile at the top only, S = 4
+    ([1, 2, 4, 4, 4], [0.5, 0.9], 2.0, 5, 2, "swap"),
+    # no record at either end: only the base measure is stretched, S = 4
+    ([1, 2, 2, 3], [0.25, 0.75], 2.0, 5, 2, "swap"),
 ]
+IDS = ["swap", "add_remove", "top-only", "no-end-record"]
 
 
-@pytest.mark.parametrize(
-    ("records", "qs", "eps", "k1", "s", "nb"), CASES, ids=["swap", "add_remove"]
-)
-def test_grid_law_is_exact_and_the_others_are_rejected(records, qs, eps, k1, s, nb) -> None:
+@pytest.mark.parametrize("binomial", [False, True], ids=["one-word-spread", "binomial-spread"])
+@pytest.mark.parametrize(("records", "qs", "eps", "k1", "s", "nb"), CASES, ids=IDS)
+def test_grid_law_is_exact_and_the_others_are_rejected(
+    monkeypatch: pytest.MonkeyPatch, binomial: bool, records, qs, eps, k1, s, nb
+) -> None:
     """20,000 draws against the enumerated law; the law at 1.5 epsilon and the law without
-    the stretch (the mechanism before it) are both rejected."""
+    the stretch (the mechanism before it) are both rejected. Every branch: records in both
+    end cells, the top one only, neither; each end cell spread one word a record, or (forced)
+    through jitter_cells' binomial split."""
+    heavy: list[int] = []
+    if binomial:
+        monkeypatch.setattr(aqmod, "SPREAD_LIGHT_MAX", 0)
+        monkeypatch.setattr(jsmod, "LIGHT_FACTOR", 0)
+        real = jsmod._split_heavy
+        monkeypatch.setattr(jsmod, "_split_heavy", lambda *a: heavy.append(1) or real(*a))
     seen = draw(records, qs, eps, k1, s, nb)
+    assert bool(heavy) == (binomial and any(r in (0, k1 - 1) for r in records))
     assert chi_square_p(seen, aq_grid_law(records, qs, eps, k1, 1 << s, nb), 20_000) > 1e-4
     assert chi_square_p(seen, aq_grid_law(records, qs, 1.5 * eps, k1, 1 << s, nb), 20_000) < 1e-4
     assert chi_square_p(seen, aq_grid_law(records, qs, eps, k1, 1, nb), 20_000) < 1e-4
